@@ -1,0 +1,142 @@
+//! `Backup`: one backup run of a Cluster.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Condition, LocalObjectReference, conditions_schema};
+
+/// Desired state of a Backup.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[kube(
+    group = "custody.io",
+    version = "v1alpha1",
+    kind = "Backup",
+    doc = "One backup run of a Cluster's volumes into a BackupRepository. Its status records exactly which object-storage keys hold the artifact, so that deleting the Backup can delete those keys and nothing else.",
+    namespaced,
+    status = "BackupStatus",
+    shortname = "cbk",
+    category = "custody",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","format":"int64","jsonPath":".status.artifact.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
+    printcolumn = r#"{"name":"Completed","type":"date","jsonPath":".status.completionTime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("a Backup's spec is immutable: create a new Backup instead"))]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// The Cluster, in this namespace, whose volumes are backed up.
+    pub cluster_ref: LocalObjectReference,
+
+    /// Repository to write to. Defaults to the Cluster's `spec.repositoryRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository_ref: Option<LocalObjectReference>,
+
+    /// What happens to the artifact in object storage when this Backup is deleted: `Delete`
+    /// removes exactly the keys recorded in its status, `Retain` keeps them.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// What deleting a Backup does to its artifact.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Delete the recorded artifact keys, once they are proven to belong to this Backup.
+    #[default]
+    Delete,
+    /// Keep the artifact in object storage.
+    Retain,
+}
+
+/// Lifecycle of a Backup.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum BackupPhase {
+    /// Waiting to start (for example while a restore of the same Cluster runs).
+    #[default]
+    Pending,
+    /// Data is being uploaded.
+    Running,
+    /// The artifact and its manifest are complete in object storage.
+    Completed,
+    /// The run failed; the reason is in the conditions. No artifact is recorded as complete.
+    Failed,
+}
+
+/// Observed state of a Backup.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// Where the Backup is in its lifecycle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+
+    /// The node that ran the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+
+    /// When the upload started, by the API server's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+
+    /// When the upload completed, by the API server's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+
+    /// The clock offset of the node that ran the backup, as its agent measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_clock: Option<ClockMeasurement>,
+
+    /// The exact artifact this Backup wrote. The key is recorded before the upload starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<Artifact>,
+
+    /// `Ready`, `ArtifactDeleted` and others, per the Kubernetes API conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A node's clock compared with the controller's.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClockMeasurement {
+    /// How far the node's clock is ahead of the controller's (negative: behind), in nanoseconds.
+    pub offset_nanoseconds: i64,
+    /// Network round trip of the exchange the offset comes from, in nanoseconds; the offset is
+    /// exact to within half of it.
+    pub round_trip_nanoseconds: i64,
+    /// When the measurement was taken, by the controller's clock.
+    pub measured_at: Time,
+}
+
+/// The object-storage location of a Backup's data and manifest. Everything needed to delete
+/// it is here, so cleanup does not depend on the repository object surviving.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// Name of the BackupRepository the artifact was written to.
+    pub repository: String,
+    /// Endpoint URL at the time of the backup.
+    pub endpoint: String,
+    /// Bucket holding the artifact.
+    pub bucket: String,
+    /// Repository prefix the keys are under.
+    #[serde(default)]
+    pub prefix: String,
+    /// Key of the data object (tar + zstd).
+    pub key: String,
+    /// Key of the manifest object.
+    pub manifest_key: String,
+    /// Size of the data object in bytes, once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// BLAKE3 hash of the data object, hex, once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// BLAKE3 hash of the manifest, hex: the trust anchor a restore verifies against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}

@@ -1,0 +1,90 @@
+//! `NodeAgent`: the per-node restore health view, written from agent reports.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::{Condition, conditions_schema};
+
+/// Desired state of a NodeAgent.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[kube(
+    group = "custody.io",
+    version = "v1alpha1",
+    kind = "NodeAgent",
+    doc = "One node's custody agent as the controller last heard from it. Written by the controller; `kubectl get nodeagents` is the per-node restore health view.",
+    status = "NodeAgentStatus",
+    shortname = "na",
+    category = "custody",
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.nodeName"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Clock Offset","type":"string","jsonPath":".status.clockOffset"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.volumes.pending"}"#,
+    printcolumn = r#"{"name":"Verifying","type":"integer","jsonPath":".status.volumes.verifying"}"#,
+    printcolumn = r#"{"name":"Verified","type":"integer","jsonPath":".status.volumes.verified"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.volumes.failed"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","priority":1,"jsonPath":".status.agentVersion"}"#,
+    printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.lastHeartbeatTime"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentSpec {
+    /// The node this agent runs on.
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("nodeName is immutable"))]
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: String,
+}
+
+/// Observed state of a node's agent.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentStatus {
+    /// Version of the agent binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+
+    /// When the controller last heard from the agent, by the controller's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
+
+    /// The node's clock offset in human form, such as `+12.3ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset: Option<String>,
+
+    /// How far the node's clock is ahead of the controller's (negative: behind), in nanoseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_nanoseconds: Option<i64>,
+
+    /// Round trip of the exchange the offset comes from, in nanoseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trip_nanoseconds: Option<i64>,
+
+    /// Volumes on this node under restore, counted by state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<VolumeCounts>,
+
+    /// `Ready` turns False when the agent stops reporting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Volumes under restore on one node, counted by state.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeCounts {
+    /// Waiting for data.
+    #[serde(default)]
+    pub pending: i32,
+    /// Being written.
+    #[serde(default)]
+    pub restoring: i32,
+    /// Being checked against the manifest.
+    #[serde(default)]
+    pub verifying: i32,
+    /// Content verified.
+    #[serde(default)]
+    pub verified: i32,
+    /// Failed to restore or verify.
+    #[serde(default)]
+    pub failed: i32,
+}

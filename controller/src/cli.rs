@@ -1,0 +1,73 @@
+//! Command-line interface of `custody-controller`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// custody's controller.
+#[derive(Debug, Parser)]
+#[command(name = "custody-controller", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the reconcilers and serve /metrics, /healthz and /readyz.
+    Run(RunOptions),
+    /// Print the CustomResourceDefinitions of every custody kind as YAML.
+    Crds {
+        /// Write one file per CRD into this directory instead of printing.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Options of `custody-controller run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunOptions {
+    /// Kubeconfig to use; without it, $KUBECONFIG, ~/.kube/config or the in-cluster config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Watch namespaced custody objects in this namespace only (default: every namespace).
+    #[arg(long, env = "CUSTODY_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    #[arg(long, env = "CUSTODY_HTTP_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub http_address: SocketAddr,
+
+    /// Log line format.
+    #[arg(long, env = "CUSTODY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Instance name in published Events (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub instance: Option<String>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Sets up tracing for `format`, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,0 +1,53 @@
+//! The controller crate's error type. Variant names double as metric labels and Event reasons.
+
+/// Everything that can go wrong in the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig or in-cluster configuration could not be loaded.
+    #[error("loading Kubernetes client configuration: {0}")]
+    LoadClientConfig(String),
+    /// The API server did not answer the start-up check.
+    #[error("reaching the API server: {0}")]
+    ReachApiServer(#[source] kube::Error),
+    /// A status patch was refused.
+    #[error("patching status of {object}: {source}")]
+    PatchStatus {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// An Event could not be published.
+    #[error("publishing event on {object}: {source}")]
+    PublishEvent {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The metrics and health endpoint could not be served.
+    #[error("serving HTTP on {address}: {source}")]
+    ServeHttp {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// CRD YAML could not be written.
+    #[error("writing CRDs: {0}")]
+    WriteCrds(String),
+}
+
+impl Error {
+    /// The variant name, as a metric label and Event reason.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::LoadClientConfig(_) => "LoadClientConfig",
+            Error::ReachApiServer(_) => "ReachApiServer",
+            Error::PatchStatus { .. } => "PatchStatus",
+            Error::PublishEvent { .. } => "PublishEvent",
+            Error::ServeHttp { .. } => "ServeHttp",
+            Error::WriteCrds(_) => "WriteCrds",
+        }
+    }
+}
+
+/// Result with the controller's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

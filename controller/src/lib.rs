@@ -1,0 +1,14 @@
+//! custody's controller: the custody.io API types, the reconcilers, and the process that
+//! runs them.
+
+pub mod annotation_reconciler;
+pub mod annotations;
+pub mod api;
+pub mod cli;
+pub mod conditions;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod run;
+
+pub use error::{Error, Result};

@@ -1,0 +1,161 @@
+//! The controller process: connect, start every reconciler and the HTTP endpoints, and stop
+//! cleanly on SIGTERM.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{FutureExt, StreamExt};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{Controller, watcher};
+use kube::{Client, Config};
+
+use crate::annotation_reconciler::{self, Context, CustodyKind};
+use crate::api::{self, Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
+use crate::cli::RunOptions;
+use crate::error::{Error, Result};
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
+
+/// Name of the controller in Events and field managers.
+pub const CONTROLLER_NAME: &str = "custody-controller";
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(options: RunOptions) -> Result<()> {
+    let client = client(options.kubeconfig.as_deref()).await?;
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(Error::ReachApiServer)?;
+    tracing::info!(
+        apiserver = version.git_version,
+        namespace = options.namespace.as_deref().unwrap_or("(all)"),
+        "connected"
+    );
+
+    let stop = async {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+    }
+    .boxed()
+    .shared();
+    let stopped = move || stop.clone();
+
+    let metrics = Arc::new(Metrics::default());
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: options.instance.clone(),
+    };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        metrics: metrics.clone(),
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let health = Health {
+        metrics,
+        ready: ready.clone(),
+    };
+
+    let namespace = options.namespace.as_deref();
+    let controllers = futures::future::join_all([
+        annotation_controller::<BackupRepository>(&context, namespace, stopped()),
+        annotation_controller::<Cluster>(&context, namespace, stopped()),
+        annotation_controller::<Backup>(&context, namespace, stopped()),
+        annotation_controller::<BackupPlan>(&context, namespace, stopped()),
+        annotation_controller::<Restore>(&context, namespace, stopped()),
+        annotation_controller::<NodeAgent>(&context, namespace, stopped()),
+    ]);
+    ready.store(true, Ordering::Relaxed);
+    let (served, _) = tokio::join!(
+        http::serve(options.http_address, health, stopped()),
+        controllers
+    );
+    served?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn annotation_controller<K: CustodyKind>(
+    context: &Arc<Context>,
+    namespace: Option<&str>,
+    stopped: impl Future<Output = ()> + Send + Sync + 'static,
+) -> futures::future::BoxFuture<'static, ()> {
+    let api = K::api(context.client.clone(), namespace);
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(stopped)
+        .run(
+            annotation_reconciler::reconcile::<K>,
+            annotation_reconciler::error_policy::<K>,
+            context.clone(),
+        )
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(kind = K::LABEL, %error, "controller event");
+            }
+        })
+        .boxed()
+}
+
+async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|error| Error::LoadClientConfig(format!("{}: {error}", path.display())))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|error| Error::LoadClientConfig(error.to_string()))?
+        }
+        None => Config::infer()
+            .await
+            .map_err(|error| Error::LoadClientConfig(error.to_string()))?,
+    };
+    Client::try_from(config).map_err(|error| Error::LoadClientConfig(error.to_string()))
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// The CRDs as one multi-document YAML stream.
+pub fn crds_yaml() -> Result<String> {
+    let mut out = String::new();
+    for crd in api::crds() {
+        out.push_str("---\n");
+        out.push_str(
+            &serde_yaml::to_string(&crd).map_err(|error| Error::WriteCrds(error.to_string()))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Writes one `<plural>.<group>.yaml` per CRD into `dir`.
+pub fn write_crds(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|error| Error::WriteCrds(format!("{}: {error}", dir.display())))?;
+    for crd in api::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let yaml =
+            serde_yaml::to_string(&crd).map_err(|error| Error::WriteCrds(error.to_string()))?;
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!("# Generated by `custody-controller crds`; do not edit.\n{yaml}"),
+        )
+        .map_err(|error| Error::WriteCrds(format!("{}: {error}", path.display())))?;
+    }
+    Ok(())
+}

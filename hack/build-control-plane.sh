@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Go module proxy into a
+# cache outside the repository, keyed by version. A second run finds the binaries and returns.
+#
+#   hack/build-control-plane.sh          # prints the bin directory on its last line
+set -euo pipefail
+
+KUBE_VERSION="${CUSTODY_KUBE_VERSION:-v1.36.3}"
+ETCD_VERSION="${CUSTODY_ETCD_VERSION:-v3.6.16}"
+CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+
+log() { echo "[build-control-plane] $*" >&2; }
+
+build_etcd() {
+  local out="$BIN/etcd-$ETCD_VERSION"
+  if [[ -x "$out" ]]; then return; fi
+  log "building etcd $ETCD_VERSION (first run only)"
+  local work; work=$(mktemp -d)
+  (
+    cd "$work"
+    go mod init custody.local/etcd-build >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out.tmp" go.etcd.io/etcd/server/v3
+  )
+  mv "$out.tmp" "$out"
+  rm -rf "$work"
+}
+
+build_kubernetes() {
+  local apiserver="$BIN/kube-apiserver-$KUBE_VERSION"
+  local kcm="$BIN/kube-controller-manager-$KUBE_VERSION"
+  local kubectl="$BIN/kubectl-$KUBE_VERSION"
+  if [[ -x "$apiserver" && -x "$kcm" && -x "$kubectl" ]]; then return; fi
+  log "building kube-apiserver, kube-controller-manager and kubectl $KUBE_VERSION (first run only)"
+  local staging_version="v0.${KUBE_VERSION#v1.}"
+  local work; work=$(mktemp -d)
+  (
+    cd "$work"
+    go mod init custody.local/kubernetes-build >/dev/null 2>&1
+    # k8s.io/kubernetes replaces its staging modules with local paths at v0.0.0; a consumer must
+    # point each of them at the published release of the same minor/patch.
+    local gomod
+    gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" \
+      | awk '{print $1}' | sort -u | while read -r module; do
+        go mod edit -replace "$module=$module@$staging_version"
+      done
+    cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+    go mod edit -require "k8s.io/kubernetes@$KUBE_VERSION"
+    # -e: tidy also walks the tests of dependencies, some of which import unpublished packages.
+    go mod tidy -e >/dev/null 2>&1
+    grep -q "k8s.io/kubernetes $KUBE_VERSION" go.mod || { log "go.mod lost k8s.io/kubernetes $KUBE_VERSION"; exit 1; }
+    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
+    ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+    ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    local name
+    for name in kube-apiserver kube-controller-manager kubectl; do
+      [[ -x "$BIN/$name-$KUBE_VERSION" ]] && continue
+      CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$BIN/$name-$KUBE_VERSION.tmp" "k8s.io/kubernetes/cmd/$name"
+      mv "$BIN/$name-$KUBE_VERSION.tmp" "$BIN/$name-$KUBE_VERSION"
+    done
+  )
+  rm -rf "$work"
+}
+
+build_etcd
+build_kubernetes
+echo "$BIN"

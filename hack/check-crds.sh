@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fails when deploy/crds/ differs from the CRDs generated from the Rust types.
+# Regenerate with: cargo run -p custody-controller -- crds --dir deploy/crds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+generated=$(mktemp -d)
+trap 'rm -rf "$generated"' EXIT
+cargo run -q -p custody-controller --locked -- crds --dir "$generated"
+if ! diff -ru deploy/crds "$generated"; then
+  echo "deploy/crds is out of date: cargo run -p custody-controller -- crds --dir deploy/crds" >&2
+  exit 1
+fi
+echo "deploy/crds matches the Rust types"

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Starts a local control plane on loopback: etcd, kube-apiserver (RBAC on, admission webhooks
+# possible) and kube-controller-manager (garbage collection, namespaces, service accounts).
+# Already running: does nothing. A stale PID file is cleaned up. Writes a kubeconfig and
+# prints its path on the last line.
+#
+#   hack/cluster-up.sh                  # KUBECONFIG=$(hack/cluster-up.sh | tail -1)
+#   hack/cluster-down.sh                # stops it
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+
+BIN=$("$here/build-control-plane.sh" | tail -1)
+ETCD="$BIN/etcd-$CUSTODY_ETCD_VERSION"
+APISERVER="$BIN/kube-apiserver-$CUSTODY_KUBE_VERSION"
+KCM="$BIN/kube-controller-manager-$CUSTODY_KUBE_VERSION"
+mkdir -p "$CLUSTER_DIR"
+exec 9>"$CLUSTER_DIR/.lock"
+flock 9
+
+if running etcd && running kube-apiserver && running kube-controller-manager \
+  && healthy; then
+  log "control plane already running (API server https://127.0.0.1:$APISERVER_PORT)"
+  echo "$KUBECONFIG_PATH"
+  exit 0
+fi
+# Something is missing or stale: start over from a clean state.
+stop_all
+rm -rf "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/logs"
+mkdir -p "$CLUSTER_DIR/pki" "$CLUSTER_DIR/logs" "$CLUSTER_DIR/etcd"
+
+generate_certificates() {
+  local pki="$CLUSTER_DIR/pki"
+  [[ -s "$pki/admin.crt" && -s "$pki/apiserver.crt" && -s "$pki/sa.key" ]] && return
+  log "generating certificates in $pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=custody-local-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    cat > apiserver.ext <<EXT
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+extendedKeyUsage=serverAuth
+EXT
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout apiserver.key -out apiserver.csr 2>/dev/null
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    echo "extendedKeyUsage=clientAuth" > client.ext
+    openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=custody-admin" -keyout admin.key -out admin.csr 2>/dev/null
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out admin.crt 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ./*.csr ./*.ext
+  )
+}
+
+write_kubeconfig() {
+  local pki="$CLUSTER_DIR/pki"
+  cat > "$KUBECONFIG_PATH" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: custody-local
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 < "$pki/ca.crt")
+users:
+- name: custody-admin
+  user:
+    client-certificate-data: $(base64 -w0 < "$pki/admin.crt")
+    client-key-data: $(base64 -w0 < "$pki/admin.key")
+contexts:
+- name: custody-local
+  context: {cluster: custody-local, user: custody-admin, namespace: default}
+current-context: custody-local
+KC
+}
+
+generate_certificates
+write_kubeconfig
+pki="$CLUSTER_DIR/pki"
+
+start etcd "$ETCD" \
+  --name=custody-local --data-dir="$CLUSTER_DIR/etcd" \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster="custody-local=http://127.0.0.1:$ETCD_PEER_PORT" \
+  --listen-metrics-urls="http://127.0.0.1:$ETCD_METRICS_PORT" \
+  --quota-backend-bytes=4294967296 --unsafe-no-fsync=true --log-level=warn
+wait_for etcd curl -fsS "http://127.0.0.1:$ETCD_METRICS_PORT/health"
+
+start kube-apiserver "$APISERVER" \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+  --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+  --client-ca-file="$pki/ca.crt" \
+  --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+  --service-account-issuer=https://kubernetes.default.svc \
+  --api-audiences=https://kubernetes.default.svc \
+  --authorization-mode=RBAC --anonymous-auth=false \
+  --service-cluster-ip-range=10.96.0.0/16 --allow-privileged=true \
+  --enable-admission-plugins=NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
+  --endpoint-reconciler-type=none \
+  --profiling=false -v=1
+wait_for kube-apiserver healthy
+
+start kube-controller-manager "$KCM" \
+  --kubeconfig="$KUBECONFIG_PATH" \
+  --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
+  --bind-address=127.0.0.1 --secure-port="$KCM_PORT" \
+  --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
+  --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
+  --leader-elect=false --use-service-account-credentials=false \
+  --controllers='*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller' \
+  --profiling=false -v=1
+wait_for kube-controller-manager curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
+wait_for kube-controller-manager kubectl_local -n default get serviceaccount default
+
+log "control plane up: API server https://127.0.0.1:$APISERVER_PORT, kubeconfig $KUBECONFIG_PATH"
+echo "$KUBECONFIG_PATH"

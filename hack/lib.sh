@@ -1,0 +1,89 @@
+# Shared by the hack/ scripts: versions, ports, paths and process helpers. Source it.
+# (Not ETCD_*: etcd reads every ETCD_* variable in its environment as a flag.)
+CUSTODY_KUBE_VERSION="${CUSTODY_KUBE_VERSION:-v1.36.3}"
+CUSTODY_ETCD_VERSION="${CUSTODY_ETCD_VERSION:-v3.6.16}"
+export CUSTODY_KUBE_VERSION CUSTODY_ETCD_VERSION
+CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
+CLUSTER_DIR="${CUSTODY_CLUSTER_DIR:-$CUSTODY_CACHE/cluster}"
+KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig"
+APISERVER_PORT="${CUSTODY_APISERVER_PORT:-16443}"
+ETCD_PORT="${CUSTODY_ETCD_PORT:-12379}"
+ETCD_PEER_PORT="${CUSTODY_ETCD_PEER_PORT:-12380}"
+ETCD_METRICS_PORT="${CUSTODY_ETCD_METRICS_PORT:-12381}"
+KCM_PORT="${CUSTODY_KCM_PORT:-10357}"
+
+log() { echo "[custody-hack] $*" >&2; }
+
+pidfile() { echo "$CLUSTER_DIR/$1.pid"; }
+
+# running NAME: the PID file names a live process whose command line is NAME's binary.
+running() {
+  local file pid
+  file=$(pidfile "$1")
+  [[ -s "$file" ]] || return 1
+  pid=$(cat "$file")
+  if [[ -r "/proc/$pid/cmdline" ]] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "$1"; then
+    return 0
+  fi
+  log "removing stale PID file for $1 (pid $pid)"
+  rm -f "$file"
+  return 1
+}
+
+# start NAME BINARY ARGS...: starts BINARY detached, logging to logs/NAME.log.
+start() {
+  local name=$1 binary=$2
+  shift 2
+  mkdir -p "$CLUSTER_DIR/logs"
+  # 9>&-: the daemon must not inherit the lock cluster-up.sh holds on fd 9.
+  setsid "$binary" "$@" >"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
+  echo $! > "$(pidfile "$name")"
+  log "started $name (pid $!, log $CLUSTER_DIR/logs/$name.log)"
+}
+
+# stop NAME: TERM, wait up to 10 s, then KILL.
+stop() {
+  local name=$1 pid
+  running "$name" || return 0
+  pid=$(cat "$(pidfile "$name")")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$(pidfile "$name")"
+  log "stopped $name (pid $pid)"
+}
+
+stop_all() {
+  stop kube-controller-manager
+  stop kube-apiserver
+  stop etcd
+}
+
+kubectl_local() {
+  "$CUSTODY_CACHE/bin/kubectl-$CUSTODY_KUBE_VERSION" --kubeconfig="$KUBECONFIG_PATH" "$@"
+}
+
+healthy() {
+  [[ -s "$KUBECONFIG_PATH" ]] && kubectl_local get --raw /readyz >/dev/null 2>&1
+}
+
+# wait_for NAME COMMAND...: retries COMMAND for up to 120 s while process NAME is alive.
+wait_for() {
+  local name=$1
+  shift
+  for _ in $(seq 240); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! running "$name"; then
+      log "$name exited; last lines of its log:"
+      tail -n 30 "$CLUSTER_DIR/logs/$name.log" >&2 || true
+      return 1
+    fi
+    sleep 0.5
+  done
+  log "timed out waiting for $name; last lines of the logs:"
+  tail -n 20 "$CLUSTER_DIR"/logs/*.log >&2 || true
+  return 1
+}

@@ -1,0 +1,283 @@
+//! Test harness: a real local control plane (etcd + kube-apiserver + kube-controller-manager
+//! started by `hack/cluster-up.sh`), custody's CRDs installed from `deploy/crds/`, a fresh
+//! namespace per test, and waiting helpers that say what they last saw when they time out.
+
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::conditions::is_crd_established;
+use kube::{Api, Client, Config, Resource};
+use serde::de::DeserializeOwned;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Starts the control plane (or finds it running) and installs the CRDs, once per test
+/// process. Returns the kubeconfig path.
+pub fn control_plane() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        let output = Command::new(repo_root().join("hack/cluster-up.sh"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running hack/cluster-up.sh");
+        assert!(output.status.success(), "hack/cluster-up.sh failed");
+        let stdout = String::from_utf8(output.stdout).expect("utf-8 kubeconfig path");
+        let kubeconfig = PathBuf::from(stdout.lines().last().expect("kubeconfig path").trim());
+        // The CRDs are installed from their own runtime: a kube Client must not outlive the
+        // runtime it was created on, and each #[tokio::test] has its own.
+        let path = kubeconfig.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(install_crds(&path))
+        })
+        .join()
+        .expect("installing CRDs");
+        kubeconfig
+    })
+}
+
+/// A client for the local control plane.
+pub async fn client() -> Client {
+    let kubeconfig = Kubeconfig::read_from(control_plane()).expect("reading kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+async fn install_crds(kubeconfig: &Path) {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("reading kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    let client = Client::try_from(config).expect("client");
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    for crd in committed_crds() {
+        let name = crd.metadata.name.clone().expect("CRD name");
+        api.patch(
+            &name,
+            &PatchParams::apply("custody-installer").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("applying CRD {name}: {error}"));
+        let established = tokio::time::timeout(
+            Duration::from_secs(30),
+            kube::runtime::wait::await_condition(api.clone(), &name, is_crd_established()),
+        )
+        .await;
+        assert!(
+            matches!(established, Ok(Ok(Some(_)))),
+            "CRD {name} not Established: {established:?}"
+        );
+    }
+}
+
+/// The CRDs committed under `deploy/crds/`.
+pub fn committed_crds() -> Vec<CustomResourceDefinition> {
+    let dir = repo_root().join("deploy/crds");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|error| panic!("reading {}: {error}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "yaml")
+        })
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).expect("reading CRD");
+            serde_yaml::from_str(&text)
+                .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        })
+        .collect()
+}
+
+/// A namespace of its own for one test, deleted when the test calls [`TestNamespace::delete`].
+pub struct TestNamespace {
+    pub client: Client,
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// Creates `custody-<prefix>-<random>`.
+    pub async fn create(prefix: &str) -> TestNamespace {
+        let client = client().await;
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .subsec_nanos();
+        let unique =
+            nanos ^ std::process::id().rotate_left(16) ^ COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("custody-{prefix}-{unique:08x}");
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "labels": { "custody.io/test": "true" } }
+        }))
+        .expect("namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|error| panic!("creating namespace {name}: {error}"));
+        TestNamespace { client, name }
+    }
+
+    /// An API for a namespaced kind in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Deletes the namespace (the garbage collector removes what is in it).
+    pub async fn delete(self) {
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// Polls `get` until `done` holds, or fails after `timeout` with what it last saw.
+pub async fn await_condition<K, F>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    done: F,
+) -> K
+where
+    K: Clone + Debug + DeserializeOwned + Resource,
+    F: Fn(&K) -> bool,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last_seen = match api.get_opt(name).await {
+            Ok(Some(object)) => {
+                if done(&object) {
+                    return object;
+                }
+                format!("{object:#?}")
+            }
+            Ok(None) => format!("{name} does not exist"),
+            Err(error) => format!("error: {error}"),
+        };
+        if Instant::now() > deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what} on {name}; last saw:\n{last_seen}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls an async check until it returns `Some`, or fails after `timeout` with the last
+/// description it gave.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last_seen) if Instant::now() > deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last saw: {last_seen}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Runs the kubectl built with the control plane against it.
+pub fn kubectl(args: &[&str]) -> Output {
+    let version = std::env::var("CUSTODY_KUBE_VERSION").unwrap_or_else(|_| "v1.36.3".into());
+    let cache = std::env::var("CUSTODY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/custody")
+        });
+    let kubectl = cache.join(format!("bin/kubectl-{version}"));
+    Command::new(&kubectl)
+        .arg(format!("--kubeconfig={}", control_plane().display()))
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("running {}: {error}", kubectl.display()))
+}
+
+/// A workspace binary built by `cargo build` (the README's test command builds them first).
+pub fn binary(name: &str) -> PathBuf {
+    // Test executables live in target/<profile>/deps; binaries one level up.
+    let exe = std::env::current_exe().expect("test executable path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A child process killed when dropped, so a failing test leaves nothing running.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit; returns its status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.0.as_mut()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.0 = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("binding a free port")
+        .port()
+}

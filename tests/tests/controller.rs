@@ -1,0 +1,245 @@
+//! The real `custody-controller` binary against a real kube-apiserver: health and metrics
+//! endpoints, the unknown-annotation rule, and a clean exit on SIGTERM.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use custody_controller::api::{Backup, Cluster, HasConditions};
+use custody_controller::conditions::{reasons, types};
+use custody_tests::{
+    ChildGuard, TestNamespace, await_condition, binary, control_plane, eventually, free_port,
+};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn start_controller(namespace: &str, port: u16) -> ChildGuard {
+    let child = Command::new(binary("custody-controller"))
+        .args(["run", "--namespace", namespace, "--log-format", "json"])
+        .arg(format!("--kubeconfig={}", control_plane().display()))
+        .arg(format!("--http-address=127.0.0.1:{port}"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting custody-controller");
+    ChildGuard(Some(child))
+}
+
+async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let output = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:{port}{path}"),
+        ])
+        .output()
+        .await
+        .map_err(|error| error.to_string())?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let (body, code) = text
+        .rsplit_once('\n')
+        .ok_or_else(|| format!("no status in {text:?}"))?;
+    let code = code
+        .parse()
+        .map_err(|_| format!("bad status in {text:?}"))?;
+    Ok((code, body.to_string()))
+}
+
+async fn warning_events(namespace: &TestNamespace, name: &str, reason: &str) -> Vec<Event> {
+    let events: kube::Api<Event> = namespace.api();
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("listing events")
+        .items
+        .into_iter()
+        .filter(|event| {
+            event
+                .regarding
+                .as_ref()
+                .and_then(|regarding| regarding.name.as_deref())
+                == Some(name)
+                && event.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+fn annotation_condition<K: HasConditions>(object: &K) -> Option<(String, String, String)> {
+    object
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == types::ANNOTATIONS_RECOGNIZED)
+        .map(|condition| {
+            (
+                condition.status.clone(),
+                condition.reason.clone(),
+                condition.message.clone(),
+            )
+        })
+}
+
+#[tokio::test]
+async fn unknown_custody_annotations_are_reported_and_cleared() {
+    let namespace = TestNamespace::create("annotations").await;
+    let port = free_port();
+    let mut controller = start_controller(&namespace.name, port);
+
+    let (code, body) = eventually("/readyz", TIMEOUT, || http_get(port, "/readyz")).await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, _) = http_get(port, "/healthz").await.expect("/healthz");
+    assert_eq!(code, 200);
+
+    let clusters = namespace.api::<Cluster>();
+    let cluster = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+        "metadata": { "name": "db", "annotations": {
+            "custody.io/restore-from": "backup-1",
+            "app.example.com/owner": "team-a"
+        } },
+        "spec": { "statefulSetRef": { "name": "db" }, "volumeClaimTemplates": ["data"] }
+    }))
+    .expect("cluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create Cluster");
+
+    let reported = await_condition(
+        &clusters,
+        "db",
+        "AnnotationsRecognized=False",
+        TIMEOUT,
+        |cluster| annotation_condition(cluster).is_some_and(|(status, _, _)| status == "False"),
+    )
+    .await;
+    let (_, reason, message) = annotation_condition(&reported).expect("condition");
+    assert_eq!(reason, reasons::UNKNOWN_ANNOTATION);
+    assert!(message.contains("custody.io/restore-from"), "{message}");
+    assert!(
+        !message.contains("app.example.com"),
+        "only custody's domain is checked: {message}"
+    );
+
+    let events = eventually("a Warning Event", TIMEOUT, || async {
+        let events = warning_events(&namespace, "db", "UnknownAnnotation").await;
+        if events.is_empty() {
+            Err("no UnknownAnnotation event".to_string())
+        } else {
+            Ok(events)
+        }
+    })
+    .await;
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    assert!(
+        events[0]
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("custody.io/restore-from")
+    );
+    assert_eq!(
+        events[0].reporting_controller.as_deref(),
+        Some("custody-controller")
+    );
+
+    // A known annotation on the wrong kind is reported too; on its own kind it is accepted.
+    let backups = namespace.api::<Backup>();
+    let backup = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+        "metadata": { "name": "db-1", "annotations": { "custody.io/skip-artifact-cleanup": "true" } },
+        "spec": { "clusterRef": { "name": "db" } }
+    }))
+    .expect("backup");
+    backups
+        .create(&PostParams::default(), &backup)
+        .await
+        .expect("create Backup");
+    await_condition(
+        &backups,
+        "db-1",
+        "AnnotationsRecognized=True",
+        TIMEOUT,
+        |backup| annotation_condition(backup).is_some_and(|(status, _, _)| status == "True"),
+    )
+    .await;
+    let misplaced =
+        json!({ "metadata": { "annotations": { "custody.io/skip-artifact-cleanup": "true" } } });
+    clusters
+        .patch("db", &PatchParams::default(), &Patch::Merge(&misplaced))
+        .await
+        .expect("annotate");
+    let both = await_condition(&clusters, "db", "both problems named", TIMEOUT, |cluster| {
+        annotation_condition(cluster)
+            .is_some_and(|(_, _, message)| message.contains("skip-artifact-cleanup"))
+    })
+    .await;
+    let (status, _, message) = annotation_condition(&both).expect("condition");
+    assert_eq!(status, "False");
+    assert!(message.contains("custody.io/restore-from"), "{message}");
+
+    // Removing the annotations clears the condition; its transition time moves.
+    let before = both
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == types::ANNOTATIONS_RECOGNIZED)
+        .expect("condition")
+        .last_transition_time
+        .clone();
+    let remove = json!({ "metadata": { "annotations": {
+        "custody.io/restore-from": null, "custody.io/skip-artifact-cleanup": null
+    } } });
+    clusters
+        .patch("db", &PatchParams::default(), &Patch::Merge(&remove))
+        .await
+        .expect("remove");
+    let cleared = await_condition(
+        &clusters,
+        "db",
+        "AnnotationsRecognized=True",
+        TIMEOUT,
+        |cluster| annotation_condition(cluster).is_some_and(|(status, _, _)| status == "True"),
+    )
+    .await;
+    let (_, reason, _) = annotation_condition(&cleared).expect("condition");
+    assert_eq!(reason, reasons::ANNOTATIONS_RECOGNIZED);
+    let after = cleared
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == types::ANNOTATIONS_RECOGNIZED)
+        .expect("condition")
+        .last_transition_time
+        .clone();
+    assert!(after >= before);
+    eventually("a Normal AnnotationsRecognized event", TIMEOUT, || async {
+        let events = warning_events(&namespace, "db", "AnnotationsRecognized").await;
+        if events.is_empty() {
+            Err("none yet".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+
+    let (code, metrics) = http_get(port, "/metrics").await.expect("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("custody_controller_reconciliations_total{kind=\"Cluster\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("custody_controller_warning_events_total{kind=\"Cluster\"}"),
+        "{metrics}"
+    );
+
+    let status = controller
+        .terminate(Duration::from_secs(10))
+        .expect("exits within 10 s of SIGTERM");
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    namespace.delete().await;
+}
