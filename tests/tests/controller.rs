@@ -90,8 +90,14 @@ async fn unknown_custody_annotations_are_reported_and_cleared() {
     let port = free_port();
     let mut controller = start_controller(&namespace.name, port);
 
-    let (code, body) = eventually("/readyz", TIMEOUT, || http_get(port, "/readyz")).await;
-    assert_eq!((code, body.as_str()), (200, "ok"));
+    let body = eventually("/readyz answering 200", TIMEOUT, || async {
+        match http_get(port, "/readyz").await? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("{code} {body}")),
+        }
+    })
+    .await;
+    assert_eq!(body, "ok");
     let (code, _) = http_get(port, "/healthz").await.expect("/healthz");
     assert_eq!(code, 200);
 
