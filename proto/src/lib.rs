@@ -4,3 +4,4 @@
 //! connection must agree on.
 
 pub mod clock;
+pub mod manifest;

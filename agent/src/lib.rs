@@ -1,0 +1,3 @@
+//! custody's node side: finding a pod's volumes on the node, building and verifying
+//! manifests of their content, and (in the binaries) the agent, `custody-wait` and
+//! `custody-mover`.

@@ -1,0 +1,392 @@
+use super::*;
+
+const HASH: &str = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
+
+fn header() -> Header {
+    Header {
+        custody_manifest: FORMAT_VERSION,
+        backup_uid: "backup-uid".into(),
+        cluster_uid: "cluster-uid".into(),
+        created_at: "2026-11-30T05:00:00Z".into(),
+    }
+}
+
+fn dir(path: &str) -> Entry {
+    Entry {
+        path: path.into(),
+        kind: Kind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+    }
+}
+
+fn file(path: &str, size: u64) -> Entry {
+    Entry {
+        path: path.into(),
+        kind: Kind::File {
+            size,
+            blake3: HASH.into(),
+        },
+        mode: 0o644,
+        uid: 999,
+        gid: 999,
+    }
+}
+
+fn write(entries: &[Entry]) -> (Vec<u8>, ManifestSummary) {
+    let mut writer = ManifestWriter::new(Vec::new(), &header()).unwrap();
+    for entry in entries {
+        writer.push(entry).unwrap();
+    }
+    writer.finish().unwrap()
+}
+
+fn read_all(bytes: &[u8]) -> Result<(Header, Vec<Entry>), ManifestError> {
+    let (reader, header) = ManifestReader::new(bytes)?;
+    let entries = reader.collect::<Result<Vec<_>, _>>()?;
+    Ok((header, entries))
+}
+
+/// A manifest whose entry lines are given verbatim (for hostile input), with a matching trailer.
+fn raw(lines: &[&str], totals: Totals) -> Vec<u8> {
+    let mut text = serde_json::to_string(&header()).unwrap();
+    text.push('\n');
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    text.push_str(&serde_json::to_string(&Trailer { end: totals }).unwrap());
+    text.push('\n');
+    text.into_bytes()
+}
+
+#[test]
+fn round_trip_keeps_every_field_and_hashes_the_bytes() {
+    let entries = vec![
+        dir("a"),
+        file("a/b", 10),
+        dir("a/c"),
+        file("a/c/d", 0),
+        file("a.txt", 5),
+        Entry {
+            path: "link".into(),
+            kind: Kind::Symlink {
+                target: "a/b".into(),
+            },
+            mode: 0o777,
+            uid: 1,
+            gid: 2,
+        },
+    ];
+    let (bytes, summary) = write(&entries);
+    assert_eq!(summary.hash, blake3::hash(&bytes));
+    assert_eq!(
+        summary.totals,
+        Totals {
+            entries: 6,
+            files: 3,
+            total_bytes: 15
+        }
+    );
+    let (header_read, entries_read) = read_all(&bytes).unwrap();
+    assert_eq!(header_read, header());
+    assert_eq!(entries_read, entries);
+    assert_eq!(hash_reader(&bytes[..]).unwrap(), summary.hash);
+}
+
+#[test]
+fn canonical_order_is_by_components() {
+    let table = [
+        ("a", "a/b", Ordering::Less),
+        ("a/b", "a.txt", Ordering::Less), // bytewise '/' > '.', by components "a" < "a.txt"
+        ("a/z", "b", Ordering::Less),
+        ("b", "a/z", Ordering::Greater),
+        ("a/b", "a/b", Ordering::Equal),
+        ("A", "a", Ordering::Less),
+    ];
+    for (a, b, expected) in table {
+        assert_eq!(compare_paths(a, b), expected, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn unsafe_paths_are_refused() {
+    let long_name = "x".repeat(MAX_NAME_BYTES + 1);
+    let long_path = vec!["x"; MAX_PATH_BYTES / 2 + 1].join("/");
+    let table: [(&str, PathError); 11] = [
+        ("", PathError::Empty),
+        ("/etc/passwd", PathError::Absolute),
+        ("..", PathError::DotComponent),
+        ("../escape", PathError::DotComponent),
+        ("a/../../escape", PathError::DotComponent),
+        ("a/./b", PathError::DotComponent),
+        ("a//b", PathError::EmptyComponent),
+        ("a/", PathError::EmptyComponent),
+        ("a\0b", PathError::Nul),
+        (&long_name, PathError::NameTooLong),
+        (&long_path, PathError::TooLong),
+    ];
+    for (path, expected) in table {
+        assert_eq!(validate_path(path), Err(expected), "{path:?}");
+    }
+    for path in ["a", "a/b", ".hidden", "..dots", "a b/ c", "ünïcode/名前"] {
+        assert_eq!(validate_path(path), Ok(()), "{path:?}");
+    }
+}
+
+#[test]
+fn hostile_manifests_are_refused() {
+    let hash = HASH;
+    let one_file = Totals {
+        entries: 1,
+        files: 1,
+        total_bytes: 1,
+    };
+    type Case = (&'static str, Vec<u8>, fn(&ManifestError) -> bool);
+    let cases: Vec<Case> = vec![
+        (
+            "traversal",
+            raw(
+                &[&format!(
+                    r#"{{"path":"../etc/shadow","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                one_file,
+            ),
+            |error| {
+                matches!(
+                    error,
+                    ManifestError::UnsafePath {
+                        reason: PathError::DotComponent,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "absolute",
+            raw(
+                &[&format!(
+                    r#"{{"path":"/etc/shadow","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                one_file,
+            ),
+            |error| {
+                matches!(
+                    error,
+                    ManifestError::UnsafePath {
+                        reason: PathError::Absolute,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "NUL",
+            raw(
+                &[&format!(
+                    r#"{{"path":"a\u0000b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                one_file,
+            ),
+            |error| {
+                matches!(
+                    error,
+                    ManifestError::UnsafePath {
+                        reason: PathError::Nul,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "duplicate",
+            raw(
+                &[
+                    &format!(
+                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                    &format!(
+                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                ],
+                Totals {
+                    entries: 2,
+                    files: 2,
+                    total_bytes: 2,
+                },
+            ),
+            |error| matches!(error, ManifestError::OutOfOrder { .. }),
+        ),
+        (
+            "out of order",
+            raw(
+                &[
+                    &format!(
+                        r#"{{"path":"b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                    &format!(
+                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                ],
+                Totals {
+                    entries: 2,
+                    files: 2,
+                    total_bytes: 2,
+                },
+            ),
+            |error| matches!(error, ManifestError::OutOfOrder { .. }),
+        ),
+        (
+            "absurd size",
+            raw(
+                &[&format!(
+                    r#"{{"path":"big","type":"file","size":18446744073709551615,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                Totals {
+                    entries: 1,
+                    files: 1,
+                    total_bytes: u64::MAX,
+                },
+            ),
+            |error| matches!(error, ManifestError::AbsurdSize { .. }),
+        ),
+        (
+            "negative size",
+            raw(
+                &[&format!(
+                    r#"{{"path":"a","type":"file","size":-1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                one_file,
+            ),
+            |error| matches!(error, ManifestError::Malformed { .. }),
+        ),
+        (
+            "entry under a file",
+            raw(
+                &[
+                    &format!(
+                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                    &format!(
+                        r#"{{"path":"a/b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                    ),
+                ],
+                Totals {
+                    entries: 2,
+                    files: 2,
+                    total_bytes: 2,
+                },
+            ),
+            |error| matches!(error, ManifestError::Orphan { .. }),
+        ),
+        (
+            "entry without its directory",
+            raw(
+                &[&format!(
+                    r#"{{"path":"x/y","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                one_file,
+            ),
+            |error| matches!(error, ManifestError::Orphan { .. }),
+        ),
+        (
+            "bad hash",
+            raw(
+                &[
+                    r#"{"path":"a","type":"file","size":1,"blake3":"zz","mode":420,"uid":0,"gid":0}"#,
+                ],
+                one_file,
+            ),
+            |error| matches!(error, ManifestError::InvalidEntry { .. }),
+        ),
+        (
+            "unknown type",
+            raw(
+                &[r#"{"path":"a","type":"device","mode":420,"uid":0,"gid":0}"#],
+                one_file,
+            ),
+            |error| matches!(error, ManifestError::Malformed { .. }),
+        ),
+        (
+            "symlink target with NUL",
+            raw(
+                &[r#"{"path":"a","type":"symlink","target":"x\u0000","mode":511,"uid":0,"gid":0}"#],
+                Totals {
+                    entries: 1,
+                    files: 0,
+                    total_bytes: 0,
+                },
+            ),
+            |error| matches!(error, ManifestError::InvalidEntry { .. }),
+        ),
+        (
+            "totals that do not add up",
+            raw(
+                &[&format!(
+                    r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
+                )],
+                Totals {
+                    entries: 2,
+                    files: 2,
+                    total_bytes: 2,
+                },
+            ),
+            |error| matches!(error, ManifestError::TotalsMismatch { .. }),
+        ),
+    ];
+    for (name, bytes, expected) in cases {
+        match read_all(&bytes) {
+            Ok(read) => panic!("{name}: accepted {read:?}"),
+            Err(error) => assert!(expected(&error), "{name}: wrong error {error:?}"),
+        }
+    }
+}
+
+#[test]
+fn truncation_padding_and_versions_are_refused() {
+    let (bytes, _) = write(&[dir("a"), file("a/b", 3)]);
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    let without_trailer: String = text
+        .lines()
+        .take(3)
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert!(matches!(
+        read_all(without_trailer.as_bytes()),
+        Err(ManifestError::Truncated)
+    ));
+    let cut_mid_line = &bytes[..bytes.len() - 5];
+    assert!(matches!(
+        read_all(cut_mid_line),
+        Err(ManifestError::Malformed { .. })
+    ));
+    let mut padded = bytes.clone();
+    padded.extend_from_slice(b"{\"path\":\"extra\"}\n");
+    assert!(matches!(
+        read_all(&padded),
+        Err(ManifestError::TrailingData)
+    ));
+    let future = text.replacen("\"custodyManifest\":1", "\"custodyManifest\":2", 1);
+    assert!(matches!(
+        read_all(future.as_bytes()),
+        Err(ManifestError::UnsupportedVersion(2))
+    ));
+    assert!(matches!(read_all(b""), Err(ManifestError::Truncated)));
+    let mut endless = serde_json::to_vec(&header()).unwrap();
+    endless.push(b'\n');
+    endless.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
+    assert!(matches!(
+        read_all(&endless),
+        Err(ManifestError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn the_writer_refuses_what_the_reader_would() {
+    let mut writer = ManifestWriter::new(Vec::new(), &header()).unwrap();
+    writer.push(&file("b", 1)).unwrap();
+    assert!(writer.push(&file("a", 1)).is_err(), "out of order");
+    assert!(writer.push(&file("b", 1)).is_err(), "duplicate");
+    assert!(writer.push(&file("../x", 1)).is_err(), "traversal");
+}
