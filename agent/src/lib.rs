@@ -1,3 +1,9 @@
 //! custody's node side: finding a pod's volumes on the node, building and verifying
 //! manifests of their content, and (in the binaries) the agent, `custody-wait` and
 //! `custody-mover`.
+
+pub mod hashing;
+pub mod manifest_builder;
+pub mod tree;
+pub mod verify;
+pub mod volumes;

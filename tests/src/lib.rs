@@ -2,6 +2,8 @@
 //! started by `hack/cluster-up.sh`), custody's CRDs installed from `deploy/crds/`, a fresh
 //! namespace per test, and waiting helpers that say what they last saw when they time out.
 
+pub mod volumes;
+
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,105 @@
+//! Builds a manifest of a directory tree in one pass.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use custody_proto::manifest::{Entry, Header, Kind, ManifestSummary, ManifestWriter};
+use rustix::fs::OFlags;
+
+use crate::hashing::hash_file;
+use crate::tree::{self, OnDisk, Walk, WalkError};
+
+/// Root-level names that never belong to a backup: the filesystem's own `lost+found` and the
+/// `.custody` directory a restore leaves behind.
+pub const IGNORED_AT_ROOT: &[&str] = &["lost+found", crate::verify::CUSTODY_DIR];
+
+/// Why a manifest could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Walk(#[from] WalkError),
+    #[error("{path}: a {kind} cannot be backed up")]
+    Unsupported { path: String, kind: &'static str },
+    #[error("{path}: symlink target is not UTF-8")]
+    NonUtf8Target { path: String },
+    #[error("{path}: is a mount of another filesystem inside the volume")]
+    OtherFilesystem { path: String },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} changed while it was read ({expected} bytes expected, {found} read)")]
+    Changed {
+        path: String,
+        expected: u64,
+        found: u64,
+    },
+    #[error("writing the manifest: {0}")]
+    Write(#[source] io::Error),
+}
+
+/// Walks `root` and writes its manifest to `out`.
+pub fn build<W: Write>(
+    root: &Path,
+    header: &Header,
+    out: W,
+) -> Result<(W, ManifestSummary), BuildError> {
+    let root_fd = tree::open_root(root)?;
+    let mut writer = ManifestWriter::new(out, header).map_err(BuildError::Write)?;
+    for found in Walk::new(&root_fd, IGNORED_AT_ROOT)? {
+        let found = found?;
+        if found.other_filesystem {
+            return Err(BuildError::OtherFilesystem { path: found.path });
+        }
+        let kind = match found.kind {
+            OnDisk::Dir => Kind::Dir,
+            OnDisk::Symlink => Kind::Symlink {
+                target: found
+                    .symlink_target
+                    .clone()
+                    .ok_or_else(|| BuildError::NonUtf8Target {
+                        path: found.path.clone(),
+                    })?,
+            },
+            OnDisk::File => {
+                let read_error = |source| BuildError::Read {
+                    path: found.path.clone(),
+                    source,
+                };
+                let fd = tree::open_beneath(&root_fd, &found.path, OFlags::RDONLY)
+                    .map_err(|errno| read_error(errno.into()))?;
+                let (hash, read) =
+                    hash_file(&mut File::from(fd), found.size).map_err(read_error)?;
+                if read != found.size {
+                    return Err(BuildError::Changed {
+                        path: found.path,
+                        expected: found.size,
+                        found: read,
+                    });
+                }
+                Kind::File {
+                    size: found.size,
+                    blake3: hash.to_hex().to_string(),
+                }
+            }
+            OnDisk::Special => {
+                return Err(BuildError::Unsupported {
+                    path: found.path,
+                    kind: found.kind.name(),
+                });
+            }
+        };
+        let entry = Entry {
+            path: found.path,
+            kind,
+            mode: found.mode,
+            uid: found.uid,
+            gid: found.gid,
+        };
+        writer.push(&entry).map_err(BuildError::Write)?;
+    }
+    writer.finish().map_err(BuildError::Write)
+}

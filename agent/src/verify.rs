@@ -1,0 +1,716 @@
+//! Verifies a restored volume against the manifest its Backup recorded.
+//!
+//! The decision is made only from the content on the volume, read without following a single
+//! symlink and without leaving the volume: every manifest entry must be there with the same
+//! type, permissions, owner, size and BLAKE3 hash, and nothing else may be (but `lost+found`
+//! and custody's own `.custody/`). The manifest itself is trusted only when its hash equals the
+//! one recorded in the Backup's status, it names the expected Backup, and the restore identity
+//! next to it names the expected Restore.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use custody_proto::manifest::{Entry, Kind, ManifestReader, compare_paths};
+use rayon::prelude::*;
+use rustix::fs::{FileType, OFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::hashing::hash_file;
+use crate::manifest_builder::IGNORED_AT_ROOT;
+use crate::tree::{self, Found, OnDisk, Walk, WalkError};
+use crate::volumes::VolumeError;
+
+/// custody's directory at the root of a restored volume.
+pub const CUSTODY_DIR: &str = ".custody";
+/// The manifest the mover leaves on a restored volume.
+pub const MANIFEST_PATH: &str = ".custody/manifest.jsonl";
+/// Which Restore wrote the volume, from which Backup.
+pub const IDENTITY_PATH: &str = ".custody/restore.json";
+
+/// The identity a mover writes next to the manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreIdentity {
+    pub restore_uid: String,
+    pub backup_uid: String,
+}
+
+/// What the volume must match: the trust anchor from the Backup's status and the identities
+/// of this restore.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    /// BLAKE3 of the manifest, as recorded in the Backup's status when it completed.
+    pub manifest_hash: blake3::Hash,
+    pub backup_uid: String,
+    pub restore_uid: String,
+}
+
+/// How much a report keeps and how work is batched.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Differences listed in the report (all are counted).
+    pub max_differences: usize,
+    /// Files hashed in parallel at a time.
+    pub batch: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_differences: 20,
+            batch: 512,
+        }
+    }
+}
+
+/// What a successful verification covered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    pub entries: u64,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// One way the volume differs from its manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Difference {
+    Missing {
+        path: String,
+        expected: &'static str,
+    },
+    Extra {
+        path: String,
+        found: &'static str,
+    },
+    TypeChanged {
+        path: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    SizeChanged {
+        path: String,
+        expected: u64,
+        found: u64,
+    },
+    ContentChanged {
+        path: String,
+        expected: String,
+        found: String,
+    },
+    ModeChanged {
+        path: String,
+        expected: u32,
+        found: u32,
+    },
+    OwnerChanged {
+        path: String,
+        expected: (u32, u32),
+        found: (u32, u32),
+    },
+    SymlinkTargetChanged {
+        path: String,
+        expected: String,
+        found: String,
+    },
+    SymlinkEscapes {
+        path: String,
+        target: String,
+    },
+    OtherFilesystem {
+        path: String,
+    },
+    Unreadable {
+        path: String,
+        error: String,
+    },
+}
+
+impl Difference {
+    /// The path the difference is about.
+    pub fn path(&self) -> &str {
+        match self {
+            Difference::Missing { path, .. }
+            | Difference::Extra { path, .. }
+            | Difference::TypeChanged { path, .. }
+            | Difference::SizeChanged { path, .. }
+            | Difference::ContentChanged { path, .. }
+            | Difference::ModeChanged { path, .. }
+            | Difference::OwnerChanged { path, .. }
+            | Difference::SymlinkTargetChanged { path, .. }
+            | Difference::SymlinkEscapes { path, .. }
+            | Difference::OtherFilesystem { path }
+            | Difference::Unreadable { path, .. } => path,
+        }
+    }
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Difference::Missing { path, expected } => {
+                write!(f, "{path}: missing ({expected} expected)")
+            }
+            Difference::Extra { path, found } => write!(f, "{path}: unexpected {found}"),
+            Difference::TypeChanged {
+                path,
+                expected,
+                found,
+            } => {
+                write!(f, "{path}: expected a {expected}, found a {found}")
+            }
+            Difference::SizeChanged {
+                path,
+                expected,
+                found,
+            } => {
+                write!(f, "{path}: size {found} bytes, expected {expected}")
+            }
+            Difference::ContentChanged {
+                path,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{path}: content differs (BLAKE3 {}…, expected {}…)",
+                &found[..found.len().min(12)],
+                &expected[..expected.len().min(12)]
+            ),
+            Difference::ModeChanged {
+                path,
+                expected,
+                found,
+            } => {
+                write!(f, "{path}: mode {found:o}, expected {expected:o}")
+            }
+            Difference::OwnerChanged {
+                path,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{path}: owner {}:{}, expected {}:{}",
+                found.0, found.1, expected.0, expected.1
+            ),
+            Difference::SymlinkTargetChanged {
+                path,
+                expected,
+                found,
+            } => {
+                write!(f, "{path}: symlink to {found:?}, expected {expected:?}")
+            }
+            Difference::SymlinkEscapes { path, target } => {
+                write!(f, "{path}: symlink to {target:?} points outside the volume")
+            }
+            Difference::OtherFilesystem { path } => {
+                write!(f, "{path}: another filesystem is mounted here")
+            }
+            Difference::Unreadable { path, error } => write!(f, "{path}: unreadable: {error}"),
+        }
+    }
+}
+
+/// Why a volume is not verified. Each variant is its own reason a user sees.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("no manifest at {MANIFEST_PATH}: {0}")]
+    ManifestMissing(String),
+    #[error("the manifest on the volume belongs to Backup {found}, not {expected}")]
+    WrongBackup { expected: String, found: String },
+    #[error(
+        "the manifest on the volume is not the one Backup recorded (BLAKE3 {found}, expected {expected})"
+    )]
+    ManifestTampered { expected: String, found: String },
+    #[error("the manifest is invalid: {0}")]
+    ManifestInvalid(String),
+    #[error("no restore identity at {IDENTITY_PATH}: {0}")]
+    IdentityMissing(String),
+    #[error("the volume was written by Restore {found}, not {expected}")]
+    WrongRestore { expected: String, found: String },
+    #[error("the restore identity names Backup {found}, not {expected}")]
+    IdentityWrongBackup { expected: String, found: String },
+    #[error("{count} difference(s) from the manifest, first: {}", list(.differences))]
+    ContentMismatch {
+        count: u64,
+        differences: Vec<Difference>,
+    },
+    #[error("the volume cannot be read: {0}")]
+    VolumeUnreadable(String),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+}
+
+fn list(differences: &[Difference]) -> String {
+    differences
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Failure {
+    /// CamelCase reason for conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Failure::ManifestMissing(_) => "ManifestMissing",
+            Failure::WrongBackup { .. } => "ManifestOfAnotherBackup",
+            Failure::ManifestTampered { .. } => "ManifestTampered",
+            Failure::ManifestInvalid(_) => "ManifestInvalid",
+            Failure::IdentityMissing(_) => "RestoreIdentityMissing",
+            Failure::WrongRestore { .. } => "WrittenByAnotherRestore",
+            Failure::IdentityWrongBackup { .. } => "RestoreIdentityOfAnotherBackup",
+            Failure::ContentMismatch { .. } => "ContentMismatch",
+            Failure::VolumeUnreadable(_) => "VolumeUnreadable",
+            Failure::Volume(error) => error.reason(),
+        }
+    }
+}
+
+/// Verifies a volume: `path` must be the mount point of a persistent filesystem, and its
+/// content must match the manifest.
+pub fn verify_volume(
+    path: &Path,
+    expected: &Expected,
+    options: Options,
+) -> Result<Verified, Failure> {
+    let mounted = crate::volumes::ensure_mounted(path)?;
+    verify_tree(&mounted, expected, options)
+}
+
+/// Verifies the tree at `root` (already known to be the mounted volume).
+pub fn verify_tree(
+    root: &Path,
+    expected: &Expected,
+    options: Options,
+) -> Result<Verified, Failure> {
+    let root_fd =
+        tree::open_root(root).map_err(|error| Failure::VolumeUnreadable(error.to_string()))?;
+
+    // Who the manifest says it belongs to, before trusting anything else in it.
+    let manifest = open_file(&root_fd, MANIFEST_PATH).map_err(Failure::ManifestMissing)?;
+    let mut first_line = String::new();
+    BufReader::new(
+        manifest
+            .try_clone()
+            .map_err(|error| Failure::ManifestMissing(error.to_string()))?,
+    )
+    .take(custody_proto::manifest::MAX_LINE_BYTES as u64)
+    .read_line(&mut first_line)
+    .map_err(|error| Failure::ManifestInvalid(error.to_string()))?;
+    let header: custody_proto::manifest::Header = serde_json::from_str(first_line.trim_end())
+        .map_err(|error| Failure::ManifestInvalid(format!("header: {error}")))?;
+    if header.backup_uid != expected.backup_uid {
+        return Err(Failure::WrongBackup {
+            expected: expected.backup_uid.clone(),
+            found: header.backup_uid,
+        });
+    }
+
+    // The trust anchor.
+    let anchored = hash_whole(&root_fd)?;
+    if anchored != expected.manifest_hash {
+        return Err(Failure::ManifestTampered {
+            expected: expected.manifest_hash.to_hex().to_string(),
+            found: anchored.to_hex().to_string(),
+        });
+    }
+
+    let identity_file = open_file(&root_fd, IDENTITY_PATH).map_err(Failure::IdentityMissing)?;
+    let identity: RestoreIdentity =
+        serde_json::from_reader(BufReader::new(identity_file.take(64 << 10)))
+            .map_err(|error| Failure::IdentityMissing(format!("unreadable: {error}")))?;
+    if identity.restore_uid != expected.restore_uid {
+        return Err(Failure::WrongRestore {
+            expected: expected.restore_uid.clone(),
+            found: identity.restore_uid,
+        });
+    }
+    if identity.backup_uid != expected.backup_uid {
+        return Err(Failure::IdentityWrongBackup {
+            expected: expected.backup_uid.clone(),
+            found: identity.backup_uid,
+        });
+    }
+
+    // Parse the manifest again, hashing what is parsed: a manifest swapped after the anchor
+    // check cannot pass.
+    let manifest = open_file(&root_fd, MANIFEST_PATH).map_err(Failure::ManifestMissing)?;
+    let mut hashing = HashingReader {
+        inner: manifest,
+        hasher: blake3::Hasher::new(),
+    };
+    let (reader, _) = ManifestReader::new(BufReader::with_capacity(1 << 20, &mut hashing))
+        .map_err(|error| Failure::ManifestInvalid(error.to_string()))?;
+    let walk = Walk::new(&root_fd, IGNORED_AT_ROOT)
+        .map_err(|error| Failure::VolumeUnreadable(error.to_string()))?;
+    let mut comparison = Comparison::new(&root_fd, options);
+    comparison.merge(reader, walk)?;
+    let verified = comparison.finish()?;
+    let parsed = hashing.hasher.finalize();
+    if parsed != expected.manifest_hash {
+        return Err(Failure::ManifestTampered {
+            expected: expected.manifest_hash.to_hex().to_string(),
+            found: parsed.to_hex().to_string(),
+        });
+    }
+    Ok(verified)
+}
+
+fn open_file(root: &OwnedFd, path: &str) -> Result<File, String> {
+    let fd = tree::open_beneath(root, path, OFlags::RDONLY | OFlags::NONBLOCK)
+        .map_err(|errno| errno.to_string())?;
+    let stat = rustix::fs::fstat(&fd).map_err(|errno| errno.to_string())?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err("not a regular file".into());
+    }
+    Ok(File::from(fd))
+}
+
+fn hash_whole(root: &OwnedFd) -> Result<blake3::Hash, Failure> {
+    let mut manifest = open_file(root, MANIFEST_PATH).map_err(Failure::ManifestMissing)?;
+    custody_proto::manifest::hash_reader(&mut manifest)
+        .map_err(|error| Failure::ManifestMissing(error.to_string()))
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buffer)?;
+        self.hasher.update(&buffer[..read]);
+        Ok(read)
+    }
+}
+
+/// Whether a symlink at `link_path` with `target` resolves outside the volume, lexically.
+pub fn symlink_escapes(link_path: &str, target: &str) -> bool {
+    if target.starts_with('/') {
+        return true;
+    }
+    let mut depth = link_path.split('/').count() as i64 - 1;
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+struct HashJob {
+    path: String,
+    size: u64,
+    expected: String,
+}
+
+struct Comparison<'a> {
+    root: &'a OwnedFd,
+    options: Options,
+    jobs: Vec<HashJob>,
+    differences: Vec<Difference>,
+    count: u64,
+    verified: Verified,
+}
+
+impl<'a> Comparison<'a> {
+    fn new(root: &'a OwnedFd, options: Options) -> Self {
+        Comparison {
+            root,
+            options,
+            jobs: Vec::new(),
+            differences: Vec::new(),
+            count: 0,
+            verified: Verified::default(),
+        }
+    }
+
+    fn differ(&mut self, difference: Difference) {
+        self.count += 1;
+        if self.differences.len() < self.options.max_differences {
+            self.differences.push(difference);
+        }
+    }
+
+    fn merge<R: BufRead>(
+        &mut self,
+        mut manifest: ManifestReader<R>,
+        mut walk: Walk,
+    ) -> Result<(), Failure> {
+        let mut next_expected = || -> Result<Option<Entry>, Failure> {
+            manifest
+                .next()
+                .transpose()
+                .map_err(|error| Failure::ManifestInvalid(error.to_string()))
+        };
+        let mut expected = next_expected()?;
+        let mut found = self.next_found(&mut walk);
+        loop {
+            match (expected.take(), found.take()) {
+                (None, None) => return Ok(()),
+                (Some(entry), None) => {
+                    self.missing(&entry);
+                    expected = next_expected()?;
+                }
+                (None, Some(on_disk)) => {
+                    self.extra(&on_disk);
+                    found = self.next_found(&mut walk);
+                }
+                (Some(entry), Some(on_disk)) => match compare_paths(&entry.path, &on_disk.path) {
+                    Ordering::Less => {
+                        self.missing(&entry);
+                        expected = next_expected()?;
+                        found = Some(on_disk);
+                    }
+                    Ordering::Greater => {
+                        self.extra(&on_disk);
+                        expected = Some(entry);
+                        found = self.next_found(&mut walk);
+                    }
+                    Ordering::Equal => {
+                        self.compare(entry, on_disk);
+                        expected = next_expected()?;
+                        found = self.next_found(&mut walk);
+                    }
+                },
+            }
+            if self.jobs.len() >= self.options.batch {
+                self.hash_batch();
+            }
+        }
+    }
+
+    fn next_found(&mut self, walk: &mut Walk) -> Option<Found> {
+        loop {
+            match walk.next()? {
+                Ok(found) => return Some(found),
+                Err(WalkError::NonUtf8Name { parent, name }) => self.differ(Difference::Extra {
+                    path: format!("{parent}/{}", String::from_utf8_lossy(&name)),
+                    found: "entry with a non-UTF-8 name",
+                }),
+                Err(error) => self.differ(Difference::Unreadable {
+                    path: String::new(),
+                    error: error.to_string(),
+                }),
+            }
+        }
+    }
+
+    fn missing(&mut self, entry: &Entry) {
+        self.differ(Difference::Missing {
+            path: entry.path.clone(),
+            expected: entry.kind.name(),
+        });
+    }
+
+    fn extra(&mut self, found: &Found) {
+        self.differ(Difference::Extra {
+            path: found.path.clone(),
+            found: found.kind.name(),
+        });
+    }
+
+    fn compare(&mut self, entry: Entry, found: Found) {
+        self.verified.entries += 1;
+        let path = entry.path;
+        if found.other_filesystem {
+            return self.differ(Difference::OtherFilesystem { path });
+        }
+        let expected_kind = match entry.kind {
+            Kind::File { .. } => OnDisk::File,
+            Kind::Dir => OnDisk::Dir,
+            Kind::Symlink { .. } => OnDisk::Symlink,
+        };
+        if expected_kind != found.kind {
+            return self.differ(Difference::TypeChanged {
+                path,
+                expected: entry.kind.name(),
+                found: found.kind.name(),
+            });
+        }
+        // Symlink permissions are meaningless on Linux and not restorable.
+        if expected_kind != OnDisk::Symlink && entry.mode != found.mode {
+            self.differ(Difference::ModeChanged {
+                path: path.clone(),
+                expected: entry.mode,
+                found: found.mode,
+            });
+        }
+        if (entry.uid, entry.gid) != (found.uid, found.gid) {
+            self.differ(Difference::OwnerChanged {
+                path: path.clone(),
+                expected: (entry.uid, entry.gid),
+                found: (found.uid, found.gid),
+            });
+        }
+        match entry.kind {
+            Kind::File { size, blake3 } => {
+                if size != found.size {
+                    return self.differ(Difference::SizeChanged {
+                        path,
+                        expected: size,
+                        found: found.size,
+                    });
+                }
+                self.jobs.push(HashJob {
+                    path,
+                    size,
+                    expected: blake3,
+                });
+            }
+            Kind::Symlink { target } => {
+                if symlink_escapes(&path, &target) {
+                    self.differ(Difference::SymlinkEscapes {
+                        path: path.clone(),
+                        target: target.clone(),
+                    });
+                }
+                let on_disk = found.symlink_target.unwrap_or_else(|| "(not UTF-8)".into());
+                if on_disk != target {
+                    self.differ(Difference::SymlinkTargetChanged {
+                        path,
+                        expected: target,
+                        found: on_disk,
+                    });
+                }
+            }
+            Kind::Dir => {}
+        }
+    }
+
+    fn hash_batch(&mut self) {
+        let jobs = std::mem::take(&mut self.jobs);
+        let root = self.root;
+        let results: Vec<Result<u64, Difference>> =
+            jobs.par_iter().map(|job| hash_one(root, job)).collect();
+        for result in results {
+            match result {
+                Ok(bytes) => {
+                    self.verified.files += 1;
+                    self.verified.bytes += bytes;
+                }
+                Err(difference) => self.differ(difference),
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<Verified, Failure> {
+        self.hash_batch();
+        if self.count == 0 {
+            return Ok(self.verified);
+        }
+        self.differences
+            .sort_by(|a, b| compare_paths(a.path(), b.path()));
+        Err(Failure::ContentMismatch {
+            count: self.count,
+            differences: self.differences,
+        })
+    }
+}
+
+fn hash_one(root: &OwnedFd, job: &HashJob) -> Result<u64, Difference> {
+    let unreadable = |error: String| Difference::Unreadable {
+        path: job.path.clone(),
+        error,
+    };
+    let fd = tree::open_beneath(root, &job.path, OFlags::RDONLY | OFlags::NONBLOCK)
+        .map_err(|errno| unreadable(errno.to_string()))?;
+    // Re-checked on the open descriptor: the walk's view may be stale.
+    let stat = rustix::fs::fstat(&fd).map_err(|errno| unreadable(errno.to_string()))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(Difference::TypeChanged {
+            path: job.path.clone(),
+            expected: "file",
+            found: "special file",
+        });
+    }
+    let (hash, read) =
+        hash_file(&mut File::from(fd), job.size).map_err(|error| unreadable(error.to_string()))?;
+    if read != job.size {
+        return Err(Difference::SizeChanged {
+            path: job.path.clone(),
+            expected: job.size,
+            found: read,
+        });
+    }
+    let hex = hash.to_hex();
+    if hex.as_str() != job.expected {
+        return Err(Difference::ContentChanged {
+            path: job.path.clone(),
+            expected: job.expected.clone(),
+            found: hex.to_string(),
+        });
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlink_escape_is_decided_lexically() {
+        let table = [
+            ("current", "base/1", false),
+            ("a/b/link", "../c", false),
+            ("a/b/link", "../../c", false),
+            ("a/b/link", "../../../c", true),
+            ("link", "../x", true),
+            ("link", "/etc/passwd", true),
+            ("a/link", "./../b", false),
+            ("a/link", "x/../../..", true),
+            ("a/link", "b//c/./d", false),
+        ];
+        for (link, target, escapes) in table {
+            assert_eq!(symlink_escapes(link, target), escapes, "{link} -> {target}");
+        }
+    }
+
+    #[test]
+    fn every_failure_has_its_own_reason() {
+        let failures = [
+            Failure::ManifestMissing(String::new()),
+            Failure::WrongBackup {
+                expected: String::new(),
+                found: String::new(),
+            },
+            Failure::ManifestTampered {
+                expected: String::new(),
+                found: String::new(),
+            },
+            Failure::ManifestInvalid(String::new()),
+            Failure::IdentityMissing(String::new()),
+            Failure::WrongRestore {
+                expected: String::new(),
+                found: String::new(),
+            },
+            Failure::IdentityWrongBackup {
+                expected: String::new(),
+                found: String::new(),
+            },
+            Failure::ContentMismatch {
+                count: 0,
+                differences: vec![],
+            },
+            Failure::VolumeUnreadable(String::new()),
+            Failure::Volume(VolumeError::NotAMountPoint {
+                path: String::new(),
+            }),
+        ];
+        let mut reasons: Vec<&str> = failures.iter().map(Failure::reason).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        assert_eq!(reasons.len(), failures.len());
+    }
+}

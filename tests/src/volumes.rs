@@ -1,0 +1,80 @@
+//! Loop-mounted ext4 images that stand in for persistent volumes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A fresh ext4 filesystem on a loop device, mounted on a temporary directory; unmounted and
+/// removed when dropped.
+pub struct LoopVolume {
+    dir: tempfile::TempDir,
+    mount_point: PathBuf,
+}
+
+fn run(program: &str, args: &[&str]) {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("{program}: {error}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+impl LoopVolume {
+    /// Creates and mounts a volume of `megabytes`.
+    pub fn new(megabytes: u64) -> LoopVolume {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let image = dir.path().join("volume.img");
+        let mount_point = dir.path().join("mnt");
+        std::fs::create_dir(&mount_point).expect("mount point");
+        std::fs::File::create(&image)
+            .and_then(|file| file.set_len(megabytes << 20))
+            .expect("image file");
+        run(
+            "mkfs.ext4",
+            &["-q", "-F", "-m", "0", image.to_str().expect("utf-8 path")],
+        );
+        run(
+            "mount",
+            &[
+                "-o",
+                "loop",
+                image.to_str().expect("utf-8"),
+                mount_point.to_str().expect("utf-8"),
+            ],
+        );
+        LoopVolume { dir, mount_point }
+    }
+
+    /// Where the filesystem is mounted.
+    pub fn path(&self) -> &Path {
+        &self.mount_point
+    }
+
+    /// A directory next to the mount, on the host's disk (not the volume).
+    pub fn outside(&self) -> PathBuf {
+        let outside = self.dir.path().join("outside");
+        std::fs::create_dir_all(&outside).expect("outside directory");
+        outside
+    }
+}
+
+impl Drop for LoopVolume {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount_point).status();
+    }
+}
+
+/// Copies a tree preserving modes, owners and symlinks (`cp -a`).
+pub fn copy_tree(from: &Path, to: &Path) {
+    run(
+        "cp",
+        &[
+            "-a",
+            &format!("{}/.", from.display()),
+            to.to_str().expect("utf-8"),
+        ],
+    );
+}
