@@ -346,9 +346,7 @@ pub fn verify_tree(
         .map_err(|error| Failure::ManifestInvalid(error.to_string()))?;
     let walk = Walk::new(&root_fd, IGNORED_AT_ROOT)
         .map_err(|error| Failure::VolumeUnreadable(error.to_string()))?;
-    let mut comparison = Comparison::new(&root_fd, options);
-    comparison.merge(reader, walk)?;
-    let verified = comparison.finish()?;
+    let verified = compare_content(&root_fd, reader, walk, options)?;
     let parsed = hashing.hasher.finalize();
     if parsed != expected.manifest_hash {
         return Err(Failure::ManifestTampered {
@@ -415,32 +413,102 @@ struct HashJob {
     expected: String,
 }
 
-struct Comparison<'a> {
-    root: &'a OwnedFd,
-    options: Options,
-    jobs: Vec<HashJob>,
+/// Differences and totals, from the comparison of the two streams or from hashing.
+#[derive(Default)]
+struct Tally {
     differences: Vec<Difference>,
     count: u64,
     verified: Verified,
 }
 
-impl<'a> Comparison<'a> {
-    fn new(root: &'a OwnedFd, options: Options) -> Self {
-        Comparison {
-            root,
+impl Tally {
+    fn differ(&mut self, difference: Difference, max_differences: usize) {
+        self.count += 1;
+        if self.differences.len() < max_differences {
+            self.differences.push(difference);
+        }
+    }
+}
+
+/// Merge-joins the manifest with the walk on the calling thread while a second thread hashes
+/// the matched files in parallel batches, so walking and hashing overlap.
+fn compare_content<R: BufRead>(
+    root: &OwnedFd,
+    manifest: ManifestReader<R>,
+    walk: Walk,
+    options: Options,
+) -> Result<Verified, Failure> {
+    let (batches, received) = std::sync::mpsc::sync_channel::<Vec<HashJob>>(4);
+    let (merged, mut tally, hashed) = std::thread::scope(|scope| {
+        let hasher = scope.spawn(move || {
+            let mut tally = Tally::default();
+            for batch in received {
+                let results: Vec<Result<u64, Difference>> =
+                    batch.par_iter().map(|job| hash_one(root, job)).collect();
+                for result in results {
+                    match result {
+                        Ok(bytes) => {
+                            tally.verified.files += 1;
+                            tally.verified.bytes += bytes;
+                        }
+                        Err(difference) => tally.differ(difference, options.max_differences),
+                    }
+                }
+            }
+            tally
+        });
+        let mut comparison = Comparison {
             options,
             jobs: Vec::new(),
-            differences: Vec::new(),
-            count: 0,
-            verified: Verified::default(),
+            batches,
+            tally: Tally::default(),
+        };
+        let merged = comparison.merge(manifest, walk);
+        comparison.send_batch();
+        // Dropping the sender lets the hasher drain what is queued and end.
+        let Comparison { tally, batches, .. } = comparison;
+        drop(batches);
+        (
+            merged,
+            tally,
+            hasher.join().expect("hashing thread panicked"),
+        )
+    });
+    merged?;
+    tally.verified.files += hashed.verified.files;
+    tally.verified.bytes += hashed.verified.bytes;
+    tally.count += hashed.count;
+    tally.differences.extend(hashed.differences);
+    if tally.count == 0 {
+        return Ok(tally.verified);
+    }
+    tally
+        .differences
+        .sort_by(|a, b| compare_paths(a.path(), b.path()));
+    tally.differences.truncate(options.max_differences);
+    Err(Failure::ContentMismatch {
+        count: tally.count,
+        differences: tally.differences,
+    })
+}
+
+struct Comparison {
+    options: Options,
+    jobs: Vec<HashJob>,
+    batches: std::sync::mpsc::SyncSender<Vec<HashJob>>,
+    tally: Tally,
+}
+
+impl Comparison {
+    fn send_batch(&mut self) {
+        if !self.jobs.is_empty() {
+            // The hasher only stops after the sender is dropped, so this cannot fail.
+            let _ = self.batches.send(std::mem::take(&mut self.jobs));
         }
     }
 
     fn differ(&mut self, difference: Difference) {
-        self.count += 1;
-        if self.differences.len() < self.options.max_differences {
-            self.differences.push(difference);
-        }
+        self.tally.differ(difference, self.options.max_differences);
     }
 
     fn merge<R: BufRead>(
@@ -486,7 +554,7 @@ impl<'a> Comparison<'a> {
                 },
             }
             if self.jobs.len() >= self.options.batch {
-                self.hash_batch();
+                self.send_batch();
             }
         }
     }
@@ -522,7 +590,7 @@ impl<'a> Comparison<'a> {
     }
 
     fn compare(&mut self, entry: Entry, found: Found) {
-        self.verified.entries += 1;
+        self.tally.verified.entries += 1;
         let path = entry.path;
         if found.other_filesystem {
             return self.differ(Difference::OtherFilesystem { path });
@@ -587,35 +655,6 @@ impl<'a> Comparison<'a> {
             }
             Kind::Dir => {}
         }
-    }
-
-    fn hash_batch(&mut self) {
-        let jobs = std::mem::take(&mut self.jobs);
-        let root = self.root;
-        let results: Vec<Result<u64, Difference>> =
-            jobs.par_iter().map(|job| hash_one(root, job)).collect();
-        for result in results {
-            match result {
-                Ok(bytes) => {
-                    self.verified.files += 1;
-                    self.verified.bytes += bytes;
-                }
-                Err(difference) => self.differ(difference),
-            }
-        }
-    }
-
-    fn finish(mut self) -> Result<Verified, Failure> {
-        self.hash_batch();
-        if self.count == 0 {
-            return Ok(self.verified);
-        }
-        self.differences
-            .sort_by(|a, b| compare_paths(a.path(), b.path()));
-        Err(Failure::ContentMismatch {
-            count: self.count,
-            differences: self.differences,
-        })
     }
 }
 
