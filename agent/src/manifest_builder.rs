@@ -5,10 +5,10 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use custody_proto::manifest::{Entry, Header, Kind, ManifestSummary, ManifestWriter};
-use rustix::fs::OFlags;
+use rustix::fs::{FileType, OFlags};
 
 use crate::hashing::hash_file;
-use crate::tree::{self, OnDisk, Walk, WalkError};
+use crate::tree::{self, Metadata, OnDisk, Walk, WalkError};
 
 /// Root-level names that never belong to a backup: the filesystem's own `lost+found` and the
 /// `.custody` directory a restore leaves behind.
@@ -54,6 +54,7 @@ pub fn build<W: Write>(
         if found.other_filesystem {
             return Err(BuildError::OtherFilesystem { path: found.path });
         }
+        let mut metadata = found.metadata;
         let kind = match found.kind {
             OnDisk::Dir => Kind::Dir,
             OnDisk::Symlink => Kind::Symlink {
@@ -71,17 +72,27 @@ pub fn build<W: Write>(
                 };
                 let fd = tree::open_beneath(&root_fd, &found.path, OFlags::RDONLY)
                     .map_err(|errno| read_error(errno.into()))?;
+                // The metadata of the descriptor that is read, not of an earlier look.
+                let stat = rustix::fs::fstat(&fd).map_err(|errno| read_error(errno.into()))?;
+                if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+                    return Err(BuildError::Unsupported {
+                        path: found.path,
+                        kind: "special file",
+                    });
+                }
+                let opened = Metadata::of(&stat);
+                metadata = Some(opened);
                 let (hash, read) =
-                    hash_file(&mut File::from(fd), found.size).map_err(read_error)?;
-                if read != found.size {
+                    hash_file(&mut File::from(fd), opened.size).map_err(read_error)?;
+                if read != opened.size {
                     return Err(BuildError::Changed {
                         path: found.path,
-                        expected: found.size,
+                        expected: opened.size,
                         found: read,
                     });
                 }
                 Kind::File {
-                    size: found.size,
+                    size: opened.size,
                     blake3: hash.to_hex().to_string(),
                 }
             }
@@ -92,12 +103,16 @@ pub fn build<W: Write>(
                 });
             }
         };
+        let metadata = metadata.ok_or_else(|| BuildError::Unsupported {
+            path: found.path.clone(),
+            kind: "entry without metadata",
+        })?;
         let entry = Entry {
             path: found.path,
             kind,
-            mode: found.mode,
-            uid: found.uid,
-            gid: found.gid,
+            mode: metadata.mode,
+            uid: metadata.uid,
+            gid: metadata.gid,
         };
         writer.push(&entry).map_err(BuildError::Write)?;
     }

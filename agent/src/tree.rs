@@ -43,18 +43,40 @@ impl OnDisk {
     }
 }
 
+/// Permissions, owner and size of an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// Permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Size in bytes (regular files; 0 otherwise).
+    pub size: u64,
+}
+
+impl Metadata {
+    /// The metadata in a `stat` result.
+    pub fn of(stat: &Stat) -> Metadata {
+        let is_file = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
+        Metadata {
+            mode: stat.st_mode & 0o7777,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            size: if is_file { stat.st_size as u64 } else { 0 },
+        }
+    }
+}
+
 /// One entry found by the walk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Found {
     /// Path relative to the root, `/`-separated.
     pub path: String,
     pub kind: OnDisk,
-    /// Permission bits.
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    /// Size in bytes (regular files).
-    pub size: u64,
+    /// `None` for regular files the directory listing already identified: whoever reads the
+    /// file takes the metadata from the descriptor it opened, which saves a `stat` per file
+    /// and cannot be stale.
+    pub metadata: Option<Metadata>,
     /// The link's target, for symlinks whose target is UTF-8.
     pub symlink_target: Option<String>,
     /// A directory that is a mount of another filesystem; it is not entered.
@@ -111,8 +133,9 @@ pub fn open_beneath(root: &OwnedFd, path: &str, flags: OFlags) -> Result<OwnedFd
 struct Level {
     fd: OwnedFd,
     path: String,
-    // Remaining names, sorted descending so the next one pops off the end.
-    names: Vec<CString>,
+    // Remaining names with their directory-entry type, sorted descending so the next one pops
+    // off the end.
+    names: Vec<(CString, FileType)>,
 }
 
 /// Walks a tree in canonical order (pre-order, children sorted by name bytes).
@@ -171,14 +194,14 @@ impl Walk {
             {
                 continue;
             }
-            names.push(name.to_owned());
+            names.push((name.to_owned(), entry.file_type()));
         }
-        names.sort_unstable_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
+        names.sort_unstable_by(|a, b| b.0.as_bytes().cmp(a.0.as_bytes()));
         self.stack.push(Level { fd, path, names });
         Ok(())
     }
 
-    fn visit(&mut self, name: CString) -> Result<Found, WalkError> {
+    fn visit(&mut self, name: CString, listed_type: FileType) -> Result<Found, WalkError> {
         let level = self.stack.last().expect("visit with a level");
         let name_str = name_to_str(&name, &level.path)?;
         let path = if level.path.is_empty() {
@@ -186,6 +209,17 @@ impl Walk {
         } else {
             format!("{}/{name_str}", level.path)
         };
+        // A regular file cannot be a mount point reached by the walk without a stat, but it can
+        // be a bind mount: readers open it with RESOLVE_NO_XDEV, which refuses that.
+        if listed_type == FileType::RegularFile {
+            return Ok(Found {
+                path,
+                kind: OnDisk::File,
+                metadata: None,
+                symlink_target: None,
+                other_filesystem: false,
+            });
+        }
         let stat =
             rustix::fs::statat(&level.fd, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|errno| {
                 WalkError::Stat {
@@ -197,14 +231,7 @@ impl Walk {
         let mut found = Found {
             path,
             kind,
-            mode: stat.st_mode & 0o7777,
-            uid: stat.st_uid,
-            gid: stat.st_gid,
-            size: if kind == OnDisk::File {
-                stat.st_size as u64
-            } else {
-                0
-            },
+            metadata: Some(Metadata::of(&stat)),
             symlink_target: None,
             other_filesystem: stat.st_dev != self.device,
         };
@@ -252,7 +279,7 @@ impl Iterator for Walk {
         loop {
             let level = self.stack.last_mut()?;
             match level.names.pop() {
-                Some(name) => return Some(self.visit(name)),
+                Some((name, listed_type)) => return Some(self.visit(name, listed_type)),
                 None => {
                     self.stack.pop();
                 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hashing::hash_file;
 use crate::manifest_builder::IGNORED_AT_ROOT;
-use crate::tree::{self, Found, OnDisk, Walk, WalkError};
+use crate::tree::{self, Found, Metadata, OnDisk, Walk, WalkError};
 use crate::volumes::VolumeError;
 
 /// custody's directory at the root of a restored volume.
@@ -411,6 +411,29 @@ struct HashJob {
     path: String,
     size: u64,
     expected: String,
+    mode: u32,
+    owner: (u32, u32),
+}
+
+/// Permission and owner differences between a manifest entry and what is on disk (symlink
+/// permissions are meaningless on Linux and not restorable, so they are not compared).
+fn metadata_differences(path: &str, entry: &Entry, found: Metadata) -> Vec<Difference> {
+    let mut differences = Vec::new();
+    if !matches!(entry.kind, Kind::Symlink { .. }) && entry.mode != found.mode {
+        differences.push(Difference::ModeChanged {
+            path: path.to_string(),
+            expected: entry.mode,
+            found: found.mode,
+        });
+    }
+    if (entry.uid, entry.gid) != (found.uid, found.gid) {
+        differences.push(Difference::OwnerChanged {
+            path: path.to_string(),
+            expected: (entry.uid, entry.gid),
+            found: (found.uid, found.gid),
+        });
+    }
+    differences
 }
 
 /// Differences and totals, from the comparison of the two streams or from hashing.
@@ -443,7 +466,7 @@ fn compare_content<R: BufRead>(
         let hasher = scope.spawn(move || {
             let mut tally = Tally::default();
             for batch in received {
-                let results: Vec<Result<u64, Difference>> =
+                let results: Vec<Result<u64, Vec<Difference>>> =
                     batch.par_iter().map(|job| hash_one(root, job)).collect();
                 for result in results {
                     match result {
@@ -451,7 +474,11 @@ fn compare_content<R: BufRead>(
                             tally.verified.files += 1;
                             tally.verified.bytes += bytes;
                         }
-                        Err(difference) => tally.differ(difference, options.max_differences),
+                        Err(differences) => {
+                            for difference in differences {
+                                tally.differ(difference, options.max_differences);
+                            }
+                        }
                     }
                 }
             }
@@ -591,7 +618,7 @@ impl Comparison {
 
     fn compare(&mut self, entry: Entry, found: Found) {
         self.tally.verified.entries += 1;
-        let path = entry.path;
+        let path = entry.path.clone();
         if found.other_filesystem {
             return self.differ(Difference::OtherFilesystem { path });
         }
@@ -607,34 +634,22 @@ impl Comparison {
                 found: found.kind.name(),
             });
         }
-        // Symlink permissions are meaningless on Linux and not restorable.
-        if expected_kind != OnDisk::Symlink && entry.mode != found.mode {
-            self.differ(Difference::ModeChanged {
-                path: path.clone(),
-                expected: entry.mode,
-                found: found.mode,
-            });
-        }
-        if (entry.uid, entry.gid) != (found.uid, found.gid) {
-            self.differ(Difference::OwnerChanged {
-                path: path.clone(),
-                expected: (entry.uid, entry.gid),
-                found: (found.uid, found.gid),
-            });
+        // Regular files are checked by the hasher, on the descriptor it reads.
+        if expected_kind != OnDisk::File
+            && let Some(metadata) = found.metadata
+        {
+            for difference in metadata_differences(&path, &entry, metadata) {
+                self.differ(difference);
+            }
         }
         match entry.kind {
             Kind::File { size, blake3 } => {
-                if size != found.size {
-                    return self.differ(Difference::SizeChanged {
-                        path,
-                        expected: size,
-                        found: found.size,
-                    });
-                }
                 self.jobs.push(HashJob {
                     path,
                     size,
                     expected: blake3,
+                    mode: entry.mode,
+                    owner: (entry.uid, entry.gid),
                 });
             }
             Kind::Symlink { target } => {
@@ -658,40 +673,65 @@ impl Comparison {
     }
 }
 
-fn hash_one(root: &OwnedFd, job: &HashJob) -> Result<u64, Difference> {
-    let unreadable = |error: String| Difference::Unreadable {
-        path: job.path.clone(),
-        error,
+/// Opens, checks and hashes one file; its differences, or the bytes it verified.
+fn hash_one(root: &OwnedFd, job: &HashJob) -> Result<u64, Vec<Difference>> {
+    let unreadable = |error: String| {
+        vec![Difference::Unreadable {
+            path: job.path.clone(),
+            error,
+        }]
     };
     let fd = tree::open_beneath(root, &job.path, OFlags::RDONLY | OFlags::NONBLOCK)
         .map_err(|errno| unreadable(errno.to_string()))?;
-    // Re-checked on the open descriptor: the walk's view may be stale.
     let stat = rustix::fs::fstat(&fd).map_err(|errno| unreadable(errno.to_string()))?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(Difference::TypeChanged {
+        return Err(vec![Difference::TypeChanged {
             path: job.path.clone(),
             expected: "file",
             found: "special file",
+        }]);
+    }
+    let found = Metadata::of(&stat);
+    let entry = Entry {
+        path: job.path.clone(),
+        kind: Kind::File {
+            size: job.size,
+            blake3: String::new(),
+        },
+        mode: job.mode,
+        uid: job.owner.0,
+        gid: job.owner.1,
+    };
+    let mut differences = metadata_differences(&job.path, &entry, found);
+    if found.size != job.size {
+        differences.push(Difference::SizeChanged {
+            path: job.path.clone(),
+            expected: job.size,
+            found: found.size,
         });
+        return Err(differences);
     }
     let (hash, read) =
         hash_file(&mut File::from(fd), job.size).map_err(|error| unreadable(error.to_string()))?;
+    let hex = hash.to_hex();
     if read != job.size {
-        return Err(Difference::SizeChanged {
+        differences.push(Difference::SizeChanged {
             path: job.path.clone(),
             expected: job.size,
             found: read,
         });
-    }
-    let hex = hash.to_hex();
-    if hex.as_str() != job.expected {
-        return Err(Difference::ContentChanged {
+    } else if hex.as_str() != job.expected {
+        differences.push(Difference::ContentChanged {
             path: job.path.clone(),
             expected: job.expected.clone(),
             found: hex.to_string(),
         });
     }
-    Ok(read)
+    if differences.is_empty() {
+        Ok(read)
+    } else {
+        Err(differences)
+    }
 }
 
 #[cfg(test)]
