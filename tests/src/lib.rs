@@ -57,7 +57,11 @@ pub fn control_plane() -> &'static Path {
 
 /// A client for the local control plane.
 pub async fn client() -> Client {
-    let kubeconfig = Kubeconfig::read_from(control_plane()).expect("reading kubeconfig");
+    client_from(control_plane()).await
+}
+
+async fn client_from(kubeconfig: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("reading kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("kubeconfig");
@@ -65,12 +69,7 @@ pub async fn client() -> Client {
 }
 
 async fn install_crds(kubeconfig: &Path) {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("reading kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    let client = Client::try_from(config).expect("client");
-    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let api: Api<CustomResourceDefinition> = Api::all(client_from(kubeconfig).await);
     for crd in committed_crds() {
         let name = crd.metadata.name.clone().expect("CRD name");
         api.patch(
