@@ -54,17 +54,26 @@ pub fn build<W: Write>(
         if found.other_filesystem {
             return Err(BuildError::OtherFilesystem { path: found.path });
         }
-        let mut metadata = found.metadata;
-        let kind = match found.kind {
-            OnDisk::Dir => Kind::Dir,
-            OnDisk::Symlink => Kind::Symlink {
-                target: found
-                    .symlink_target
-                    .clone()
-                    .ok_or_else(|| BuildError::NonUtf8Target {
-                        path: found.path.clone(),
-                    })?,
-            },
+        // Directories and symlinks carry the walk's metadata; regular files the metadata of
+        // the descriptor that is read, not of an earlier look.
+        let walked = || {
+            found.metadata.ok_or_else(|| BuildError::Unsupported {
+                path: found.path.clone(),
+                kind: "entry without metadata",
+            })
+        };
+        let (kind, metadata) = match found.kind {
+            OnDisk::Dir => (Kind::Dir, walked()?),
+            OnDisk::Symlink => {
+                let target =
+                    found
+                        .symlink_target
+                        .clone()
+                        .ok_or_else(|| BuildError::NonUtf8Target {
+                            path: found.path.clone(),
+                        })?;
+                (Kind::Symlink { target }, walked()?)
+            }
             OnDisk::File => {
                 let read_error = |source| BuildError::Read {
                     path: found.path.clone(),
@@ -72,7 +81,6 @@ pub fn build<W: Write>(
                 };
                 let fd = tree::open_beneath(&root_fd, &found.path, OFlags::RDONLY)
                     .map_err(|errno| read_error(errno.into()))?;
-                // The metadata of the descriptor that is read, not of an earlier look.
                 let stat = rustix::fs::fstat(&fd).map_err(|errno| read_error(errno.into()))?;
                 if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
                     return Err(BuildError::Unsupported {
@@ -81,7 +89,6 @@ pub fn build<W: Write>(
                     });
                 }
                 let opened = Metadata::of(&stat);
-                metadata = Some(opened);
                 let (hash, read) =
                     hash_file(&mut File::from(fd), opened.size).map_err(read_error)?;
                 if read != opened.size {
@@ -91,10 +98,11 @@ pub fn build<W: Write>(
                         found: read,
                     });
                 }
-                Kind::File {
+                let kind = Kind::File {
                     size: opened.size,
                     blake3: hash.to_hex().to_string(),
-                }
+                };
+                (kind, opened)
             }
             OnDisk::Special => {
                 return Err(BuildError::Unsupported {
@@ -103,10 +111,6 @@ pub fn build<W: Write>(
                 });
             }
         };
-        let metadata = metadata.ok_or_else(|| BuildError::Unsupported {
-            path: found.path.clone(),
-            kind: "entry without metadata",
-        })?;
         let entry = Entry {
             path: found.path,
             kind,

@@ -48,6 +48,13 @@ fn read_all(bytes: &[u8]) -> Result<(Header, Vec<Entry>), ManifestError> {
     Ok((header, entries))
 }
 
+/// One verbatim file entry line with the test hash.
+fn file_line(path: &str, size: i128) -> String {
+    format!(
+        r#"{{"path":"{path}","type":"file","size":{size},"blake3":"{HASH}","mode":420,"uid":0,"gid":0}}"#
+    )
+}
+
 /// A manifest whose entry lines are given verbatim (for hostile input), with a matching trailer.
 fn raw(lines: &[&str], totals: Totals) -> Vec<u8> {
     let mut text = serde_json::to_string(&header()).unwrap();
@@ -137,7 +144,6 @@ fn unsafe_paths_are_refused() {
 
 #[test]
 fn hostile_manifests_are_refused() {
-    let hash = HASH;
     let one_file = Totals {
         entries: 1,
         files: 1,
@@ -147,12 +153,7 @@ fn hostile_manifests_are_refused() {
     let cases: Vec<Case> = vec![
         (
             "traversal",
-            raw(
-                &[&format!(
-                    r#"{{"path":"../etc/shadow","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
-                one_file,
-            ),
+            raw(&[&file_line("../etc/shadow", 1)], one_file),
             |error| {
                 matches!(
                     error,
@@ -165,12 +166,7 @@ fn hostile_manifests_are_refused() {
         ),
         (
             "absolute",
-            raw(
-                &[&format!(
-                    r#"{{"path":"/etc/shadow","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
-                one_file,
-            ),
+            raw(&[&file_line("/etc/shadow", 1)], one_file),
             |error| {
                 matches!(
                     error,
@@ -183,12 +179,7 @@ fn hostile_manifests_are_refused() {
         ),
         (
             "NUL",
-            raw(
-                &[&format!(
-                    r#"{{"path":"a\u0000b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
-                one_file,
-            ),
+            raw(&[&file_line(r"a\u0000b", 1)], one_file),
             |error| {
                 matches!(
                     error,
@@ -202,14 +193,7 @@ fn hostile_manifests_are_refused() {
         (
             "duplicate",
             raw(
-                &[
-                    &format!(
-                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                    &format!(
-                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                ],
+                &[&file_line("a", 1), &file_line("a", 1)],
                 Totals {
                     entries: 2,
                     files: 2,
@@ -221,14 +205,7 @@ fn hostile_manifests_are_refused() {
         (
             "out of order",
             raw(
-                &[
-                    &format!(
-                        r#"{{"path":"b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                    &format!(
-                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                ],
+                &[&file_line("b", 1), &file_line("a", 1)],
                 Totals {
                     entries: 2,
                     files: 2,
@@ -240,9 +217,7 @@ fn hostile_manifests_are_refused() {
         (
             "absurd size",
             raw(
-                &[&format!(
-                    r#"{{"path":"big","type":"file","size":18446744073709551615,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
+                &[&file_line("big", 18446744073709551615)],
                 Totals {
                     entries: 1,
                     files: 1,
@@ -253,25 +228,13 @@ fn hostile_manifests_are_refused() {
         ),
         (
             "negative size",
-            raw(
-                &[&format!(
-                    r#"{{"path":"a","type":"file","size":-1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
-                one_file,
-            ),
+            raw(&[&file_line("a", -1)], one_file),
             |error| matches!(error, ManifestError::Malformed { .. }),
         ),
         (
             "entry under a file",
             raw(
-                &[
-                    &format!(
-                        r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                    &format!(
-                        r#"{{"path":"a/b","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                    ),
-                ],
+                &[&file_line("a", 1), &file_line("a/b", 1)],
                 Totals {
                     entries: 2,
                     files: 2,
@@ -282,12 +245,7 @@ fn hostile_manifests_are_refused() {
         ),
         (
             "entry without its directory",
-            raw(
-                &[&format!(
-                    r#"{{"path":"x/y","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
-                one_file,
-            ),
+            raw(&[&file_line("x/y", 1)], one_file),
             |error| matches!(error, ManifestError::Orphan { .. }),
         ),
         (
@@ -323,9 +281,7 @@ fn hostile_manifests_are_refused() {
         (
             "totals that do not add up",
             raw(
-                &[&format!(
-                    r#"{{"path":"a","type":"file","size":1,"blake3":"{hash}","mode":420,"uid":0,"gid":0}}"#
-                )],
+                &[&file_line("a", 1)],
                 Totals {
                     entries: 2,
                     files: 2,
