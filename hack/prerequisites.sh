@@ -6,7 +6,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 missing=()
-for tool in openssl:openssl curl:curl flock:util-linux setsid:util-linux base64:coreutils bc:bc python3:python3 mkfs.ext4:e2fsprogs; do
+for tool in openssl:openssl curl:curl flock:util-linux setsid:util-linux base64:coreutils bc:bc python3:python3 mkfs.ext4:e2fsprogs protoc:protobuf-compiler faketime:faketime; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
 done
 if ((${#missing[@]})); then

@@ -4,6 +4,7 @@
 
 pub mod hashing;
 pub mod manifest_builder;
+pub mod restores;
 pub mod tree;
 pub mod verify;
 pub mod volumes;

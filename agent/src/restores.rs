@@ -1,0 +1,288 @@
+//! Where each restored volume on this node stands, decided from plain data: the workload pods
+//! under restore, the prepareData pods writing their volumes, and the verifications the agent
+//! has run. No API client here; the daemon feeds it what its pod watch sees.
+//!
+//! A volume moves `Pending → Restoring → Verifying → Verified | Failed(reason)`. Verification
+//! starts only once a prepareData pod for that exact volume and Restore has succeeded, and a
+//! result belongs to the prepareData pod whose output it checked: a new attempt (a new pod)
+//! is verified afresh.
+
+use std::collections::BTreeMap;
+
+use custody_proto::names;
+
+/// The pod phases the agent distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not yet running, or running.
+    Active,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    /// Maps a pod's `status.phase` (absent or unknown counts as still active).
+    pub fn of(phase: Option<&str>) -> Phase {
+        match phase {
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Active,
+        }
+    }
+}
+
+/// A volume of a workload pod that a Restore writes: the pod stays gated until it is verified.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkloadVolume {
+    pub namespace: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    /// Name of the volume in the pod spec (its directory under the kubelet root).
+    pub volume: String,
+    pub claim_name: String,
+    /// Name of the Restore (from the pod's annotation) and its UID (from the pod's label).
+    pub restore_name: String,
+    pub restore_uid: String,
+}
+
+/// A prepareData pod: `custody-mover restore` writing one claim for one Restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparePod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub claim_name: String,
+    pub restore_uid: String,
+    pub phase: Phase,
+    /// The pod's own account of a failure (`status.message` or a container's termination
+    /// message), when it has one.
+    pub message: Option<String>,
+}
+
+/// What a finished verification found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Verified {
+        /// When verification finished, Unix nanoseconds by the agent's clock.
+        at_unix_nanos: i64,
+        summary: String,
+    },
+    Failed {
+        reason: String,
+        message: String,
+    },
+}
+
+/// A verification of one workload volume against the output of one prepareData pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verification {
+    /// Started and not finished; `note` says what it waits for, if anything.
+    Running {
+        note: Option<String>,
+    },
+    Done(Outcome),
+}
+
+/// Which verification: the workload pod's volume, checked after this prepareData pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VerificationKey {
+    pub pod_uid: String,
+    pub volume: String,
+    pub prepare_pod_uid: String,
+}
+
+/// Where a volume stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Pending,
+    Restoring,
+    Verifying,
+    Verified { at_unix_nanos: i64 },
+    Failed { reason: String, message: String },
+}
+
+impl State {
+    /// The state's name in reports and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Pending => "Pending",
+            State::Restoring => "Restoring",
+            State::Verifying => "Verifying",
+            State::Verified { .. } => "Verified",
+            State::Failed { .. } => "Failed",
+        }
+    }
+}
+
+/// The decision for one volume: its state, and the verification to start, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub state: State,
+    pub message: String,
+    pub start: Option<VerificationKey>,
+}
+
+/// Reason a volume fails when its prepareData pod failed.
+pub const REASON_PREPARE_DATA_FAILED: &str = "PrepareDataFailed";
+
+/// Decides one volume's state.
+///
+/// `prepare` may hold any pods; only those for the same namespace, claim and Restore UID
+/// count. A succeeded pod wins over active ones (its output is what the volume holds); among
+/// several succeeded pods the one already verified (or being verified) is kept, so that a
+/// result is not thrown away, and otherwise the first by name.
+pub fn decide(
+    volume: &WorkloadVolume,
+    prepare: &[PreparePod],
+    verifications: &BTreeMap<VerificationKey, Verification>,
+) -> Decision {
+    let mine: Vec<&PreparePod> = prepare
+        .iter()
+        .filter(|pod| {
+            pod.namespace == volume.namespace
+                && pod.claim_name == volume.claim_name
+                && pod.restore_uid == volume.restore_uid
+        })
+        .collect();
+    let key_for = |pod: &PreparePod| VerificationKey {
+        pod_uid: volume.pod_uid.clone(),
+        volume: volume.volume.clone(),
+        prepare_pod_uid: pod.uid.clone(),
+    };
+
+    let mut succeeded: Vec<&PreparePod> = mine
+        .iter()
+        .copied()
+        .filter(|pod| pod.phase == Phase::Succeeded)
+        .collect();
+    succeeded.sort_by(|a, b| a.name.cmp(&b.name));
+    let chosen = succeeded
+        .iter()
+        .find(|pod| verifications.contains_key(&key_for(pod)))
+        .or(succeeded.first());
+    if let Some(pod) = chosen {
+        let key = key_for(pod);
+        return match verifications.get(&key) {
+            None => Decision {
+                state: State::Verifying,
+                message: format!("prepareData pod {} succeeded; verifying", pod.name),
+                start: Some(key),
+            },
+            Some(Verification::Running { note }) => Decision {
+                state: State::Verifying,
+                message: note
+                    .clone()
+                    .unwrap_or_else(|| format!("verifying the output of {}", pod.name)),
+                start: None,
+            },
+            Some(Verification::Done(Outcome::Verified {
+                at_unix_nanos,
+                summary,
+            })) => Decision {
+                state: State::Verified {
+                    at_unix_nanos: *at_unix_nanos,
+                },
+                message: summary.clone(),
+                start: None,
+            },
+            Some(Verification::Done(Outcome::Failed { reason, message })) => Decision {
+                state: State::Failed {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                },
+                message: message.clone(),
+                start: None,
+            },
+        };
+    }
+
+    if let Some(pod) = mine.iter().find(|pod| pod.phase == Phase::Active) {
+        return Decision {
+            state: State::Restoring,
+            message: format!("prepareData pod {} is writing the volume", pod.name),
+            start: None,
+        };
+    }
+    if let Some(pod) = mine.iter().find(|pod| pod.phase == Phase::Failed) {
+        let message = format!(
+            "prepareData pod {} failed: {}",
+            pod.name,
+            pod.message.as_deref().unwrap_or("no message")
+        );
+        return Decision {
+            state: State::Failed {
+                reason: REASON_PREPARE_DATA_FAILED.to_string(),
+                message: message.clone(),
+            },
+            message,
+            start: None,
+        };
+    }
+    Decision {
+        state: State::Pending,
+        message: "waiting for the prepareData pod".to_string(),
+        start: None,
+    }
+}
+
+/// Reads the restored volumes of a workload pod from its labels, annotations and volumes.
+///
+/// `claims` are the pod's `(volume name, claim name)` pairs. A claim listed in the annotation
+/// that the pod does not mount is reported as an error: the pod would otherwise be released
+/// without that data.
+pub fn workload_volumes(
+    namespace: &str,
+    pod_name: &str,
+    pod_uid: &str,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    claims: &[(String, String)],
+) -> Result<Vec<WorkloadVolume>, String> {
+    let Some(listed) = annotations.get(names::ANNOTATION_RESTORED_CLAIMS) else {
+        return Ok(Vec::new());
+    };
+    let restore_name = annotations
+        .get(names::ANNOTATION_RESTORE)
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| format!("annotation {} is missing", names::ANNOTATION_RESTORE))?;
+    let restore_uid = labels
+        .get(names::LABEL_RESTORE_UID)
+        .filter(|uid| !uid.is_empty())
+        .ok_or_else(|| format!("label {} is missing", names::LABEL_RESTORE_UID))?;
+    let mut volumes = Vec::new();
+    for claim in listed
+        .split(',')
+        .map(str::trim)
+        .filter(|claim| !claim.is_empty())
+    {
+        let mounted: Vec<&(String, String)> = claims
+            .iter()
+            .filter(|(_, claim_name)| claim_name == claim)
+            .collect();
+        let [(volume, _)] = mounted.as_slice() else {
+            return Err(format!(
+                "restored claim {claim:?} is mounted by {} volumes of the pod, expected exactly one",
+                mounted.len()
+            ));
+        };
+        volumes.push(WorkloadVolume {
+            namespace: namespace.to_string(),
+            pod_name: pod_name.to_string(),
+            pod_uid: pod_uid.to_string(),
+            volume: volume.clone(),
+            claim_name: claim.to_string(),
+            restore_name: restore_name.clone(),
+            restore_uid: restore_uid.clone(),
+        });
+    }
+    if volumes.is_empty() {
+        return Err(format!(
+            "annotation {} names no claim",
+            names::ANNOTATION_RESTORED_CLAIMS
+        ));
+    }
+    Ok(volumes)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+use super::*;
+
+fn volume() -> WorkloadVolume {
+    WorkloadVolume {
+        namespace: "db".into(),
+        pod_name: "pg-0".into(),
+        pod_uid: "pod-uid".into(),
+        volume: "data".into(),
+        claim_name: "data-pg-0".into(),
+        restore_name: "pg-restore".into(),
+        restore_uid: "restore-uid".into(),
+    }
+}
+
+fn prepare(name: &str, phase: Phase) -> PreparePod {
+    PreparePod {
+        namespace: "db".into(),
+        name: name.into(),
+        uid: format!("{name}-uid"),
+        claim_name: "data-pg-0".into(),
+        restore_uid: "restore-uid".into(),
+        phase,
+        message: None,
+    }
+}
+
+fn key(prepare_name: &str) -> VerificationKey {
+    VerificationKey {
+        pod_uid: "pod-uid".into(),
+        volume: "data".into(),
+        prepare_pod_uid: format!("{prepare_name}-uid"),
+    }
+}
+
+fn verified() -> Verification {
+    Verification::Done(Outcome::Verified {
+        at_unix_nanos: 42,
+        summary: "3 files".into(),
+    })
+}
+
+fn failed() -> Verification {
+    Verification::Done(Outcome::Failed {
+        reason: "ContentMismatch".into(),
+        message: "a: size 1, expected 2".into(),
+    })
+}
+
+#[test]
+fn states_follow_the_prepare_pods_and_verifications() {
+    let none = BTreeMap::new();
+    let verified_a = BTreeMap::from([(key("a"), verified())]);
+    let failed_a = BTreeMap::from([(key("a"), failed())]);
+    let running_a = BTreeMap::from([(key("a"), Verification::Running { note: None })]);
+    let verified_b = BTreeMap::from([(key("b"), verified())]);
+    let failed = State::Failed {
+        reason: "ContentMismatch".into(),
+        message: "a: size 1, expected 2".into(),
+    };
+    let prepare_failed = |state: &State| matches!(state, State::Failed { reason, .. } if reason == REASON_PREPARE_DATA_FAILED);
+
+    struct Row<'a> {
+        name: &'a str,
+        prepare: Vec<PreparePod>,
+        verifications: &'a BTreeMap<VerificationKey, Verification>,
+        state: &'a dyn Fn(&State) -> bool,
+        start: Option<VerificationKey>,
+    }
+    let rows = [
+        Row {
+            name: "no prepareData pod yet",
+            prepare: vec![],
+            verifications: &none,
+            state: &|state| *state == State::Pending,
+            start: None,
+        },
+        Row {
+            name: "prepareData pod running",
+            prepare: vec![prepare("a", Phase::Active)],
+            verifications: &none,
+            state: &|state| *state == State::Restoring,
+            start: None,
+        },
+        Row {
+            name: "prepareData succeeded: verification starts",
+            prepare: vec![prepare("a", Phase::Succeeded)],
+            verifications: &none,
+            state: &|state| *state == State::Verifying,
+            start: Some(key("a")),
+        },
+        Row {
+            name: "verification running: not started twice",
+            prepare: vec![prepare("a", Phase::Succeeded)],
+            verifications: &running_a,
+            state: &|state| *state == State::Verifying,
+            start: None,
+        },
+        Row {
+            name: "verified",
+            prepare: vec![prepare("a", Phase::Succeeded)],
+            verifications: &verified_a,
+            state: &|state| *state == State::Verified { at_unix_nanos: 42 },
+            start: None,
+        },
+        Row {
+            name: "verification failed",
+            prepare: vec![prepare("a", Phase::Succeeded)],
+            verifications: &failed_a,
+            state: &|state| *state == failed,
+            start: None,
+        },
+        Row {
+            name: "prepareData failed",
+            prepare: vec![prepare("a", Phase::Failed)],
+            verifications: &none,
+            state: &prepare_failed,
+            start: None,
+        },
+        Row {
+            name: "a retry after a failed pod is restoring again",
+            prepare: vec![prepare("a", Phase::Failed), prepare("b", Phase::Active)],
+            verifications: &none,
+            state: &|state| *state == State::Restoring,
+            start: None,
+        },
+        Row {
+            name: "a new successful attempt is verified afresh",
+            prepare: vec![prepare("a", Phase::Failed), prepare("b", Phase::Succeeded)],
+            verifications: &failed_a,
+            state: &|state| *state == State::Verifying,
+            start: Some(key("b")),
+        },
+        Row {
+            name: "a verified result is kept over another succeeded pod",
+            prepare: vec![
+                prepare("a", Phase::Succeeded),
+                prepare("b", Phase::Succeeded),
+            ],
+            verifications: &verified_b,
+            state: &|state| *state == State::Verified { at_unix_nanos: 42 },
+            start: None,
+        },
+        Row {
+            name: "a verification of the workload's other volume does not count",
+            prepare: vec![prepare("a", Phase::Succeeded)],
+            verifications: &BTreeMap::from([(
+                VerificationKey {
+                    volume: "wal".into(),
+                    ..key("a")
+                },
+                verified(),
+            )]),
+            state: &|state| *state == State::Verifying,
+            start: Some(key("a")),
+        },
+        Row {
+            name: "a prepareData pod of another Restore does not count",
+            prepare: vec![PreparePod {
+                restore_uid: "other-restore".into(),
+                ..prepare("a", Phase::Succeeded)
+            }],
+            verifications: &verified_a,
+            state: &|state| *state == State::Pending,
+            start: None,
+        },
+        Row {
+            name: "a prepareData pod of another claim does not count",
+            prepare: vec![PreparePod {
+                claim_name: "wal-pg-0".into(),
+                ..prepare("a", Phase::Succeeded)
+            }],
+            verifications: &none,
+            state: &|state| *state == State::Pending,
+            start: None,
+        },
+        Row {
+            name: "a prepareData pod in another namespace does not count",
+            prepare: vec![PreparePod {
+                namespace: "other".into(),
+                ..prepare("a", Phase::Succeeded)
+            }],
+            verifications: &none,
+            state: &|state| *state == State::Pending,
+            start: None,
+        },
+    ];
+    for row in rows {
+        let decision = decide(&volume(), &row.prepare, row.verifications);
+        assert!(
+            (row.state)(&decision.state),
+            "{}: got {:?}",
+            row.name,
+            decision.state
+        );
+        assert_eq!(decision.start, row.start, "{}", row.name);
+    }
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+#[test]
+fn workload_volumes_come_from_the_annotations_and_the_pod_spec() {
+    let labels = map(&[(names::LABEL_RESTORE_UID, "restore-uid")]);
+    let annotations = map(&[
+        (names::ANNOTATION_RESTORE, "pg-restore"),
+        (names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0, wal-pg-0"),
+    ]);
+    let claims = vec![
+        ("data".to_string(), "data-pg-0".to_string()),
+        ("wal".to_string(), "wal-pg-0".to_string()),
+        ("scratch".to_string(), "scratch-pg-0".to_string()),
+    ];
+    let volumes =
+        workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &claims).unwrap();
+    assert_eq!(
+        volumes
+            .iter()
+            .map(|v| (v.volume.as_str(), v.claim_name.as_str()))
+            .collect::<Vec<_>>(),
+        [("data", "data-pg-0"), ("wal", "wal-pg-0")]
+    );
+    assert_eq!(volumes[0], volume());
+
+    // Not under restore.
+    assert_eq!(
+        workload_volumes("db", "pg-0", "pod-uid", &labels, &BTreeMap::new(), &claims),
+        Ok(vec![])
+    );
+
+    let refused = [
+        (
+            "no Restore name",
+            map(&[(names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0")]),
+            labels.clone(),
+        ),
+        ("no Restore UID", annotations.clone(), BTreeMap::new()),
+        (
+            "a claim the pod does not mount",
+            map(&[
+                (names::ANNOTATION_RESTORE, "pg-restore"),
+                (names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0,missing"),
+            ]),
+            labels.clone(),
+        ),
+        (
+            "an empty claim list",
+            map(&[
+                (names::ANNOTATION_RESTORE, "pg-restore"),
+                (names::ANNOTATION_RESTORED_CLAIMS, " , "),
+            ]),
+            labels.clone(),
+        ),
+    ];
+    for (name, annotations, labels) in refused {
+        assert!(
+            workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &claims).is_err(),
+            "{name}"
+        );
+    }
+
+    let twice = vec![
+        ("data".to_string(), "data-pg-0".to_string()),
+        ("again".to_string(), "data-pg-0".to_string()),
+        ("wal".to_string(), "wal-pg-0".to_string()),
+    ];
+    assert!(workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &twice).is_err());
+}

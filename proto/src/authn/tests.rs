@@ -1,0 +1,214 @@
+use super::*;
+
+fn review() -> Review {
+    Review {
+        authenticated: true,
+        error: None,
+        audiences: vec![names::GATE_AUDIENCE.to_string()],
+        username: "system:serviceaccount:db:pg".to_string(),
+        extra: BTreeMap::from([
+            (names::EXTRA_POD_UID.to_string(), vec!["uid-a".to_string()]),
+            (names::EXTRA_POD_NAME.to_string(), vec!["pg-0".to_string()]),
+            (
+                names::EXTRA_NODE_NAME.to_string(),
+                vec!["node-1".to_string()],
+            ),
+        ]),
+    }
+}
+
+fn pods(uid: &str) -> Option<KnownPod> {
+    match uid {
+        "uid-a" => Some(KnownPod {
+            namespace: "db".into(),
+            name: "pg-0".into(),
+            node_name: "node-1".into(),
+        }),
+        "uid-elsewhere" => Some(KnownPod {
+            namespace: "db".into(),
+            name: "pg-1".into(),
+            node_name: "node-2".into(),
+        }),
+        "uid-other-namespace" => Some(KnownPod {
+            namespace: "web".into(),
+            name: "pg-0".into(),
+            node_name: "node-1".into(),
+        }),
+        _ => None,
+    }
+}
+
+fn with_extra(key: &str, values: &[&str]) -> Review {
+    let mut review = review();
+    if values.is_empty() {
+        review.extra.remove(key);
+    } else {
+        review.extra.insert(
+            key.to_string(),
+            values.iter().map(|value| value.to_string()).collect(),
+        );
+    }
+    review
+}
+
+#[test]
+fn gate_callers_are_pods_on_this_node_asking_about_themselves() {
+    assert_eq!(
+        gate_caller(&review(), "node-1", pods),
+        Ok(GateCaller {
+            pod_uid: "uid-a".into(),
+            namespace: "db".into(),
+            name: "pg-0".into(),
+        })
+    );
+    // Older API servers put no node in the token; the agent's own view of its node decides.
+    assert!(gate_caller(&with_extra(names::EXTRA_NODE_NAME, &[]), "node-1", pods).is_ok());
+
+    let rows: Vec<(&str, Review, &str)> = vec![
+        (
+            "rejected by the API server",
+            Review {
+                authenticated: false,
+                error: Some("token has expired".into()),
+                ..review()
+            },
+            "Unauthenticated",
+        ),
+        (
+            "another audience",
+            Review {
+                audiences: vec!["https://kubernetes.default.svc".into()],
+                ..review()
+            },
+            "WrongAudience",
+        ),
+        (
+            "a user, not a ServiceAccount",
+            Review {
+                username: "alice".into(),
+                ..review()
+            },
+            "NotAServiceAccount",
+        ),
+        (
+            "a ServiceAccount token bound to no pod",
+            with_extra(names::EXTRA_POD_UID, &[]),
+            "NotBoundToPod",
+        ),
+        (
+            "no pod name",
+            with_extra(names::EXTRA_POD_NAME, &[]),
+            "NotBoundToPod",
+        ),
+        (
+            "two pod UIDs",
+            with_extra(names::EXTRA_POD_UID, &["uid-a", "uid-b"]),
+            "NotBoundToPod",
+        ),
+        (
+            "the token says another node",
+            with_extra(names::EXTRA_NODE_NAME, &["node-2"]),
+            "OtherNode",
+        ),
+        (
+            "a pod this agent does not see",
+            with_extra(names::EXTRA_POD_UID, &["uid-unknown"]),
+            "PodNotOnThisNode",
+        ),
+        (
+            "the agent's view puts the pod on another node",
+            {
+                let mut review = with_extra(names::EXTRA_POD_UID, &["uid-elsewhere"]);
+                review.extra.remove(names::EXTRA_NODE_NAME);
+                review
+            },
+            "OtherNode",
+        ),
+        (
+            "the UID belongs to a pod of another name",
+            with_extra(names::EXTRA_POD_NAME, &["pg-9"]),
+            "PodMismatch",
+        ),
+        (
+            "the UID belongs to a pod in another namespace",
+            with_extra(names::EXTRA_POD_UID, &["uid-other-namespace"]),
+            "PodMismatch",
+        ),
+    ];
+    for (name, review, reason) in rows {
+        let refusal = gate_caller(&review, "node-1", pods).expect_err(name);
+        assert_eq!(refusal.reason(), reason, "{name}: {refusal}");
+    }
+}
+
+fn agent_review() -> Review {
+    Review {
+        audiences: vec![names::REPORT_AUDIENCE.to_string()],
+        username: "system:serviceaccount:custody-system:custody-agent".into(),
+        ..review()
+    }
+}
+
+#[test]
+fn reports_come_from_the_agent_on_the_node_they_describe() {
+    let account = "custody-system:custody-agent";
+    assert_eq!(report_caller(&agent_review(), account, "node-1"), Ok(()));
+    let rows: Vec<(&str, Review, &str, &str)> = vec![
+        (
+            "rejected by the API server",
+            Review {
+                authenticated: false,
+                ..agent_review()
+            },
+            "node-1",
+            "Unauthenticated",
+        ),
+        (
+            "the gate's audience",
+            Review {
+                audiences: vec![names::GATE_AUDIENCE.into()],
+                ..agent_review()
+            },
+            "node-1",
+            "WrongAudience",
+        ),
+        (
+            "a workload's ServiceAccount",
+            Review {
+                username: "system:serviceaccount:db:pg".into(),
+                ..agent_review()
+            },
+            "node-1",
+            "NotTheAgent",
+        ),
+        (
+            "a namespace that merely starts like the agent's",
+            Review {
+                username: "system:serviceaccount:custody-system:custody-agent:x".into(),
+                ..agent_review()
+            },
+            "node-1",
+            "NotAServiceAccount",
+        ),
+        (
+            "a report about another node",
+            agent_review(),
+            "node-2",
+            "OtherNode",
+        ),
+        (
+            "a token without a node",
+            {
+                let mut review = agent_review();
+                review.extra.remove(names::EXTRA_NODE_NAME);
+                review
+            },
+            "node-1",
+            "NoNode",
+        ),
+    ];
+    for (name, review, node, reason) in rows {
+        let refusal = report_caller(&review, account, node).expect_err(name);
+        assert_eq!(refusal.reason(), reason, "{name}: {refusal}");
+    }
+}
