@@ -2,8 +2,15 @@
 //! manifests of their content, and (in the binaries) the agent, `custody-wait` and
 //! `custody-mover`.
 
+pub mod cli;
+pub mod daemon;
+pub mod gate;
 pub mod hashing;
+pub mod metrics;
+pub mod report;
+pub mod wait;
 pub mod manifest_builder;
+pub mod node;
 pub mod restores;
 pub mod tree;
 pub mod verify;

@@ -48,6 +48,26 @@ pub struct RunOptions {
     /// Instance name in published Events (the pod name in a cluster).
     #[arg(long, env = "POD_NAME")]
     pub instance: Option<String>,
+
+    /// Address of the agent-report gRPC service.
+    #[arg(long, env = "CUSTODY_REPORT_ADDRESS", default_value = "0.0.0.0:9444")]
+    pub report_address: SocketAddr,
+
+    /// PEM certificate of the agent-report service; plain HTTP/2 without it.
+    #[arg(long, env = "CUSTODY_REPORT_TLS_CERT", requires = "report_tls_key")]
+    pub report_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the agent-report service's certificate.
+    #[arg(long, env = "CUSTODY_REPORT_TLS_KEY", requires = "report_tls_cert")]
+    pub report_tls_key: Option<PathBuf>,
+
+    /// The agents' ServiceAccount, `namespace:name`: only its tokens may report.
+    #[arg(long, env = "CUSTODY_AGENT_SERVICE_ACCOUNT", default_value = "custody-system:custody-agent")]
+    pub agent_service_account: String,
+
+    /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
+    #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
+    pub agent_timeout_seconds: u64,
 }
 
 /// How log lines are written.

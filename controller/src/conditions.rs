@@ -21,6 +21,12 @@ pub mod reasons {
     pub const ANNOTATIONS_RECOGNIZED: &str = "AnnotationsRecognized";
     /// At least one `custody.io/` annotation is unknown, misplaced or has a bad value.
     pub const UNKNOWN_ANNOTATION: &str = "UnknownAnnotation";
+    /// The node's agent reported within the timeout.
+    pub const HEARTBEAT_RECEIVED: &str = "HeartbeatReceived";
+    /// The node's agent has not reported within the timeout.
+    pub const HEARTBEAT_MISSED: &str = "HeartbeatMissed";
+    /// The node's agent has never reported.
+    pub const NO_HEARTBEAT: &str = "NoHeartbeat";
 }
 
 /// `True`, `False` (or `Unknown`) as the API spells them.

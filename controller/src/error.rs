@@ -30,6 +30,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The agent-report service could not be served.
+    #[error("serving agent reports on {address}: {message}")]
+    ServeReports { address: String, message: String },
     /// CRD YAML could not be written.
     #[error("writing CRDs: {0}")]
     WriteCrds(String),
@@ -44,6 +47,7 @@ impl Error {
             Error::PatchStatus { .. } => "PatchStatus",
             Error::PublishEvent { .. } => "PublishEvent",
             Error::ServeHttp { .. } => "ServeHttp",
+            Error::ServeReports { .. } => "ServeReports",
             Error::WriteCrds(_) => "WriteCrds",
         }
     }

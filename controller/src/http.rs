@@ -11,12 +11,17 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+
+/// Metrics a process exposes on `/metrics`.
+pub trait Exposition: Send + Sync {
+    /// The metrics in the Prometheus text format.
+    fn encode(&self) -> String;
+}
 
 /// What the HTTP endpoints report on.
 #[derive(Clone)]
 pub struct Health {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn Exposition>,
     /// Set once every controller is running and the API server answered.
     pub ready: Arc<AtomicBool>,
 }

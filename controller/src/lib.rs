@@ -3,12 +3,15 @@
 
 pub mod annotation_reconciler;
 pub mod annotations;
+pub mod authn;
 pub mod api;
 pub mod cli;
 pub mod conditions;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod node_agents;
+pub mod report_service;
 pub mod run;
 
 pub use error::{Error, Result};

@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -19,6 +20,20 @@ pub struct ErrorLabels {
     pub error: &'static str,
 }
 
+/// Labels naming a node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+/// Labels naming a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 /// The controller's metrics, registered once at start-up.
 pub struct Metrics {
     pub registry: Registry,
@@ -26,6 +41,13 @@ pub struct Metrics {
     pub reconcile_failures: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Family<KindLabels, Histogram>,
     pub warning_events: Family<KindLabels, Counter>,
+    /// Reports accepted from node agents.
+    pub agent_reports: Counter,
+    /// Reports refused, by reason.
+    pub report_refusals: Family<ReasonLabels, Counter>,
+    /// Each node's clock offset from the controller's, from its agent's best sample.
+    pub node_clock_offset_seconds: Family<NodeLabels, FloatGauge>,
+    pub node_clock_round_trip_seconds: Family<NodeLabels, FloatGauge>,
 }
 
 impl Default for Metrics {
@@ -57,8 +79,36 @@ impl Default for Metrics {
             "Warning Events published on custody objects",
             warning_events.clone(),
         );
+        let agent_reports = Counter::default();
+        registry.register(
+            "agent_reports",
+            "Reports accepted from node agents",
+            agent_reports.clone(),
+        );
+        let report_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "agent_report_refusals",
+            "Agent reports refused, by reason",
+            report_refusals.clone(),
+        );
+        let node_clock_offset_seconds = Family::<NodeLabels, FloatGauge>::default();
+        registry.register(
+            "node_clock_offset_seconds",
+            "How far each node's clock is ahead of the controller's",
+            node_clock_offset_seconds.clone(),
+        );
+        let node_clock_round_trip_seconds = Family::<NodeLabels, FloatGauge>::default();
+        registry.register(
+            "node_clock_round_trip_seconds",
+            "Round trip of the clock sample each node's offset comes from",
+            node_clock_round_trip_seconds.clone(),
+        );
         Metrics {
             registry,
+            agent_reports,
+            report_refusals,
+            node_clock_offset_seconds,
+            node_clock_round_trip_seconds,
             reconciliations,
             reconcile_failures,
             reconcile_duration,
@@ -67,9 +117,8 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// The registry in the Prometheus text format.
-    pub fn encode(&self) -> String {
+impl crate::http::Exposition for Metrics {
+    fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

@@ -54,7 +54,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
     });
     let ready = Arc::new(AtomicBool::new(false));
     let health = Health {
-        metrics,
+        metrics: metrics.clone(),
         ready: ready.clone(),
     };
 
@@ -68,11 +68,25 @@ pub async fn run(options: RunOptions) -> Result<()> {
         annotation_controller::<NodeAgent>(&context, namespace, stopped()),
     ]);
     ready.store(true, Ordering::Relaxed);
-    let (served, _) = tokio::join!(
+    let reports = crate::report_service::run(
+        client.clone(),
+        crate::report_service::Settings {
+            address: options.report_address,
+            tls: options.report_tls_cert.clone().zip(options.report_tls_key.clone()),
+            agent_account: options.agent_service_account.clone(),
+            heartbeat: std::time::Duration::from_secs(10),
+            timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
+        },
+        metrics.clone(),
+        stopped(),
+    );
+    let (served, reported, _) = tokio::join!(
         http::serve(options.http_address, health, stopped()),
+        reports,
         controllers
     );
     served?;
+    reported?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -98,7 +112,9 @@ fn annotation_controller<K: CustodyKind>(
         .boxed()
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
+/// A client from `kubeconfig`, or from `$KUBECONFIG`, `~/.kube/config` or the in-cluster
+/// configuration.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
@@ -114,7 +130,8 @@ async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
     Client::try_from(config).map_err(|error| Error::LoadClientConfig(error.to_string()))
 }
 
-async fn wait_for_signal() {
+/// Completes on SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut terminate) => {

@@ -1,0 +1,116 @@
+//! Command-line interfaces of `custody-agent` and `custody-wait`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use custody_controller::cli::LogFormat;
+
+fn seconds(value: &str) -> Result<Duration, String> {
+    let seconds: f64 = value
+        .parse()
+        .map_err(|error| format!("{value:?} is not a number of seconds: {error}"))?;
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(format!("{value:?} must be a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// custody's node agent: verifies restored volumes on its node and gates their pods.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "custody-agent", version)]
+pub struct AgentOptions {
+    /// The node this agent serves (from the downward API: `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// Kubeconfig to use; without it, $KUBECONFIG, ~/.kube/config or the in-cluster config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubelet's root directory, as mounted into the agent.
+    #[arg(long, env = "CUSTODY_KUBELET_ROOT", default_value = crate::volumes::DEFAULT_KUBELET_ROOT)]
+    pub kubelet_root: PathBuf,
+
+    /// Where the gate listens: the node's address (`status.hostIP`) and the gate port.
+    #[arg(long, env = "CUSTODY_GATE_ADDRESS")]
+    pub gate_address: SocketAddr,
+
+    /// PEM certificate of the gate (for the name `custody-agent`).
+    #[arg(long, env = "CUSTODY_GATE_TLS_CERT")]
+    pub gate_tls_cert: PathBuf,
+
+    /// PEM private key of the gate's certificate.
+    #[arg(long, env = "CUSTODY_GATE_TLS_KEY")]
+    pub gate_tls_key: PathBuf,
+
+    /// The controller's agent-report service, such as `https://custody-controller.custody-system.svc:9444`.
+    #[arg(long, env = "CUSTODY_REPORT_URL")]
+    pub report_url: Option<String>,
+
+    /// PEM CA bundle that signed the report service's certificate (https URLs).
+    #[arg(long, env = "CUSTODY_REPORT_CA")]
+    pub report_ca: Option<PathBuf>,
+
+    /// Name the report service's certificate must carry (default: the URL's host).
+    #[arg(long, env = "CUSTODY_REPORT_SERVER_NAME")]
+    pub report_server_name: Option<String>,
+
+    /// Projected ServiceAccount token (audience `custody-report`) the agent presents to the
+    /// controller; read again for every report, so the kubelet may rotate it.
+    #[arg(long, env = "CUSTODY_REPORT_TOKEN_FILE", default_value = "/var/run/secrets/custody/report/token")]
+    pub report_token_file: PathBuf,
+
+    /// Seconds between heartbeats when nothing changes.
+    #[arg(long, env = "CUSTODY_HEARTBEAT_SECONDS", default_value = "10", value_parser = seconds)]
+    pub heartbeat: Duration,
+
+    /// Seconds between clock exchanges.
+    #[arg(long, env = "CUSTODY_CLOCK_INTERVAL_SECONDS", default_value = "30", value_parser = seconds)]
+    pub clock_interval: Duration,
+
+    /// How long the clock samples the offset is chosen from are kept, in seconds.
+    #[arg(long, env = "CUSTODY_CLOCK_WINDOW_SECONDS", default_value = "300", value_parser = seconds)]
+    pub clock_window: Duration,
+
+    /// How long verification waits for a restored volume to be found mounted under the
+    /// kubelet root before it fails, in seconds.
+    #[arg(long, env = "CUSTODY_MOUNT_WAIT_SECONDS", default_value = "120", value_parser = seconds)]
+    pub mount_wait: Duration,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "CUSTODY_HTTP_ADDRESS", default_value = "0.0.0.0:8081")]
+    pub http_address: SocketAddr,
+
+    /// Log line format.
+    #[arg(long, env = "CUSTODY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// custody-wait: blocks a pod's start until the agent on its node has verified every restored
+/// volume of the pod. Exits 0 only then; on a failed verification it keeps the pod blocked
+/// and prints why.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "custody-wait", version)]
+pub struct WaitOptions {
+    /// The agent's gate: `host:port`, host normally the node's address (`status.hostIP`).
+    #[arg(long, env = "CUSTODY_AGENT_ADDRESS")]
+    pub agent: String,
+
+    /// The pod's projected ServiceAccount token with audience `custody`; read again on
+    /// every attempt.
+    #[arg(long, env = "CUSTODY_TOKEN_FILE", default_value = "/var/run/secrets/custody/gate/token")]
+    pub token_file: PathBuf,
+
+    /// PEM CA bundle that signed the agents' gate certificate.
+    #[arg(long, env = "CUSTODY_CA_FILE", default_value = "/var/run/secrets/custody/gate/ca.crt")]
+    pub ca_file: PathBuf,
+
+    /// Name the agent's certificate must carry.
+    #[arg(long, env = "CUSTODY_AGENT_SERVER_NAME", default_value = custody_proto::names::AGENT_SERVER_NAME)]
+    pub server_name: String,
+
+    /// Seconds between attempts while the agent cannot be reached.
+    #[arg(long, env = "CUSTODY_RETRY_SECONDS", default_value = "1", value_parser = seconds)]
+    pub retry: Duration,
+}

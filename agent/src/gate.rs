@@ -1,0 +1,158 @@
+//! The gate: `custody-wait` in a workload pod asks whether its restored volumes are
+//! verified. The caller is identified by the TokenReview of its pod-bound token, never by
+//! what it sends; it hears only about its own pod, and only if the pod is on this node.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use custody_proto::authn::{self, KnownPod};
+use custody_proto::gate::gate_server::{Gate, GateServer};
+use custody_proto::gate::{WaitProgress, WaitRequest};
+use custody_proto::names;
+use futures::Stream;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+use crate::daemon::{Agent, Error};
+use crate::metrics;
+
+/// Serves the gate on the agent's gate address until `stop` completes.
+pub async fn serve(
+    agent: Arc<Agent>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| Error::ReadTls {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let identity = Identity::from_pem(
+        read(&agent.options.gate_tls_cert)?,
+        read(&agent.options.gate_tls_key)?,
+    );
+    let address = agent.options.gate_address;
+    let serve_error = |source| Error::ServeGate {
+        address: address.to_string(),
+        source,
+    };
+    tracing::info!(%address, "serving the gate");
+    Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(identity))
+        .map_err(serve_error)?
+        .add_service(GateServer::new(GateService { agent }))
+        .serve_with_shutdown(address, stop)
+        .await
+        .map_err(serve_error)
+}
+
+struct GateService {
+    agent: Arc<Agent>,
+}
+
+type Progress = Pin<Box<dyn Stream<Item = Result<WaitProgress, Status>> + Send>>;
+
+impl GateService {
+    fn refuse(&self, reason: &str, status: Status) -> Status {
+        metrics::count(&self.agent.metrics.gate_refusals, reason);
+        tracing::info!(reason, message = status.message(), "gate call refused");
+        status
+    }
+
+    fn known_pod(&self, uid: &str) -> Option<KnownPod> {
+        self.agent
+            .pods
+            .state()
+            .iter()
+            .find(|pod| pod.metadata.uid.as_deref() == Some(uid))
+            .map(|pod| KnownPod {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                node_name: pod
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.node_name.clone())
+                    .unwrap_or_default(),
+            })
+    }
+}
+
+#[tonic::async_trait]
+impl Gate for GateService {
+    type WaitStream = Progress;
+
+    async fn wait(&self, request: Request<WaitRequest>) -> Result<Response<Progress>, Status> {
+        let Some(token) = custody_controller::authn::bearer_token(request.metadata()) else {
+            return Err(self.refuse(
+                "NoToken",
+                Status::unauthenticated("no bearer token: present the pod's projected token"),
+            ));
+        };
+        let review = custody_controller::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
+            .await
+            .map_err(|error| {
+                tracing::warn!(%error, "TokenReview failed");
+                self.refuse(
+                    "TokenReviewFailed",
+                    Status::unavailable(format!("cannot review the token: {error}")),
+                )
+            })?;
+        // The pod may have been created a moment ago: wait for the watch to be in sync before
+        // deciding it is not on this node.
+        self.agent
+            .pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| Status::unavailable("the agent is shutting down"))?;
+        let caller = authn::gate_caller(&review, &self.agent.options.node_name, |uid| {
+            self.known_pod(uid)
+        })
+        .map_err(|refusal| {
+            let status = match refusal {
+                authn::Refusal::Unauthenticated(_) => Status::unauthenticated(refusal.to_string()),
+                _ => Status::permission_denied(refusal.to_string()),
+            };
+            self.refuse(refusal.reason(), status)
+        })?;
+        tracing::debug!(namespace = caller.namespace, pod = caller.name, "gate call");
+
+        let agent = self.agent.clone();
+        let stream = futures::stream::unfold(
+            (agent.subscribe(), None::<WaitProgress>, false),
+            move |(mut view, mut last, finished)| {
+                let caller = caller.clone();
+                let agent = agent.clone();
+                async move {
+                    if finished {
+                        return None;
+                    }
+                    loop {
+                        if last.is_some() && view.changed().await.is_err() {
+                            return None;
+                        }
+                        let snapshot = view.borrow_and_update().clone();
+                        let Some(progress) =
+                            snapshot.progress(&caller.pod_uid, &caller.namespace, &caller.name)
+                        else {
+                            let status = Status::not_found(format!(
+                                "pod {}/{} is no longer on this node",
+                                caller.namespace, caller.name
+                            ));
+                            return Some((Err(status), (view, last, true)));
+                        };
+                        if last.as_ref() == Some(&progress) {
+                            continue;
+                        }
+                        let released = progress.released;
+                        if released {
+                            agent.metrics.gate_releases.inc();
+                        }
+                        last = Some(progress.clone());
+                        return Some((Ok(progress), (view, last, released)));
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,189 @@
+//! Reports to the controller: a heartbeat with every restored volume's state (periodically
+//! and on every change) and the NTP-style clock exchange.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use custody_proto::clock::{Exchange, Sample, best_sample};
+use custody_proto::report::agent_report_client::AgentReportClient;
+use custody_proto::report::{ClockRequest, ClockSample, NodeReport, VolumeReport};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::daemon::{Agent, now_unix_nanos};
+use crate::metrics;
+use crate::node::{NodeView, wire_state};
+use crate::restores::State;
+
+/// Exchanges per clock measurement; the one with the smallest round trip counts.
+const EXCHANGES_PER_MEASUREMENT: usize = 4;
+
+/// Reports until the process stops. Without a report URL the agent runs on its own.
+pub async fn run(agent: Arc<Agent>) {
+    let Some(url) = agent.options.report_url.clone() else {
+        tracing::info!("no report URL: not reporting to a controller");
+        return futures::future::pending().await;
+    };
+    let channel = match channel(&agent, &url) {
+        Ok(channel) => channel,
+        Err(error) => {
+            tracing::error!(url, %error, "cannot set up the report channel; not reporting");
+            return futures::future::pending().await;
+        }
+    };
+    let mut client = AgentReportClient::new(channel);
+    let mut samples: VecDeque<(Instant, Sample, i64)> = VecDeque::new();
+    let mut view = agent.subscribe();
+    let mut heartbeat = tokio::time::interval(agent.options.heartbeat);
+    let mut clock = tokio::time::interval(agent.options.clock_interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = clock.tick() => {
+                measure(&agent, &mut client, &mut samples).await;
+                continue;
+            }
+            _ = heartbeat.tick() => {}
+            changed = view.changed() => if changed.is_err() { return },
+        }
+        let snapshot = view.borrow_and_update().clone();
+        let best = best_sample(samples.iter().map(|(_, sample, _)| *sample)).and_then(|best| {
+            samples
+                .iter()
+                .find(|(_, sample, _)| *sample == best)
+                .map(|(_, sample, at)| ClockSample {
+                    offset_nanos: clamp(sample.offset_nanos),
+                    round_trip_nanos: clamp(sample.round_trip_nanos),
+                    measured_at_unix_nanos: *at,
+                })
+        });
+        let report = NodeReport {
+            node_name: agent.options.node_name.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            clock: best,
+            volumes: volume_reports(&snapshot),
+        };
+        let mut request = tonic::Request::new(report);
+        match std::fs::read_to_string(&agent.options.report_token_file) {
+            Ok(token) => match format!("Bearer {}", token.trim()).parse() {
+                Ok(value) => {
+                    request.metadata_mut().insert("authorization", value);
+                }
+                Err(error) => tracing::warn!(%error, "the report token is not a valid header"),
+            },
+            Err(error) => tracing::warn!(
+                path = %agent.options.report_token_file.display(),
+                %error,
+                "cannot read the report token"
+            ),
+        }
+        match client.report(request).await {
+            Ok(_) => metrics::count(&agent.metrics.reports, "Sent"),
+            Err(status) => {
+                metrics::count(&agent.metrics.reports, &format!("{:?}", status.code()));
+                tracing::warn!(code = ?status.code(), message = status.message(), "report refused");
+            }
+        }
+    }
+}
+
+fn clamp(value: i128) -> i64 {
+    i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
+}
+
+fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
+    let mut endpoint = Endpoint::from_shared(url.to_string())?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(15));
+    if url.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &agent.options.report_ca {
+            tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca)?));
+        }
+        if let Some(name) = &agent.options.report_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    Ok(endpoint.connect_lazy())
+}
+
+/// A few exchanges; keeps the best of them and forgets samples older than the window.
+async fn measure(
+    agent: &Agent,
+    client: &mut AgentReportClient<Channel>,
+    samples: &mut VecDeque<(Instant, Sample, i64)>,
+) {
+    for _ in 0..EXCHANGES_PER_MEASUREMENT {
+        let node_sent = now_unix_nanos();
+        let answer = client
+            .exchange_clock(ClockRequest {
+                node_sent_unix_nanos: node_sent,
+            })
+            .await;
+        let node_received = now_unix_nanos();
+        let answer = match answer {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                tracing::debug!(code = ?status.code(), message = status.message(), "clock exchange failed");
+                return;
+            }
+        };
+        let exchange = Exchange {
+            node_sent: node_sent.into(),
+            controller_received: answer.controller_received_unix_nanos.into(),
+            controller_sent: answer.controller_sent_unix_nanos.into(),
+            node_received: node_received.into(),
+        };
+        match exchange.sample() {
+            Ok(sample) => {
+                samples.push_back((Instant::now(), sample, answer.controller_sent_unix_nanos))
+            }
+            Err(error) => tracing::warn!(%error, "clock exchange discarded"),
+        }
+    }
+    let window = agent.options.clock_window;
+    while samples
+        .front()
+        .is_some_and(|(taken, _, _)| taken.elapsed() > window)
+    {
+        samples.pop_front();
+    }
+    if let Some(best) = best_sample(samples.iter().map(|(_, sample, _)| *sample)) {
+        agent
+            .metrics
+            .clock_offset_seconds
+            .set(best.offset_nanos as f64 / 1e9);
+        agent
+            .metrics
+            .clock_round_trip_seconds
+            .set(best.round_trip_nanos as f64 / 1e9);
+        tracing::debug!(
+            offset_nanos = clamp(best.offset_nanos),
+            round_trip_nanos = clamp(best.round_trip_nanos),
+            "clock measured"
+        );
+    }
+}
+
+fn volume_reports(view: &NodeView) -> Vec<VolumeReport> {
+    view.gated
+        .values()
+        .flat_map(|pod| &pod.volumes)
+        .map(|volume| VolumeReport {
+            namespace: volume.volume.namespace.clone(),
+            pod_name: volume.volume.pod_name.clone(),
+            pod_uid: volume.volume.pod_uid.clone(),
+            volume: volume.volume.volume.clone(),
+            claim_name: volume.volume.claim_name.clone(),
+            restore_uid: volume.volume.restore_uid.clone(),
+            state: wire_state(&volume.state) as i32,
+            reason: match &volume.state {
+                State::Failed { reason, .. } => reason.clone(),
+                _ => String::new(),
+            },
+            message: volume.message.clone(),
+        })
+        .collect()
+}

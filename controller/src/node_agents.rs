@@ -1,0 +1,124 @@
+//! NodeAgent status from agent reports, as pure data: what a heartbeat writes, and when a
+//! silent agent's node turns not Ready.
+
+use std::time::Duration;
+
+use custody_proto::gate::VolumeState;
+use custody_proto::report::NodeReport;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{NodeAgentStatus, VolumeCounts};
+use crate::conditions::{self, Desired, Status, reasons, types};
+
+/// `+12.3ms`, `-1.250s`: an offset as people read it.
+pub fn format_offset(nanos: i64) -> String {
+    let sign = if nanos < 0 { '-' } else { '+' };
+    let magnitude = nanos.unsigned_abs();
+    let text = if magnitude >= 1_000_000_000 {
+        format!("{:.3}s", magnitude as f64 / 1e9)
+    } else if magnitude >= 1_000_000 {
+        format!("{:.1}ms", magnitude as f64 / 1e6)
+    } else {
+        format!("{:.1}µs", magnitude as f64 / 1e3)
+    };
+    format!("{sign}{text}")
+}
+
+/// Whether a node whose agent was last heard at `last_heartbeat` is Ready at `now`.
+pub fn readiness(last_heartbeat: Option<Timestamp>, now: Timestamp, timeout: Duration) -> Desired {
+    let Some(last) = last_heartbeat else {
+        return Desired {
+            type_: types::READY,
+            status: Status::Unknown,
+            reason: reasons::NO_HEARTBEAT,
+            message: "the agent has not reported yet".to_string(),
+        };
+    };
+    let silent = now.duration_since(last);
+    let silent = Duration::try_from(silent).unwrap_or(Duration::ZERO);
+    if silent > timeout {
+        Desired {
+            type_: types::READY,
+            status: Status::False,
+            reason: reasons::HEARTBEAT_MISSED,
+            // Names the last heartbeat rather than the time since, so that later checks
+            // find nothing to change.
+            message: format!(
+                "no report from the agent since {last} (timeout {}s)",
+                timeout.as_secs()
+            ),
+        }
+    } else {
+        Desired {
+            type_: types::READY,
+            status: Status::True,
+            reason: reasons::HEARTBEAT_RECEIVED,
+            message: "the agent reports".to_string(),
+        }
+    }
+}
+
+fn ready_condition(current: &[Condition], desired: &Desired, now: Timestamp) -> Condition {
+    conditions::next(current, desired, None, now).unwrap_or_else(|| {
+        current
+            .iter()
+            .find(|condition| condition.type_ == desired.type_)
+            .cloned()
+            .expect("next() returns None only when the condition exists")
+    })
+}
+
+/// The status a heartbeat writes: everything the report service owns, with `Ready` True.
+pub fn status_from_report(
+    report: &NodeReport,
+    current: Option<&NodeAgentStatus>,
+    now: Timestamp,
+) -> NodeAgentStatus {
+    let mut counts = VolumeCounts::default();
+    for volume in &report.volumes {
+        let slot = match VolumeState::try_from(volume.state) {
+            Ok(VolumeState::Pending) | Ok(VolumeState::Unspecified) | Err(_) => &mut counts.pending,
+            Ok(VolumeState::Restoring) => &mut counts.restoring,
+            Ok(VolumeState::Verifying) => &mut counts.verifying,
+            Ok(VolumeState::Verified) => &mut counts.verified,
+            Ok(VolumeState::Failed) => &mut counts.failed,
+        };
+        *slot += 1;
+    }
+    let current_conditions = current.map(|status| status.conditions.as_slice()).unwrap_or(&[]);
+    let ready = Desired {
+        type_: types::READY,
+        status: Status::True,
+        reason: reasons::HEARTBEAT_RECEIVED,
+        message: "the agent reports".to_string(),
+    };
+    NodeAgentStatus {
+        agent_version: Some(report.agent_version.clone()).filter(|version| !version.is_empty()),
+        last_heartbeat_time: Some(Time(now)),
+        clock_offset: report.clock.map(|clock| format_offset(clock.offset_nanos)),
+        clock_offset_nanoseconds: report.clock.map(|clock| clock.offset_nanos),
+        round_trip_nanoseconds: report.clock.map(|clock| clock.round_trip_nanos),
+        volumes: Some(counts),
+        conditions: vec![ready_condition(current_conditions, &ready, now)],
+    }
+}
+
+/// The status to write when the agent fell silent: everything the report service owns,
+/// unchanged, with `Ready` as [`readiness`] says. `None` when nothing changes.
+pub fn status_after_silence(
+    current: &NodeAgentStatus,
+    now: Timestamp,
+    timeout: Duration,
+) -> Option<NodeAgentStatus> {
+    let last = current.last_heartbeat_time.as_ref().map(|time| time.0);
+    let desired = readiness(last, now, timeout);
+    let next = conditions::next(&current.conditions, &desired, None, now)?;
+    Some(NodeAgentStatus {
+        conditions: vec![next],
+        ..current.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,238 @@
+//! The agent-report gRPC service: agents send heartbeats with their volumes' states and
+//! exchange clock timestamps; the controller writes one NodeAgent per node from them, and
+//! turns a node not Ready when its agent falls silent.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use custody_proto::authn;
+use custody_proto::names;
+use custody_proto::report::agent_report_server::{AgentReport, AgentReportServer};
+use custody_proto::report::{ClockRequest, ClockResponse, NodeReport, ReportAck};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+use crate::api::{NodeAgent, NodeAgentSpec, NodeAgentStatus};
+use crate::error::{Error, Result};
+use crate::metrics::{Metrics, NodeLabels};
+use crate::node_agents;
+
+/// Field manager of everything the report service writes on NodeAgents.
+pub const FIELD_MANAGER: &str = "custody.io/agent-report";
+
+/// How the report service runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub address: std::net::SocketAddr,
+    /// PEM certificate and key; plain HTTP/2 without them.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The agents' ServiceAccount, `namespace:name`.
+    pub agent_account: String,
+    /// How often agents are asked to report.
+    pub heartbeat: Duration,
+    /// Silence after which a node turns not Ready.
+    pub timeout: Duration,
+}
+
+struct Service {
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+}
+
+fn unix_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Serves the report service and watches for silent agents until `stop` completes.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let address = settings.address;
+    let serve_error = |source: tonic::transport::Error| Error::ServeReports {
+        address: address.to_string(),
+        message: source.to_string(),
+    };
+    let mut server = Server::builder();
+    if let Some((cert, key)) = &settings.tls {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|error| Error::ServeReports {
+                address: address.to_string(),
+                message: format!("reading {}: {error}", path.display()),
+            })
+        };
+        let identity = Identity::from_pem(read(cert)?, read(key)?);
+        server = server
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .map_err(serve_error)?;
+    }
+    let service = Arc::new(Service {
+        client: client.clone(),
+        settings: settings.clone(),
+        metrics,
+    });
+    tracing::info!(%address, tls = settings.tls.is_some(), "serving agent reports");
+    let silence = watch_for_silence(service.clone());
+    let served = server
+        .add_service(AgentReportServer::from_arc(service))
+        .serve_with_shutdown(address, stop);
+    tokio::select! {
+        result = served => result.map_err(serve_error),
+        () = silence => Ok(()),
+    }
+}
+
+/// Every few seconds, turns nodes whose agent fell silent not Ready.
+async fn watch_for_silence(service: Arc<Service>) {
+    let mut tick = tokio::time::interval((service.settings.timeout / 4).max(Duration::from_secs(1)));
+    let api: Api<NodeAgent> = Api::all(service.client.clone());
+    loop {
+        tick.tick().await;
+        let agents = match api.list(&ListParams::default()).await {
+            Ok(agents) => agents,
+            Err(error) => {
+                tracing::warn!(%error, "listing NodeAgents");
+                continue;
+            }
+        };
+        for agent in agents {
+            let Some(current) = &agent.status else { continue };
+            let Some(status) =
+                node_agents::status_after_silence(current, Timestamp::now(), service.settings.timeout)
+            else {
+                continue;
+            };
+            let name = agent.name_any();
+            tracing::warn!(node = name, message = status.conditions[0].message, "agent silent");
+            if let Err(error) = service.write_status(&name, status).await {
+                tracing::warn!(node = name, %error, "marking NodeAgent not ready");
+            }
+        }
+    }
+}
+
+impl Service {
+    async fn write_status(&self, node: &str, status: NodeAgentStatus) -> Result<()> {
+        let api: Api<NodeAgent> = Api::all(self.client.clone());
+        let patch = serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1",
+            "kind": "NodeAgent",
+            "status": status,
+        });
+        api.patch_status(
+            node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+        .map_err(|source| Error::PatchStatus {
+            object: format!("NodeAgent {node}"),
+            source,
+        })?;
+        Ok(())
+    }
+
+    async fn authenticate(&self, request: &Request<NodeReport>) -> Result<(), Status> {
+        let node = &request.get_ref().node_name;
+        let refuse = |reason: &str, status: Status| {
+            tracing::warn!(node, reason, message = status.message(), "report refused");
+            self.metrics.report_refusals.get_or_create(&crate::metrics::ReasonLabels {
+                reason: reason.to_string(),
+            }).inc();
+            status
+        };
+        let token = crate::authn::bearer_token(request.metadata()).ok_or_else(|| {
+            refuse("NoToken", Status::unauthenticated("no bearer token"))
+        })?;
+        let review = crate::authn::review(&self.client, token, names::REPORT_AUDIENCE)
+            .await
+            .map_err(|error| {
+                refuse(
+                    "TokenReviewFailed",
+                    Status::unavailable(format!("cannot review the token: {error}")),
+                )
+            })?;
+        authn::report_caller(&review, &self.settings.agent_account, node).map_err(|refusal| {
+            let status = match refusal {
+                authn::Refusal::Unauthenticated(_) => Status::unauthenticated(refusal.to_string()),
+                _ => Status::permission_denied(refusal.to_string()),
+            };
+            refuse(refusal.reason(), status)
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl AgentReport for Service {
+    async fn exchange_clock(
+        &self,
+        request: Request<ClockRequest>,
+    ) -> Result<Response<ClockResponse>, Status> {
+        let controller_received = unix_nanos();
+        let node_sent = request.get_ref().node_sent_unix_nanos;
+        Ok(Response::new(ClockResponse {
+            node_sent_unix_nanos: node_sent,
+            controller_received_unix_nanos: controller_received,
+            controller_sent_unix_nanos: unix_nanos(),
+        }))
+    }
+
+    async fn report(&self, request: Request<NodeReport>) -> Result<Response<ReportAck>, Status> {
+        self.authenticate(&request).await?;
+        let report = request.into_inner();
+        let node = report.node_name.clone();
+        let api: Api<NodeAgent> = Api::all(self.client.clone());
+        let internal = |error: kube::Error| {
+            tracing::warn!(node, %error, "writing NodeAgent");
+            Status::unavailable(format!("writing NodeAgent {node}: {error}"))
+        };
+        let current = match api.get_opt(&node).await.map_err(internal)? {
+            Some(agent) => agent,
+            None => {
+                let object = NodeAgent::new(
+                    &node,
+                    NodeAgentSpec {
+                        node_name: node.clone(),
+                    },
+                );
+                api.patch(
+                    &node,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .map_err(internal)?
+            }
+        };
+        let status = node_agents::status_from_report(&report, current.status.as_ref(), Timestamp::now());
+        if let Some(clock) = report.clock {
+            let labels = NodeLabels { node: node.clone() };
+            self.metrics
+                .node_clock_offset_seconds
+                .get_or_create(&labels)
+                .set(clock.offset_nanos as f64 / 1e9);
+            self.metrics
+                .node_clock_round_trip_seconds
+                .get_or_create(&labels)
+                .set(clock.round_trip_nanos as f64 / 1e9);
+        }
+        self.write_status(&node, status).await.map_err(|error| {
+            tracing::warn!(node, %error, "writing NodeAgent status");
+            Status::unavailable(error.to_string())
+        })?;
+        self.metrics.agent_reports.inc();
+        tracing::debug!(node, volumes = report.volumes.len(), "report");
+        Ok(Response::new(ReportAck {
+            heartbeat_seconds: self.settings.heartbeat.as_secs() as u32,
+        }))
+    }
+}
