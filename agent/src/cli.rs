@@ -58,24 +58,28 @@ pub struct AgentOptions {
 
     /// Projected ServiceAccount token (audience `custody-report`) the agent presents to the
     /// controller; read again for every report, so the kubelet may rotate it.
-    #[arg(long, env = "CUSTODY_REPORT_TOKEN_FILE", default_value = "/var/run/secrets/custody/report/token")]
+    #[arg(
+        long,
+        env = "CUSTODY_REPORT_TOKEN_FILE",
+        default_value = "/var/run/secrets/custody/report/token"
+    )]
     pub report_token_file: PathBuf,
 
     /// Seconds between heartbeats when nothing changes.
-    #[arg(long, env = "CUSTODY_HEARTBEAT_SECONDS", default_value = "10", value_parser = seconds)]
+    #[arg(long = "heartbeat-seconds", env = "CUSTODY_HEARTBEAT_SECONDS", default_value = "10", value_parser = seconds)]
     pub heartbeat: Duration,
 
     /// Seconds between clock exchanges.
-    #[arg(long, env = "CUSTODY_CLOCK_INTERVAL_SECONDS", default_value = "30", value_parser = seconds)]
+    #[arg(long = "clock-interval-seconds", env = "CUSTODY_CLOCK_INTERVAL_SECONDS", default_value = "30", value_parser = seconds)]
     pub clock_interval: Duration,
 
     /// How long the clock samples the offset is chosen from are kept, in seconds.
-    #[arg(long, env = "CUSTODY_CLOCK_WINDOW_SECONDS", default_value = "300", value_parser = seconds)]
+    #[arg(long = "clock-window-seconds", env = "CUSTODY_CLOCK_WINDOW_SECONDS", default_value = "300", value_parser = seconds)]
     pub clock_window: Duration,
 
     /// How long verification waits for a restored volume to be found mounted under the
     /// kubelet root before it fails, in seconds.
-    #[arg(long, env = "CUSTODY_MOUNT_WAIT_SECONDS", default_value = "120", value_parser = seconds)]
+    #[arg(long = "mount-wait-seconds", env = "CUSTODY_MOUNT_WAIT_SECONDS", default_value = "120", value_parser = seconds)]
     pub mount_wait: Duration,
 
     /// Address of /metrics, /healthz and /readyz.
@@ -99,11 +103,19 @@ pub struct WaitOptions {
 
     /// The pod's projected ServiceAccount token with audience `custody`; read again on
     /// every attempt.
-    #[arg(long, env = "CUSTODY_TOKEN_FILE", default_value = "/var/run/secrets/custody/gate/token")]
+    #[arg(
+        long,
+        env = "CUSTODY_TOKEN_FILE",
+        default_value = "/var/run/secrets/custody/gate/token"
+    )]
     pub token_file: PathBuf,
 
     /// PEM CA bundle that signed the agents' gate certificate.
-    #[arg(long, env = "CUSTODY_CA_FILE", default_value = "/var/run/secrets/custody/gate/ca.crt")]
+    #[arg(
+        long,
+        env = "CUSTODY_CA_FILE",
+        default_value = "/var/run/secrets/custody/gate/ca.crt"
+    )]
     pub ca_file: PathBuf,
 
     /// Name the agent's certificate must carry.
@@ -111,6 +123,6 @@ pub struct WaitOptions {
     pub server_name: String,
 
     /// Seconds between attempts while the agent cannot be reached.
-    #[arg(long, env = "CUSTODY_RETRY_SECONDS", default_value = "1", value_parser = seconds)]
+    #[arg(long = "retry-seconds", env = "CUSTODY_RETRY_SECONDS", default_value = "1", value_parser = seconds)]
     pub retry: Duration,
 }

@@ -31,6 +31,9 @@ pub struct Agent {
     verifications: Mutex<BTreeMap<VerificationKey, Verification>>,
     changed: Notify,
     view: watch::Sender<Arc<NodeView>>,
+    /// Set once the pod watch has listed the node's pods. (The reflector's own readiness
+    /// wakes only one waiter, and several tasks wait here.)
+    synced: watch::Sender<bool>,
 }
 
 /// The agent's errors.
@@ -73,6 +76,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
         verifications: Mutex::new(BTreeMap::new()),
         changed: Notify::new(),
         view,
+        synced: watch::channel(false).0,
     });
     tracing::info!(node = options.node_name, kubelet_root = %options.kubelet_root.display(), "starting");
 
@@ -92,7 +96,12 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
             .reflect(writer)
             .for_each(move |event| {
                 match event {
-                    Ok(_) => agent.changed.notify_one(),
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) {
+                            agent.synced.send_replace(true);
+                        }
+                        agent.changed.notify_one()
+                    }
                     Err(error) => tracing::warn!(%error, "pod watch"),
                 }
                 futures::future::ready(())
@@ -107,7 +116,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
     tokio::spawn({
         let agent = agent.clone();
         async move {
-            if agent.pods.wait_until_ready().await.is_ok() {
+            if agent.wait_until_synced().await {
                 ready.store(true, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!("pod watch synced");
             }
@@ -132,11 +141,20 @@ impl Agent {
         self.view.subscribe()
     }
 
+    /// Waits until the pod watch has listed the node's pods; false when the agent stops.
+    pub async fn wait_until_synced(&self) -> bool {
+        self.synced
+            .subscribe()
+            .wait_for(|synced| *synced)
+            .await
+            .is_ok()
+    }
+
     /// Recomputes the view whenever something changed, and starts verifications.
     async fn maintain(self: Arc<Self>) {
         loop {
             self.changed.notified().await;
-            if self.pods.wait_until_ready().await.is_err() {
+            if !self.wait_until_synced().await {
                 return;
             }
             let pods = self.pods.state();
@@ -246,7 +264,10 @@ impl Agent {
                     };
                 }
                 Err(Lookup::Unavailable(error)) => {
-                    self.note(&start.key, format!("reading the Restore and Backup: {error}"));
+                    self.note(
+                        &start.key,
+                        format!("reading the Restore and Backup: {error}"),
+                    );
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }

@@ -88,22 +88,21 @@ impl Gate for GateService {
                 Status::unauthenticated("no bearer token: present the pod's projected token"),
             ));
         };
-        let review = custody_controller::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
-            .await
-            .map_err(|error| {
-                tracing::warn!(%error, "TokenReview failed");
-                self.refuse(
-                    "TokenReviewFailed",
-                    Status::unavailable(format!("cannot review the token: {error}")),
-                )
-            })?;
+        let review =
+            custody_controller::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
+                .await
+                .map_err(|error| {
+                    tracing::warn!(%error, "TokenReview failed");
+                    self.refuse(
+                        "TokenReviewFailed",
+                        Status::unavailable(format!("cannot review the token: {error}")),
+                    )
+                })?;
         // The pod may have been created a moment ago: wait for the watch to be in sync before
         // deciding it is not on this node.
-        self.agent
-            .pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| Status::unavailable("the agent is shutting down"))?;
+        if !self.agent.wait_until_synced().await {
+            return Err(Status::unavailable("the agent is shutting down"));
+        }
         let caller = authn::gate_caller(&review, &self.agent.options.node_name, |uid| {
             self.known_pod(uid)
         })

@@ -48,8 +48,9 @@ impl Default for Metrics {
             "Finished volume verifications, by result",
             verifications.clone(),
         );
-        let verification_duration =
-            Histogram::new([0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]);
+        let verification_duration = Histogram::new([
+            0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+        ]);
         registry.register(
             "verification_duration_seconds",
             "Time to verify one volume",

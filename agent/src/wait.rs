@@ -17,7 +17,10 @@ pub async fn run(options: &WaitOptions) -> WaitProgress {
     loop {
         match attempt(options, &mut last_line).await {
             Ok(Some(released)) => return released,
-            Ok(None) => say(&mut last_line, "the agent ended the stream; asking again".into()),
+            Ok(None) => say(
+                &mut last_line,
+                "the agent ended the stream; asking again".into(),
+            ),
             Err(error) => say(&mut last_line, error),
         }
         tokio::time::sleep(options.retry).await;
@@ -88,7 +91,12 @@ pub fn describe(progress: &WaitProgress) -> String {
         .iter()
         .map(|volume| {
             let state = VolumeState::try_from(volume.state)
-                .map(|state| state.as_str_name().trim_start_matches("VOLUME_STATE_").to_lowercase())
+                .map(|state| {
+                    state
+                        .as_str_name()
+                        .trim_start_matches("VOLUME_STATE_")
+                        .to_lowercase()
+                })
                 .unwrap_or_else(|_| format!("state {}", volume.state));
             let mut text = format!("{} ({}) {state}", volume.volume, volume.claim_name);
             if !volume.reason.is_empty() {

@@ -62,7 +62,11 @@ pub struct RunOptions {
     pub report_tls_key: Option<PathBuf>,
 
     /// The agents' ServiceAccount, `namespace:name`: only its tokens may report.
-    #[arg(long, env = "CUSTODY_AGENT_SERVICE_ACCOUNT", default_value = "custody-system:custody-agent")]
+    #[arg(
+        long,
+        env = "CUSTODY_AGENT_SERVICE_ACCOUNT",
+        default_value = "custody-system:custody-agent"
+    )]
     pub agent_service_account: String,
 
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.

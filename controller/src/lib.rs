@@ -3,8 +3,8 @@
 
 pub mod annotation_reconciler;
 pub mod annotations;
-pub mod authn;
 pub mod api;
+pub mod authn;
 pub mod cli;
 pub mod conditions;
 pub mod error;

@@ -86,7 +86,9 @@ pub fn status_from_report(
         };
         *slot += 1;
     }
-    let current_conditions = current.map(|status| status.conditions.as_slice()).unwrap_or(&[]);
+    let current_conditions = current
+        .map(|status| status.conditions.as_slice())
+        .unwrap_or(&[]);
     let ready = Desired {
         type_: types::READY,
         status: Status::True,

@@ -93,7 +93,8 @@ pub async fn run(
 
 /// Every few seconds, turns nodes whose agent fell silent not Ready.
 async fn watch_for_silence(service: Arc<Service>) {
-    let mut tick = tokio::time::interval((service.settings.timeout / 4).max(Duration::from_secs(1)));
+    let mut tick =
+        tokio::time::interval((service.settings.timeout / 4).max(Duration::from_secs(1)));
     let api: Api<NodeAgent> = Api::all(service.client.clone());
     loop {
         tick.tick().await;
@@ -105,14 +106,22 @@ async fn watch_for_silence(service: Arc<Service>) {
             }
         };
         for agent in agents {
-            let Some(current) = &agent.status else { continue };
-            let Some(status) =
-                node_agents::status_after_silence(current, Timestamp::now(), service.settings.timeout)
-            else {
+            let Some(current) = &agent.status else {
+                continue;
+            };
+            let Some(status) = node_agents::status_after_silence(
+                current,
+                Timestamp::now(),
+                service.settings.timeout,
+            ) else {
                 continue;
             };
             let name = agent.name_any();
-            tracing::warn!(node = name, message = status.conditions[0].message, "agent silent");
+            tracing::warn!(
+                node = name,
+                message = status.conditions[0].message,
+                "agent silent"
+            );
             if let Err(error) = service.write_status(&name, status).await {
                 tracing::warn!(node = name, %error, "marking NodeAgent not ready");
             }
@@ -145,14 +154,16 @@ impl Service {
         let node = &request.get_ref().node_name;
         let refuse = |reason: &str, status: Status| {
             tracing::warn!(node, reason, message = status.message(), "report refused");
-            self.metrics.report_refusals.get_or_create(&crate::metrics::ReasonLabels {
-                reason: reason.to_string(),
-            }).inc();
+            self.metrics
+                .report_refusals
+                .get_or_create(&crate::metrics::ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .inc();
             status
         };
-        let token = crate::authn::bearer_token(request.metadata()).ok_or_else(|| {
-            refuse("NoToken", Status::unauthenticated("no bearer token"))
-        })?;
+        let token = crate::authn::bearer_token(request.metadata())
+            .ok_or_else(|| refuse("NoToken", Status::unauthenticated("no bearer token")))?;
         let review = crate::authn::review(&self.client, token, names::REPORT_AUDIENCE)
             .await
             .map_err(|error| {
@@ -213,7 +224,8 @@ impl AgentReport for Service {
                 .map_err(internal)?
             }
         };
-        let status = node_agents::status_from_report(&report, current.status.as_ref(), Timestamp::now());
+        let status =
+            node_agents::status_from_report(&report, current.status.as_ref(), Timestamp::now());
         if let Some(clock) = report.clock {
             let labels = NodeLabels { node: node.clone() };
             self.metrics

@@ -72,7 +72,10 @@ pub async fn run(options: RunOptions) -> Result<()> {
         client.clone(),
         crate::report_service::Settings {
             address: options.report_address,
-            tls: options.report_tls_cert.clone().zip(options.report_tls_key.clone()),
+            tls: options
+                .report_tls_cert
+                .clone()
+                .zip(options.report_tls_key.clone()),
             agent_account: options.agent_service_account.clone(),
             heartbeat: std::time::Duration::from_secs(10),
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),

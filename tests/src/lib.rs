@@ -2,6 +2,9 @@
 //! started by `hack/cluster-up.sh`), custody's CRDs installed from `deploy/crds/`, a fresh
 //! namespace per test, and waiting helpers that say what they last saw when they time out.
 
+pub mod agent;
+pub mod kubelet;
+pub mod pki;
 pub mod volumes;
 
 use std::fmt::Debug;

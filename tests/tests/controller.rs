@@ -20,6 +20,7 @@ fn start_controller(namespace: &str, port: u16) -> ChildGuard {
         .args(["run", "--namespace", namespace, "--log-format", "json"])
         .arg(format!("--kubeconfig={}", control_plane().display()))
         .arg(format!("--http-address=127.0.0.1:{port}"))
+        .arg(format!("--report-address=127.0.0.1:{}", free_port()))
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -59,7 +59,11 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
     assert_eq!(starts[0].volume.volume, "data");
     let gated = &view.gated["pod-uid"];
     assert_eq!(
-        gated.volumes.iter().map(|v| v.state.name()).collect::<Vec<_>>(),
+        gated
+            .volumes
+            .iter()
+            .map(|v| v.state.name())
+            .collect::<Vec<_>>(),
         ["Verifying", "Restoring"]
     );
     assert!(!gated.released());
@@ -105,11 +109,18 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
 
 #[test]
 fn a_failed_prepare_pod_names_its_exit() {
-    let pods = [workload("data-pg-0"), prepare("prep-data", "data-pg-0", "Failed")];
+    let pods = [
+        workload("data-pg-0"),
+        prepare("prep-data", "data-pg-0", "Failed"),
+    ];
     let (view, _) = compute(&pods, &BTreeMap::new());
     let volume = &view.gated["pod-uid"].volumes[0];
     assert!(matches!(&volume.state, State::Failed { reason, .. } if reason == "PrepareDataFailed"));
-    assert!(volume.message.contains("exit code 3: no such key"), "{}", volume.message);
+    assert!(
+        volume.message.contains("exit code 3: no such key"),
+        "{}",
+        volume.message
+    );
 }
 
 #[test]
@@ -129,6 +140,9 @@ fn inconsistent_restore_annotations_keep_the_pod_gated() {
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
     assert_eq!(progress.volumes.len(), 1);
-    assert_eq!(progress.volumes[0].reason, REASON_INVALID_RESTORE_ANNOTATIONS);
+    assert_eq!(
+        progress.volumes[0].reason,
+        REASON_INVALID_RESTORE_ANNOTATIONS
+    );
     assert_eq!(progress.volumes[0].state, VolumeState::Failed as i32);
 }

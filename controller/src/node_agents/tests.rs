@@ -34,7 +34,11 @@ fn a_node_is_ready_while_its_agent_reports_within_the_timeout() {
     ];
     for (last, status, reason) in rows {
         let desired = readiness(last, at(1000), timeout);
-        assert_eq!((desired.status, desired.reason), (status, reason), "{last:?}");
+        assert_eq!(
+            (desired.status, desired.reason),
+            (status, reason),
+            "{last:?}"
+        );
     }
 }
 
@@ -81,7 +85,10 @@ fn a_heartbeat_writes_clock_volumes_and_ready() {
     );
     assert_eq!(status.last_heartbeat_time, Some(Time(at(1000))));
     let ready = &status.conditions[0];
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "HeartbeatReceived"));
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "HeartbeatReceived")
+    );
     assert_eq!(ready.last_transition_time, Time(at(1000)));
 
     // The next heartbeat keeps the transition time; a report without a clock sample says so.
@@ -104,7 +111,10 @@ fn silence_turns_the_node_not_ready_once() {
     assert_eq!(status_after_silence(&status, at(1020), timeout), None);
     let silent = status_after_silence(&status, at(1031), timeout).expect("flips");
     let ready = &silent.conditions[0];
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "HeartbeatMissed"));
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "HeartbeatMissed")
+    );
     assert_eq!(ready.last_transition_time, Time(at(1031)));
     assert!(
         ready.message.contains("1970-01-01T00:16:40Z"),
