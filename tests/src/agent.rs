@@ -14,10 +14,11 @@ use custody_controller::api::{Backup, Restore};
 use custody_proto::gate::WaitProgress;
 use custody_proto::gate::gate_client::GateClient;
 use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::names;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-use crate::kubelet::FakeKubelet;
+use crate::kubelet::{FakeKubelet, PodSpec, create_pod, pod_token};
 use crate::pki::Pki;
 use crate::volumes::LoopVolume;
 use crate::{ChildGuard, binary, control_plane, free_port};
@@ -218,6 +219,47 @@ impl ControllerProcess {
             .map(|(_, body)| body)
             .unwrap_or_default()
     }
+}
+
+/// Name on the report service's test certificate.
+pub const CONTROLLER_NAME: &str = "custody-controller";
+
+/// The agent's own pod on `node` and a report token bound to it, written to a file.
+pub async fn report_token(
+    client: &kube::Client,
+    namespace: &str,
+    node: &str,
+) -> tempfile::NamedTempFile {
+    let pod = create_pod(
+        client,
+        namespace,
+        PodSpec {
+            name: &format!("custody-agent-{node}"),
+            node,
+            service_account: "custody-agent",
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    let token = pod_token(client, &pod, names::REPORT_AUDIENCE).await;
+    let file = tempfile::NamedTempFile::new().expect("token file");
+    std::fs::write(file.path(), token).expect("token");
+    file
+}
+
+pub fn report_flags(
+    controller: &ControllerProcess,
+    pki: &Pki,
+    token: &std::path::Path,
+) -> Vec<String> {
+    vec![
+        format!("--report-url=https://{}", controller.report_address),
+        format!("--report-ca={}", pki.ca().display()),
+        format!("--report-server-name={CONTROLLER_NAME}"),
+        format!("--report-token-file={}", token.display()),
+        "--heartbeat-seconds=0.5".to_string(),
+        "--clock-interval-seconds=1".to_string(),
+    ]
 }
 
 /// A running `custody-wait`.

@@ -213,15 +213,20 @@ where
     }
 }
 
-/// Runs the kubectl built with the control plane against it.
-pub fn kubectl(args: &[&str]) -> Output {
+/// The kubectl built with the control plane.
+pub fn kubectl_path() -> PathBuf {
     let version = std::env::var("CUSTODY_KUBE_VERSION").unwrap_or_else(|_| "v1.36.3".into());
     let cache = std::env::var("CUSTODY_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
             PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/custody")
         });
-    let kubectl = cache.join(format!("bin/kubectl-{version}"));
+    cache.join(format!("bin/kubectl-{version}"))
+}
+
+/// Runs the kubectl built with the control plane against it.
+pub fn kubectl(args: &[&str]) -> Output {
+    let kubectl = kubectl_path();
     Command::new(&kubectl)
         .arg(format!("--kubeconfig={}", control_plane().display()))
         .args(args)

@@ -10,7 +10,10 @@ use custody_controller::conditions::{reasons, types};
 use custody_proto::names;
 use custody_proto::report::NodeReport;
 use custody_proto::report::agent_report_client::AgentReportClient;
-use custody_tests::agent::{AgentArgs, AgentProcess, ControllerProcess, restore_objects};
+use custody_tests::agent::{
+    AgentArgs, AgentProcess, CONTROLLER_NAME, ControllerProcess, report_flags, report_token,
+    restore_objects,
+};
 use custody_tests::kubelet::{FakeKubelet, PodSpec, create_pod, pod_token};
 use custody_tests::pki::Pki;
 use custody_tests::{TestNamespace, await_condition, kubectl};
@@ -19,41 +22,6 @@ use serde_json::json;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-const CONTROLLER_NAME: &str = "custody-controller";
-
-/// The agent's own pod on `node` and a report token bound to it, written to a file.
-async fn agent_token(
-    client: &kube::Client,
-    namespace: &str,
-    node: &str,
-) -> tempfile::NamedTempFile {
-    let pod = create_pod(
-        client,
-        namespace,
-        PodSpec {
-            name: &format!("custody-agent-{node}"),
-            node,
-            service_account: "custody-agent",
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    let token = pod_token(client, &pod, names::REPORT_AUDIENCE).await;
-    let file = tempfile::NamedTempFile::new().expect("token file");
-    std::fs::write(file.path(), token).expect("token");
-    file
-}
-
-fn report_flags(controller: &ControllerProcess, pki: &Pki, token: &std::path::Path) -> Vec<String> {
-    vec![
-        format!("--report-url=https://{}", controller.report_address),
-        format!("--report-ca={}", pki.ca().display()),
-        format!("--report-server-name={CONTROLLER_NAME}"),
-        format!("--report-token-file={}", token.display()),
-        "--heartbeat-seconds=0.5".to_string(),
-        "--clock-interval-seconds=1".to_string(),
-    ]
-}
 
 fn ready(agent: &NodeAgent) -> Option<(String, String)> {
     agent
@@ -105,7 +73,7 @@ async fn node_agents_show_each_nodes_restore_health_and_go_not_ready_when_silent
         )
         .await;
     }
-    let token = agent_token(&client, ns, &node_a.node).await;
+    let token = report_token(&client, ns, &node_a.node).await;
     let mut agent = AgentProcess::start(
         &node_a,
         &gate_pki,
@@ -277,7 +245,7 @@ async fn the_clock_offset_of_a_skewed_node_is_measured_within_the_round_trip() {
         &report_pki,
         &[format!("--agent-service-account={ns}:custody-agent")],
     );
-    let token = agent_token(&client, ns, &node.node).await;
+    let token = report_token(&client, ns, &node.node).await;
     let skew = format!("+{SKEW_SECONDS}s");
     let _agent = AgentProcess::start(
         &node,
