@@ -126,3 +126,81 @@ pub struct WaitOptions {
     #[arg(long = "retry-seconds", env = "CUSTODY_RETRY_SECONDS", default_value = "1", value_parser = seconds)]
     pub retry: Duration,
 }
+
+/// custody-mover: a volume to S3 and back, streaming, with bounded memory.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "custody-mover", version)]
+pub struct MoverOptions {
+    #[command(subcommand)]
+    pub command: MoverCommand,
+
+    /// S3 endpoint URL of the repository.
+    #[arg(long, env = "CUSTODY_S3_ENDPOINT", global = true, default_value = "")]
+    pub endpoint: String,
+
+    /// Region of the repository.
+    #[arg(
+        long,
+        env = "CUSTODY_S3_REGION",
+        global = true,
+        default_value = "us-east-1"
+    )]
+    pub region: String,
+
+    /// Bucket of the repository.
+    #[arg(long, env = "CUSTODY_S3_BUCKET", global = true, default_value = "")]
+    pub bucket: String,
+
+    /// Path-style addressing.
+    #[arg(long, env = "CUSTODY_S3_PATH_STYLE", global = true)]
+    pub path_style: bool,
+
+    /// PEM CA bundle to trust in addition to the system roots.
+    #[arg(long, env = "CUSTODY_S3_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+
+    /// Also write the JSON result (or the error) here: the container's termination message.
+    #[arg(long, env = "CUSTODY_RESULT_FILE", global = true)]
+    pub result_file: Option<PathBuf>,
+}
+
+/// What the mover does.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum MoverCommand {
+    /// Streams a volume into the repository: tar + zstd, multipart, manifest after the data.
+    Backup {
+        /// The volume (read only).
+        #[arg(long)]
+        source: PathBuf,
+        /// Key prefix of the artifact; it contains the Backup's UID.
+        #[arg(long)]
+        prefix: String,
+        #[arg(long)]
+        backup_uid: String,
+        #[arg(long)]
+        cluster_uid: String,
+    },
+    /// Streams an artifact into an empty volume, checked against its manifest while it
+    /// writes, and leaves the manifest and the restore identity in `.custody/`.
+    Restore {
+        /// The volume to write.
+        #[arg(long)]
+        target: PathBuf,
+        /// Key of the data object.
+        #[arg(long)]
+        key: String,
+        /// Key of the manifest object.
+        #[arg(long)]
+        manifest_key: String,
+        /// BLAKE3 of the manifest as the Backup recorded it.
+        #[arg(long)]
+        manifest_hash: String,
+        #[arg(long)]
+        backup_uid: String,
+        #[arg(long)]
+        restore_uid: String,
+        /// Clear a non-empty target first instead of refusing it.
+        #[arg(long)]
+        overwrite: bool,
+    },
+}

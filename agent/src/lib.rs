@@ -8,6 +8,7 @@ pub mod gate;
 pub mod hashing;
 pub mod manifest_builder;
 pub mod metrics;
+pub mod mover;
 pub mod node;
 pub mod report;
 pub mod restores;

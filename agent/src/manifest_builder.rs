@@ -1,7 +1,7 @@
 //! Builds a manifest of a directory tree in one pass.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use custody_proto::manifest::{Entry, Header, Kind, ManifestSummary, ManifestWriter};
@@ -39,6 +39,22 @@ pub enum BuildError {
     },
     #[error("writing the manifest: {0}")]
     Write(#[source] io::Error),
+    #[error("archiving {path}: {source}")]
+    Archive {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Receives every entry of a walk, in manifest order, as the manifest is built: the backup
+/// mover writes them into its archive, so that the volume is read once for both.
+pub trait Archive {
+    /// Adds a directory or a symlink.
+    fn entry(&mut self, entry: &Entry) -> io::Result<()>;
+    /// Adds a regular file at `path` with `metadata`; its content is read from `content`,
+    /// which yields at most `metadata.size` bytes.
+    fn file(&mut self, path: &str, metadata: &Metadata, content: &mut dyn Read) -> io::Result<()>;
 }
 
 /// Walks `root` and writes its manifest to `out`.
@@ -46,6 +62,32 @@ pub fn build<W: Write>(
     root: &Path,
     header: &Header,
     out: W,
+) -> Result<(W, ManifestSummary), BuildError> {
+    build_into(root, header, out, None)
+}
+
+/// Reads a file once for the archive and the manifest: counts and hashes what passes.
+struct Tee<R> {
+    inner: R,
+    hasher: blake3::Hasher,
+    read: u64,
+}
+
+impl<R: Read> Read for Tee<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buffer)?;
+        self.hasher.update(&buffer[..read]);
+        self.read += read as u64;
+        Ok(read)
+    }
+}
+
+/// Walks `root`, writes its manifest to `out` and, with an archive, hands it every entry.
+pub fn build_into<W: Write>(
+    root: &Path,
+    header: &Header,
+    out: W,
+    mut archive: Option<&mut dyn Archive>,
 ) -> Result<(W, ManifestSummary), BuildError> {
     let root_fd = tree::open_root(root)?;
     let mut writer = ManifestWriter::new(out, header).map_err(BuildError::Write)?;
@@ -89,8 +131,26 @@ pub fn build<W: Write>(
                     });
                 }
                 let opened = Metadata::of(&stat);
-                let (hash, read) =
-                    hash_file(&mut File::from(fd), opened.size).map_err(read_error)?;
+                let file = File::from(fd);
+                let (hash, read) = match archive.as_deref_mut() {
+                    None => hash_file(&mut { file }, opened.size).map_err(read_error)?,
+                    Some(archive) => {
+                        // At most the size the descriptor reported: a file that grows while
+                        // it is read must not overrun its archive entry.
+                        let mut tee = Tee {
+                            inner: file.take(opened.size),
+                            hasher: blake3::Hasher::new(),
+                            read: 0,
+                        };
+                        archive
+                            .file(&found.path, &opened, &mut tee)
+                            .map_err(|source| BuildError::Archive {
+                                path: found.path.clone(),
+                                source,
+                            })?;
+                        (tee.hasher.finalize(), tee.read)
+                    }
+                };
                 if read != opened.size {
                     return Err(BuildError::Changed {
                         path: found.path,
@@ -118,6 +178,16 @@ pub fn build<W: Write>(
             uid: metadata.uid,
             gid: metadata.gid,
         };
+        if let Some(archive) = archive.as_deref_mut()
+            && !matches!(entry.kind, Kind::File { .. })
+        {
+            archive
+                .entry(&entry)
+                .map_err(|source| BuildError::Archive {
+                    path: entry.path.clone(),
+                    source,
+                })?;
+        }
         writer.push(&entry).map_err(BuildError::Write)?;
     }
     writer.finish().map_err(BuildError::Write)

@@ -13,5 +13,6 @@ pub mod metrics;
 pub mod node_agents;
 pub mod report_service;
 pub mod run;
+pub mod s3;
 
 pub use error::{Error, Result};

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod kubelet;
 pub mod pki;
+pub mod s3;
 pub mod volumes;
 
 use std::fmt::Debug;

@@ -1,0 +1,81 @@
+//! `custody-mover`'s commands: flags and environment in, JSON out.
+
+use custody_controller::s3::Endpoint;
+
+use super::{MoverError, RestoreRequest, backup, header, restore, secret_from_env};
+use crate::cli::{MoverCommand, MoverOptions};
+
+fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
+    if options.endpoint.is_empty() || options.bucket.is_empty() {
+        return Err(MoverError::Local(
+            "--endpoint and --bucket are required".to_string(),
+        ));
+    }
+    let ca_bundle = match &options.ca_file {
+        Some(path) => Some(std::fs::read(path).map_err(|error| {
+            MoverError::Local(format!("reading CA bundle {}: {error}", path.display()))
+        })?),
+        None => None,
+    };
+    Ok(Endpoint {
+        url: options.endpoint.clone(),
+        region: options.region.clone(),
+        bucket: options.bucket.clone(),
+        path_style: options.path_style,
+        ca_bundle,
+    })
+}
+
+/// Runs the command; the JSON result, or the error's reason and message.
+pub async fn run(options: &MoverOptions) -> Result<String, (&'static str, String)> {
+    let outcome = async {
+        let endpoint = endpoint(options)?;
+        let secret = secret_from_env()?;
+        match &options.command {
+            MoverCommand::Backup {
+                source,
+                prefix,
+                backup_uid,
+                cluster_uid,
+            } => {
+                let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
+                let result = backup(
+                    &endpoint,
+                    &secret,
+                    source,
+                    prefix,
+                    header(backup_uid, cluster_uid, &created_at),
+                )
+                .await?;
+                Ok(serde_json::to_string(&result).unwrap_or_default())
+            }
+            MoverCommand::Restore {
+                target,
+                key,
+                manifest_key,
+                manifest_hash,
+                backup_uid,
+                restore_uid,
+                overwrite,
+            } => {
+                let result = restore(
+                    &endpoint,
+                    &secret,
+                    RestoreRequest {
+                        target,
+                        key,
+                        manifest_key,
+                        manifest_hash,
+                        backup_uid,
+                        restore_uid,
+                        overwrite: *overwrite,
+                    },
+                )
+                .await?;
+                Ok(serde_json::to_string(&result).unwrap_or_default())
+            }
+        }
+    }
+    .await;
+    outcome.map_err(|error: MoverError| (error.reason(), error.to_string()))
+}

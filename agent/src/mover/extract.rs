@@ -1,0 +1,384 @@
+//! Extracting a backup archive into a volume, checked entry by entry against the manifest
+//! the Backup recorded while it writes.
+//!
+//! The manifest (whose hash is the trust anchor) decides what may be written: every archive
+//! entry must be the next manifest entry — same path, type, size, symlink target — and a
+//! file's content must hash to the manifest's BLAKE3. Anything else (`..`, absolute paths,
+//! device nodes, hard links, entries beyond the manifest, a stream that decompresses to more
+//! than the manifest accounts for) stops the extraction before it is written. Every path is
+//! opened beneath the root without following symlinks, so even an entry that passed those
+//! checks cannot reach outside the volume.
+
+use std::fs::File;
+use std::io::{self, BufRead, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use custody_proto::manifest::{self, Entry, Kind, ManifestReader, Totals};
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+use crate::tree;
+
+/// Why an extraction stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtractError {
+    #[error("the target volume is not empty ({0} and more): refusing to restore over data")]
+    TargetNotEmpty(String),
+    #[error("the manifest: {0}")]
+    Manifest(String),
+    #[error("archive entry {found:?} where the manifest lists {expected:?}")]
+    UnexpectedEntry { expected: String, found: String },
+    #[error("archive entry {path:?} is a {found}, the manifest says {expected}")]
+    WrongType {
+        path: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("archive entry {path:?}: {what} is {found}, the manifest says {expected}")]
+    Mismatch {
+        path: String,
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("the archive holds more entries than the manifest ({0:?} is extra)")]
+    ExtraEntry(String),
+    #[error("the archive ends before the manifest's entry {0:?}")]
+    MissingEntry(String),
+    #[error("the archive decompresses to more than its manifest accounts for ({limit} bytes)")]
+    TooLarge { limit: u64 },
+    #[error("the archive is unreadable: {0}")]
+    Archive(String),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ExtractError {
+    /// CamelCase reason for conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ExtractError::TargetNotEmpty(_) => "TargetNotEmpty",
+            ExtractError::Manifest(_) => "ManifestInvalid",
+            ExtractError::UnexpectedEntry { .. }
+            | ExtractError::WrongType { .. }
+            | ExtractError::Mismatch { .. }
+            | ExtractError::ExtraEntry(_)
+            | ExtractError::MissingEntry(_) => "ArchiveDoesNotMatchManifest",
+            ExtractError::TooLarge { .. } => "ArchiveTooLarge",
+            ExtractError::Archive(_) => "ArchiveUnreadable",
+            ExtractError::Write { .. } => "WriteFailed",
+        }
+    }
+}
+
+/// Bytes of tar framing allowed per entry beyond its content: header, padding and long-name
+/// or PAX extension records.
+const FRAMING_PER_ENTRY: u64 = 8 << 10;
+/// Fixed allowance for the end-of-archive blocks and the writer's final padding.
+const FRAMING_FIXED: u64 = 1 << 20;
+
+/// How many bytes a well-formed archive of a manifest with `totals` can decompress to.
+pub fn size_limit(totals: Totals) -> u64 {
+    totals
+        .total_bytes
+        .saturating_add(totals.entries.saturating_mul(FRAMING_PER_ENTRY))
+        .saturating_add(FRAMING_FIXED)
+}
+
+/// Stops reading after `limit` bytes with an error (a decompression bomb ends here).
+struct Limited<R> {
+    inner: R,
+    remaining: u64,
+    limit: u64,
+}
+
+impl<R: Read> Read for Limited<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            // One more byte would exceed the limit: find out whether there is one.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(io::Error::other(LimitExceeded(self.limit))),
+            };
+        }
+        let wanted = buffer
+            .len()
+            .min(self.remaining.min(usize::MAX as u64) as usize);
+        let read = self.inner.read(&mut buffer[..wanted])?;
+        self.remaining -= read as u64;
+        Ok(read)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("more than {0} bytes")]
+struct LimitExceeded(u64);
+
+fn archive_error(error: io::Error) -> ExtractError {
+    if let Some(LimitExceeded(limit)) = error.get_ref().and_then(|inner| inner.downcast_ref()) {
+        return ExtractError::TooLarge { limit: *limit };
+    }
+    ExtractError::Archive(error.to_string())
+}
+
+/// Entries of the root other than the filesystem's `lost+found`.
+pub fn first_entry(root: &Path) -> io::Result<Option<String>> {
+    for entry in std::fs::read_dir(root)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name != "lost+found" {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
+/// Removes everything in `root` except `lost+found` (the Restore asked to overwrite).
+pub fn clear(root: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        if entry.file_name() == "lost+found" {
+            continue;
+        }
+        // symlink_metadata and remove_dir_all never follow symlinks out of the volume.
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+fn entry_type_name(kind: tar::EntryType) -> String {
+    match kind {
+        tar::EntryType::Regular | tar::EntryType::Continuous => "file".into(),
+        tar::EntryType::Directory => "dir".into(),
+        tar::EntryType::Symlink => "symlink".into(),
+        tar::EntryType::Link => "hard link".into(),
+        tar::EntryType::Char => "character device".into(),
+        tar::EntryType::Block => "block device".into(),
+        tar::EntryType::Fifo => "fifo".into(),
+        other => format!("{other:?} entry"),
+    }
+}
+
+/// Extracts `archive` (an uncompressed tar stream) into the empty directory `root`, checking
+/// it against `manifest` as it goes. Returns the manifest's totals.
+pub fn extract<R: Read, M: BufRead>(
+    root: &Path,
+    archive: R,
+    mut manifest: ManifestReader<M>,
+    limit: u64,
+) -> Result<Totals, ExtractError> {
+    let root_fd =
+        tree::open_root(root).map_err(|error| ExtractError::Archive(error.to_string()))?;
+    let mut archive = tar::Archive::new(Limited {
+        inner: archive,
+        remaining: limit,
+        limit,
+    });
+    let entries = archive.entries().map_err(archive_error)?;
+    for entry in entries {
+        let mut entry = entry.map_err(archive_error)?;
+        let raw_path = entry.path_bytes().into_owned();
+        let found = String::from_utf8_lossy(&raw_path)
+            .trim_end_matches('/')
+            .to_string();
+        let Some(expected) = manifest.next() else {
+            return Err(ExtractError::ExtraEntry(found));
+        };
+        let expected = expected.map_err(|error| ExtractError::Manifest(error.to_string()))?;
+        check(&expected, &found, &mut entry)?;
+        write(&root_fd, &expected, &mut entry)?;
+    }
+    if let Some(missing) = manifest.next() {
+        let missing = missing.map_err(|error| ExtractError::Manifest(error.to_string()))?;
+        return Err(ExtractError::MissingEntry(missing.path));
+    }
+    // The manifest's trailer is checked when the reader is exhausted.
+    let totals = manifest.totals();
+    // Whatever follows the end-of-archive blocks must be padding, within the limit.
+    let mut rest = archive.into_inner();
+    let mut buffer = [0u8; 8192];
+    loop {
+        let read = rest.read(&mut buffer).map_err(archive_error)?;
+        if read == 0 {
+            break;
+        }
+        if buffer[..read].iter().any(|byte| *byte != 0) {
+            return Err(ExtractError::Archive(
+                "data after the end of the archive".to_string(),
+            ));
+        }
+    }
+    Ok(totals)
+}
+
+fn check<R: Read>(
+    expected: &Entry,
+    found: &str,
+    entry: &mut tar::Entry<'_, R>,
+) -> Result<(), ExtractError> {
+    if found != expected.path {
+        return Err(ExtractError::UnexpectedEntry {
+            expected: expected.path.clone(),
+            found: found.to_string(),
+        });
+    }
+    let header = entry.header();
+    let entry_type = header.entry_type();
+    let type_matches = matches!(
+        (&expected.kind, entry_type),
+        (Kind::File { .. }, tar::EntryType::Regular)
+            | (Kind::Dir, tar::EntryType::Directory)
+            | (Kind::Symlink { .. }, tar::EntryType::Symlink)
+    );
+    if !type_matches {
+        return Err(ExtractError::WrongType {
+            path: expected.path.clone(),
+            expected: expected.kind.name(),
+            found: entry_type_name(entry_type),
+        });
+    }
+    let mismatch = |what, expected_value: String, found_value: String| ExtractError::Mismatch {
+        path: expected.path.clone(),
+        what,
+        expected: expected_value,
+        found: found_value,
+    };
+    match &expected.kind {
+        Kind::File { size, .. } => {
+            let found_size = entry.size();
+            if found_size != *size {
+                return Err(mismatch("size", size.to_string(), found_size.to_string()));
+            }
+        }
+        Kind::Symlink { target } => {
+            let link = entry
+                .link_name_bytes()
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default();
+            if link != *target {
+                return Err(mismatch("symlink target", target.clone(), link));
+            }
+        }
+        Kind::Dir => {}
+    }
+    Ok(())
+}
+
+/// Splits `path` into its parent (opened beneath the root, no symlinks) and its last name.
+fn parent_of<'a>(root: &OwnedFd, path: &'a str) -> Result<(OwnedFd, &'a str), io::Error> {
+    let (parent, name) = match path.rsplit_once('/') {
+        Some((parent, name)) => (Some(parent), name),
+        None => (None, path),
+    };
+    let flags = OFlags::DIRECTORY | OFlags::RDONLY;
+    let fd = match parent {
+        Some(parent) => tree::open_beneath(root, parent, flags)?,
+        None => tree::open_beneath(root, ".", flags)?,
+    };
+    Ok((fd, name))
+}
+
+fn write<R: Read>(
+    root: &OwnedFd,
+    expected: &Entry,
+    entry: &mut tar::Entry<'_, R>,
+) -> Result<(), ExtractError> {
+    let path = expected.path.as_str();
+    // The manifest reader validated the path already; this is the last line of defence.
+    manifest::validate_path(path).map_err(|error| ExtractError::Manifest(error.to_string()))?;
+    let failed = |source: io::Error| ExtractError::Write {
+        path: path.to_string(),
+        source,
+    };
+    let (parent, name) = parent_of(root, path).map_err(failed)?;
+    let mode = Mode::from_raw_mode(expected.mode & 0o7777);
+    match &expected.kind {
+        Kind::Dir => {
+            rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o700))
+                .map_err(|errno| failed(errno.into()))?;
+            let fd = rustix::fs::openat(
+                &parent,
+                name,
+                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|errno| failed(errno.into()))?;
+            own(&fd, expected).map_err(failed)?;
+            rustix::fs::fchmod(&fd, mode).map_err(|errno| failed(errno.into()))?;
+        }
+        Kind::Symlink { target } => {
+            rustix::fs::symlinkat(target.as_str(), &parent, name)
+                .map_err(|errno| failed(errno.into()))?;
+            rustix::fs::chownat(
+                &parent,
+                name,
+                Some(rustix::fs::Uid::from_raw(expected.uid)),
+                Some(rustix::fs::Gid::from_raw(expected.gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|errno| failed(errno.into()))?;
+        }
+        Kind::File { size, blake3 } => {
+            let fd = rustix::fs::openat(
+                &parent,
+                name,
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(|errno| failed(errno.into()))?;
+            let mut file = File::from(fd);
+            let mut hasher = blake3::Hasher::new();
+            let mut buffer = vec![0u8; 256 << 10];
+            let mut written = 0u64;
+            loop {
+                let read = entry.read(&mut buffer).map_err(archive_error)?;
+                if read == 0 {
+                    break;
+                }
+                hasher.update(&buffer[..read]);
+                file.write_all(&buffer[..read]).map_err(failed)?;
+                written += read as u64;
+            }
+            if written != *size {
+                return Err(ExtractError::Mismatch {
+                    path: path.to_string(),
+                    what: "size",
+                    expected: size.to_string(),
+                    found: written.to_string(),
+                });
+            }
+            let hash = hasher.finalize().to_hex().to_string();
+            if hash != *blake3 {
+                return Err(ExtractError::Mismatch {
+                    path: path.to_string(),
+                    what: "BLAKE3",
+                    expected: blake3.clone(),
+                    found: hash,
+                });
+            }
+            own(&file, expected).map_err(failed)?;
+            rustix::fs::fchmod(&file, mode).map_err(|errno| failed(errno.into()))?;
+        }
+    }
+    Ok(())
+}
+
+fn own(fd: impl AsFd, entry: &Entry) -> io::Result<()> {
+    rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(entry.uid)),
+        Some(rustix::fs::Gid::from_raw(entry.gid)),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

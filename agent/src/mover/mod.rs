@@ -1,0 +1,382 @@
+//! `custody-mover`: a volume to S3 (backup) and back (restore), in one streaming pass each
+//! way with bounded memory.
+//!
+//! Backup: the volume is walked once in manifest order; every entry goes into a tar stream,
+//! compressed with zstd and uploaded as a multipart upload, while the manifest is built from
+//! the same reads. The manifest is uploaded after the data. Any failure aborts the upload.
+//!
+//! Restore: the manifest is downloaded first and must hash to what the Backup recorded; the
+//! archive is streamed, decompressed and extracted against it (see [`extract`]); the manifest
+//! and the restore identity are left in `.custody/` for the agent.
+
+pub mod archive;
+pub mod cli;
+pub mod extract;
+pub mod upload;
+
+use std::io::{BufReader, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use custody_controller::s3::{self, Endpoint, Secret};
+use custody_proto::manifest::{self, FORMAT_VERSION, Header, ManifestReader};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::manifest_builder;
+use crate::verify::{CUSTODY_DIR, IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
+
+/// Name of the data object under an artifact prefix.
+pub const DATA_OBJECT: &str = "data.tar.zst";
+/// Name of the manifest object under an artifact prefix.
+pub const MANIFEST_OBJECT: &str = "manifest.jsonl";
+/// zstd level of the archive.
+pub const COMPRESSION_LEVEL: i32 = 3;
+/// Largest zstd window a restore accepts (2^27 = 128 MiB); the backup uses far less.
+pub const WINDOW_LOG_MAX: u32 = 27;
+
+/// What a backup produced; printed as JSON and written to the result file (the container's
+/// termination message, which the controller reads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupResult {
+    pub key: String,
+    pub manifest_key: String,
+    /// Bytes of the compressed archive.
+    pub size_bytes: u64,
+    /// BLAKE3 of the compressed archive, hex.
+    pub checksum: String,
+    /// BLAKE3 of the manifest, hex: the trust anchor for restores.
+    pub manifest_hash: String,
+    pub files: u64,
+    pub entries: u64,
+    /// Bytes of file content read from the volume.
+    pub total_bytes: u64,
+}
+
+/// What a restore wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreResult {
+    pub files: u64,
+    pub entries: u64,
+    pub total_bytes: u64,
+}
+
+/// Why the mover failed. The reason goes into the termination message.
+#[derive(Debug, thiserror::Error)]
+pub enum MoverError {
+    #[error("credentials: {0}")]
+    Credentials(String),
+    #[error(transparent)]
+    Client(#[from] s3::ClientError),
+    #[error("reading the volume: {0}")]
+    ReadVolume(#[from] manifest_builder::BuildError),
+    #[error(transparent)]
+    Upload(#[from] upload::UploadError),
+    #[error("{0}")]
+    Local(String),
+    #[error("downloading {key}: {message}")]
+    Download { key: String, message: String },
+    #[error(
+        "the manifest in the repository is not the one Backup recorded (BLAKE3 {found}, expected {expected})"
+    )]
+    ManifestTampered { expected: String, found: String },
+    #[error("the manifest belongs to Backup {found}, not {expected}")]
+    ManifestOfAnotherBackup { expected: String, found: String },
+    #[error(transparent)]
+    Extract(#[from] extract::ExtractError),
+}
+
+impl MoverError {
+    /// CamelCase reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            MoverError::Credentials(_) => "CredentialsMissing",
+            MoverError::Client(_) => "InvalidRepository",
+            MoverError::ReadVolume(_) => "ReadVolumeFailed",
+            MoverError::Upload(_) => "UploadFailed",
+            MoverError::Local(_) => "LocalError",
+            MoverError::Download { .. } => "DownloadFailed",
+            MoverError::ManifestTampered { .. } => "ManifestTampered",
+            MoverError::ManifestOfAnotherBackup { .. } => "ManifestOfAnotherBackup",
+            MoverError::Extract(error) => error.reason(),
+        }
+    }
+}
+
+fn local(what: &str) -> impl Fn(std::io::Error) -> MoverError + '_ {
+    move |error| MoverError::Local(format!("{what}: {error}"))
+}
+
+/// Credentials from the environment (the Job maps the repository's Secret there).
+pub fn secret_from_env() -> Result<Secret, MoverError> {
+    let read = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| MoverError::Credentials(format!("${name} is not set")))
+    };
+    Ok(Secret {
+        access_key_id: read(s3::ACCESS_KEY_ID)?,
+        secret_access_key: read(s3::SECRET_ACCESS_KEY)?,
+    })
+}
+
+/// The object keys of an artifact under `prefix`.
+pub fn keys(prefix: &str) -> (String, String) {
+    let prefix = prefix.trim_end_matches('/');
+    (
+        format!("{prefix}/{DATA_OBJECT}"),
+        format!("{prefix}/{MANIFEST_OBJECT}"),
+    )
+}
+
+/// Backs `source` up under `prefix` in `endpoint`'s bucket.
+pub async fn backup(
+    endpoint: &Endpoint,
+    secret: &Secret,
+    source: &Path,
+    prefix: &str,
+    header: Header,
+) -> Result<BackupResult, MoverError> {
+    let client = s3::client(endpoint, secret)?;
+    let (key, manifest_key) = keys(prefix);
+    let (sender, receiver) = mpsc::channel(1);
+    let uploader = {
+        let client = client.clone();
+        let bucket = endpoint.bucket.clone();
+        let key = key.clone();
+        tokio::spawn(async move { upload::multipart(&client, &bucket, &key, receiver).await })
+    };
+
+    let source = source.to_path_buf();
+    let written = tokio::task::spawn_blocking(move || -> Result<_, MoverError> {
+        let manifest_file = tempfile::tempfile().map_err(local("a temporary manifest file"))?;
+        let parts = upload::PartWriter::new(sender);
+        let mut compressor = zstd::stream::write::Encoder::new(parts, COMPRESSION_LEVEL)
+            .map_err(local("starting zstd"))?;
+        compressor
+            .multithread(2)
+            .map_err(local("starting zstd workers"))?;
+        let mut archive = archive::TarArchive::new(compressor);
+        let (manifest_file, summary) =
+            manifest_builder::build_into(&source, &header, manifest_file, Some(&mut archive))?;
+        let compressor = archive.finish().map_err(local("ending the archive"))?;
+        let parts = compressor.finish().map_err(local("ending zstd"))?;
+        let (checksum, size) = parts.finish().map_err(local("ending the upload"))?;
+        Ok((manifest_file, summary, checksum, size))
+    })
+    .await
+    .map_err(|error| MoverError::Local(format!("the archiving thread: {error}")))?;
+    let uploaded = uploader
+        .await
+        .map_err(|error| MoverError::Local(format!("the upload task: {error}")))?;
+    // A failed upload stops the writer ("the upload stopped"): report the cause. An archiving
+    // error closes the channel without an end marker, and the upload was aborted.
+    uploaded?;
+    let (mut manifest_file, summary, checksum, size) = written?;
+
+    manifest_file
+        .rewind()
+        .map_err(local("rewinding the manifest"))?;
+    let manifest_path = tempfile::NamedTempFile::new().map_err(local("a manifest file"))?;
+    std::io::copy(&mut manifest_file, &mut manifest_path.as_file())
+        .map_err(local("copying the manifest"))?;
+    let body = aws_sdk_s3::primitives::ByteStream::from_path(manifest_path.path())
+        .await
+        .map_err(|error| MoverError::Local(format!("reading the manifest: {error}")))?;
+    client
+        .put_object()
+        .bucket(&endpoint.bucket)
+        .key(&manifest_key)
+        .body(body)
+        .send()
+        .await
+        .map_err(|error| {
+            MoverError::Upload(upload::UploadError::Complete {
+                key: manifest_key.clone(),
+                message: error.to_string(),
+            })
+        })?;
+    Ok(BackupResult {
+        key,
+        manifest_key,
+        size_bytes: size,
+        checksum: checksum.to_hex().to_string(),
+        manifest_hash: summary.hash.to_hex().to_string(),
+        files: summary.totals.files,
+        entries: summary.totals.entries,
+        total_bytes: summary.totals.total_bytes,
+    })
+}
+
+/// Restores into `target` from the artifact at `key`/`manifest_key`.
+pub struct RestoreRequest<'a> {
+    pub target: &'a Path,
+    pub key: &'a str,
+    pub manifest_key: &'a str,
+    /// The manifest hash the Backup recorded.
+    pub manifest_hash: &'a str,
+    pub backup_uid: &'a str,
+    pub restore_uid: &'a str,
+    /// Clear a non-empty target first instead of refusing it.
+    pub overwrite: bool,
+}
+
+/// Restores an artifact into a volume.
+pub async fn restore(
+    endpoint: &Endpoint,
+    secret: &Secret,
+    request: RestoreRequest<'_>,
+) -> Result<RestoreResult, MoverError> {
+    let target = request.target.to_path_buf();
+    match extract::first_entry(&target).map_err(local("reading the target"))? {
+        Some(found) if !request.overwrite => {
+            return Err(extract::ExtractError::TargetNotEmpty(found).into());
+        }
+        Some(_) => extract::clear(&target).map_err(local("clearing the target"))?,
+        None => {}
+    }
+    let client = s3::client(endpoint, secret)?;
+
+    // The manifest first: it decides everything that may be written.
+    let manifest_file = download_to_file(&client, &endpoint.bucket, request.manifest_key).await?;
+    let found = manifest::hash_reader(BufReader::new(
+        manifest_file.reopen().map_err(local("the manifest"))?,
+    ))
+    .map_err(local("hashing the manifest"))?
+    .to_hex()
+    .to_string();
+    if found != request.manifest_hash {
+        return Err(MoverError::ManifestTampered {
+            expected: request.manifest_hash.to_string(),
+            found,
+        });
+    }
+    let (reader, header) = ManifestReader::new(BufReader::new(
+        manifest_file.reopen().map_err(local("the manifest"))?,
+    ))
+    .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+    if header.backup_uid != request.backup_uid {
+        return Err(MoverError::ManifestOfAnotherBackup {
+            expected: request.backup_uid.to_string(),
+            found: header.backup_uid,
+        });
+    }
+    // The size limit needs the totals in the trailer: one streaming pass over the manifest.
+    let totals = {
+        let (mut counting, _) = ManifestReader::new(BufReader::new(
+            manifest_file.reopen().map_err(local("the manifest"))?,
+        ))
+        .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+        for entry in counting.by_ref() {
+            entry.map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+        }
+        counting.totals()
+    };
+    let limit = extract::size_limit(totals);
+
+    let (sender, receiver) = mpsc::channel(4);
+    let downloader = {
+        let client = client.clone();
+        let bucket = endpoint.bucket.clone();
+        let key = request.key.to_string();
+        tokio::spawn(async move { upload::download(&client, &bucket, &key, sender).await })
+    };
+    let extract_target = target.clone();
+    let extracted = tokio::task::spawn_blocking(move || -> Result<_, MoverError> {
+        let mut decoder = zstd::stream::read::Decoder::new(upload::ChunkReader::new(receiver))
+            .map_err(local("starting zstd"))?;
+        decoder
+            .window_log_max(WINDOW_LOG_MAX)
+            .map_err(local("limiting the zstd window"))?;
+        Ok(extract::extract(&extract_target, decoder, reader, limit)?)
+    })
+    .await
+    .map_err(|error| MoverError::Local(format!("the extracting thread: {error}")))?;
+    downloader.abort();
+    let totals = extracted?;
+
+    // What the agent verifies against: the manifest as downloaded, and who wrote the volume.
+    let custody_dir = target.join(CUSTODY_DIR);
+    std::fs::create_dir(&custody_dir).map_err(local("creating .custody"))?;
+    let mut manifest_out =
+        std::fs::File::create(target.join(MANIFEST_PATH)).map_err(local("writing the manifest"))?;
+    std::io::copy(
+        &mut manifest_file.reopen().map_err(local("the manifest"))?,
+        &mut manifest_out,
+    )
+    .map_err(local("writing the manifest"))?;
+    manifest_out
+        .sync_all()
+        .map_err(local("syncing the manifest"))?;
+    let identity = RestoreIdentity {
+        restore_uid: request.restore_uid.to_string(),
+        backup_uid: request.backup_uid.to_string(),
+    };
+    let mut identity_out =
+        std::fs::File::create(target.join(IDENTITY_PATH)).map_err(local("writing the identity"))?;
+    identity_out
+        .write_all(
+            &serde_json::to_vec(&identity).map_err(|error| MoverError::Local(error.to_string()))?,
+        )
+        .map_err(local("writing the identity"))?;
+    identity_out
+        .sync_all()
+        .map_err(local("syncing the identity"))?;
+    // Everything written must be on disk before the pod reports success.
+    rustix::fs::sync();
+    Ok(RestoreResult {
+        files: totals.files,
+        entries: totals.entries,
+        total_bytes: totals.total_bytes,
+    })
+}
+
+async fn download_to_file(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+) -> Result<tempfile::NamedTempFile, MoverError> {
+    let failed = |message: String| MoverError::Download {
+        key: key.to_string(),
+        message,
+    };
+    let object = client
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .map_err(|error| failed(upload::describe(&error)))?;
+    let mut file = tempfile::NamedTempFile::new().map_err(local("a temporary file"))?;
+    let mut body = object.body;
+    while let Some(chunk) = body
+        .try_next()
+        .await
+        .map_err(|error| failed(error.to_string()))?
+    {
+        file.write_all(&chunk).map_err(local("a temporary file"))?;
+    }
+    file.flush().map_err(local("a temporary file"))?;
+    Ok(file)
+}
+
+/// The manifest header of a backup.
+pub fn header(backup_uid: &str, cluster_uid: &str, created_at: &str) -> Header {
+    Header {
+        custody_manifest: FORMAT_VERSION,
+        backup_uid: backup_uid.to_string(),
+        cluster_uid: cluster_uid.to_string(),
+        created_at: created_at.to_string(),
+    }
+}
+
+/// Where the result goes besides stdout: the container's termination message.
+pub fn write_result(path: Option<&PathBuf>, text: &str) {
+    if let Some(path) = path
+        && let Err(error) = std::fs::write(path, text)
+    {
+        eprintln!("custody-mover: writing {}: {error}", path.display());
+    }
+}

@@ -1,0 +1,319 @@
+//! Streaming a byte stream to S3 as a multipart upload with bounded memory, and back.
+
+use std::io::{self, Read, Write};
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use tokio::sync::mpsc;
+
+/// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
+pub const PART_SIZE: usize = 8 << 20;
+/// Parts uploaded at once.
+pub const PARTS_IN_FLIGHT: usize = 3;
+
+/// What the writing side sends to the uploader.
+pub enum Chunk {
+    Part(Vec<u8>),
+    /// Everything was written: complete the upload. Without it the upload is aborted.
+    End,
+}
+
+/// A `Write` that cuts the stream into parts for [`multipart`], and hashes and counts it.
+pub struct PartWriter {
+    buffer: Vec<u8>,
+    sender: mpsc::Sender<Chunk>,
+    hasher: blake3::Hasher,
+    written: u64,
+}
+
+impl PartWriter {
+    pub fn new(sender: mpsc::Sender<Chunk>) -> PartWriter {
+        PartWriter {
+            buffer: Vec::with_capacity(PART_SIZE),
+            sender,
+            hasher: blake3::Hasher::new(),
+            written: 0,
+        }
+    }
+
+    fn send(&mut self, chunk: Chunk) -> io::Result<()> {
+        self.sender
+            .blocking_send(chunk)
+            .map_err(|_| io::Error::other("the upload stopped"))
+    }
+
+    /// Sends the last part and the end marker; returns the stream's BLAKE3 and size.
+    pub fn finish(mut self) -> io::Result<(blake3::Hash, u64)> {
+        let last = std::mem::take(&mut self.buffer);
+        self.send(Chunk::Part(last))?;
+        self.send(Chunk::End)?;
+        Ok((self.hasher.finalize(), self.written))
+    }
+}
+
+impl Write for PartWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = PART_SIZE - self.buffer.len();
+        let taken = room.min(data.len());
+        self.buffer.extend_from_slice(&data[..taken]);
+        self.hasher.update(&data[..taken]);
+        self.written += taken as u64;
+        if self.buffer.len() == PART_SIZE {
+            let full = std::mem::replace(&mut self.buffer, Vec::with_capacity(PART_SIZE));
+            self.send(Chunk::Part(full))?;
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Why an upload failed. It was aborted in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("starting the multipart upload of {key}: {message}")]
+    Start { key: String, message: String },
+    #[error("uploading part {part} of {key}: {message}")]
+    Part {
+        key: String,
+        part: i32,
+        message: String,
+    },
+    #[error("completing the upload of {key}: {message}")]
+    Complete { key: String, message: String },
+    #[error("the data stream ended before it was complete")]
+    Incomplete,
+}
+
+/// An SDK error with its chain of causes.
+pub fn describe<E: std::error::Error + 'static>(error: &aws_sdk_s3::error::SdkError<E>) -> String {
+    use std::error::Error;
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Uploads what arrives on `chunks` to `bucket`/`key`. Only an explicit [`Chunk::End`]
+/// completes the upload; on any error or an early end the upload is aborted, so no partial
+/// object ever appears under the key.
+pub async fn multipart(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    mut chunks: mpsc::Receiver<Chunk>,
+) -> Result<(), UploadError> {
+    let created = client
+        .create_multipart_upload()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .map_err(|error| UploadError::Start {
+            key: key.to_string(),
+            message: describe(&error),
+        })?;
+    let upload_id = created.upload_id().unwrap_or_default().to_string();
+    let result = upload_parts(client, bucket, key, &upload_id, &mut chunks).await;
+    if result.is_err() {
+        // Dropping the receiver stops the writer; then the parts are discarded.
+        drop(chunks);
+        abort(client, bucket, key, &upload_id).await;
+    }
+    result
+}
+
+/// Delays between attempts to abort: the server that failed a part may be back shortly, and
+/// an upload left open keeps its parts (and their storage) until it is aborted.
+const ABORT_RETRIES: [std::time::Duration; 6] = [
+    std::time::Duration::from_millis(0),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(4),
+    std::time::Duration::from_secs(8),
+];
+
+async fn abort(client: &aws_sdk_s3::Client, bucket: &str, key: &str, upload_id: &str) {
+    for delay in ABORT_RETRIES {
+        tokio::time::sleep(delay).await;
+        match client
+            .abort_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+        {
+            Ok(_) => {
+                eprintln!("custody-mover: aborted the multipart upload of {key}");
+                return;
+            }
+            Err(error) => eprintln!(
+                "custody-mover: aborting the multipart upload of {key}: {}",
+                describe(&error)
+            ),
+        }
+    }
+}
+
+async fn upload_parts(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    upload_id: &str,
+    chunks: &mut mpsc::Receiver<Chunk>,
+) -> Result<(), UploadError> {
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut completed = Vec::new();
+    let mut number = 0;
+    let mut ended = false;
+    while let Some(chunk) = chunks.recv().await {
+        let data = match chunk {
+            Chunk::Part(data) => data,
+            Chunk::End => {
+                ended = true;
+                break;
+            }
+        };
+        number += 1;
+        while in_flight.len() >= PARTS_IN_FLIGHT {
+            completed.push(joined(in_flight.join_next().await, key)?);
+        }
+        let request = client
+            .upload_part()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .body(ByteStream::from(data));
+        let key = key.to_string();
+        in_flight.spawn(async move {
+            let uploaded = request.send().await.map_err(|error| UploadError::Part {
+                key,
+                part: number,
+                message: describe(&error),
+            })?;
+            Ok::<_, UploadError>(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(uploaded.e_tag().map(str::to_string))
+                    .build(),
+            )
+        });
+    }
+    while let Some(joined_part) = in_flight.join_next().await {
+        completed.push(joined(Some(joined_part), key)?);
+    }
+    if !ended {
+        return Err(UploadError::Incomplete);
+    }
+    completed.sort_by_key(|part| part.part_number());
+    client
+        .complete_multipart_upload()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(upload_id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .set_parts(Some(completed))
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|error| UploadError::Complete {
+            key: key.to_string(),
+            message: describe(&error),
+        })?;
+    Ok(())
+}
+
+fn joined(
+    result: Option<Result<Result<CompletedPart, UploadError>, tokio::task::JoinError>>,
+    key: &str,
+) -> Result<CompletedPart, UploadError> {
+    match result {
+        Some(Ok(part)) => part,
+        Some(Err(error)) => Err(UploadError::Part {
+            key: key.to_string(),
+            part: 0,
+            message: error.to_string(),
+        }),
+        None => Err(UploadError::Incomplete),
+    }
+}
+
+/// A `Read` over chunks a download task sends (the body of a GetObject).
+pub struct ChunkReader {
+    receiver: mpsc::Receiver<io::Result<bytes::Bytes>>,
+    current: bytes::Bytes,
+}
+
+impl ChunkReader {
+    pub fn new(receiver: mpsc::Receiver<io::Result<bytes::Bytes>>) -> ChunkReader {
+        ChunkReader {
+            receiver,
+            current: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.receiver.blocking_recv() {
+                Some(Ok(chunk)) => self.current = chunk,
+                Some(Err(error)) => return Err(error),
+                None => return Ok(0),
+            }
+        }
+        let taken = buffer.len().min(self.current.len());
+        buffer[..taken].copy_from_slice(&self.current[..taken]);
+        bytes::Buf::advance(&mut self.current, taken);
+        Ok(taken)
+    }
+}
+
+/// Streams the body of `bucket`/`key` into `sender`, chunk by chunk.
+pub async fn download(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    sender: mpsc::Sender<io::Result<bytes::Bytes>>,
+) {
+    let object = match client.get_object().bucket(bucket).key(key).send().await {
+        Ok(object) => object,
+        Err(error) => {
+            let _ = sender
+                .send(Err(io::Error::other(format!(
+                    "downloading {key}: {}",
+                    describe(&error)
+                ))))
+                .await;
+            return;
+        }
+    };
+    let mut body = object.body;
+    loop {
+        match body.try_next().await {
+            Ok(Some(chunk)) => {
+                if sender.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(error) => {
+                let _ = sender
+                    .send(Err(io::Error::other(format!("downloading {key}: {error}"))))
+                    .await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! S3 clients for a BackupRepository: the controller checks repositories and deletes
+//! artifacts with them, the mover uploads and downloads.
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
+
+/// Where a repository is and how to reach it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `http://` or `https://` URL of the S3 API.
+    pub url: String,
+    pub region: String,
+    pub bucket: String,
+    /// Path-style addressing (`https://host/bucket/key`), which most self-hosted servers need.
+    pub path_style: bool,
+    /// PEM CA bundle trusted in addition to the system roots.
+    pub ca_bundle: Option<Vec<u8>>,
+}
+
+/// Access key and secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Secret")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keys of the credentials Secret.
+pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+/// Keys of the credentials Secret.
+pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+
+/// Why a client cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the CA bundle is not usable: {0}")]
+    CaBundle(String),
+}
+
+/// An S3 client for `endpoint` with `secret`.
+pub fn client(endpoint: &Endpoint, secret: &Secret) -> Result<aws_sdk_s3::Client, ClientError> {
+    let mut trust = TrustStore::default();
+    if let Some(pem) = &endpoint.ca_bundle {
+        trust = trust.with_pem_certificate(pem.clone());
+    }
+    let context = TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .map_err(|error| ClientError::CaBundle(error.to_string()))?;
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .tls_context(context)
+        .build_https();
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&endpoint.url)
+        .region(Region::new(if endpoint.region.is_empty() {
+            "us-east-1".to_string()
+        } else {
+            endpoint.region.clone()
+        }))
+        .credentials_provider(Credentials::new(
+            &secret.access_key_id,
+            &secret.secret_access_key,
+            None,
+            None,
+            "custody",
+        ))
+        .force_path_style(endpoint.path_style)
+        // Integrity is custody's own (BLAKE3 of the artifact and its manifest); the extra
+        // CRC trailers of newer SDKs are not understood by every S3-compatible server.
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+        .http_client(http)
+        .build();
+    Ok(aws_sdk_s3::Client::from_conf(config))
+}
