@@ -12,6 +12,7 @@ pub mod http;
 pub mod metrics;
 pub mod node_agents;
 pub mod report_service;
+pub mod repositories;
 pub mod run;
 pub mod s3;
 

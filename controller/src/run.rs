@@ -66,6 +66,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         annotation_controller::<BackupPlan>(&context, namespace, stopped()),
         annotation_controller::<Restore>(&context, namespace, stopped()),
         annotation_controller::<NodeAgent>(&context, namespace, stopped()),
+        crate::repositories::controller(context.clone(), namespace, stopped()),
     ]);
     ready.store(true, Ordering::Relaxed);
     let reports = crate::report_service::run(

@@ -1,0 +1,386 @@
+//! BackupRepository: checks that the endpoint answers, the credentials work and the bucket
+//! exists, and says so in `Ready` with a reason a user can act on. Re-checked periodically
+//! and whenever the credentials Secret changes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Resource, ResourceExt};
+
+use crate::annotation_reconciler::Context;
+use crate::api::{BackupRepository, HasConditions};
+use crate::conditions::{self, Desired, Status, types};
+use crate::error::{Error, Result};
+use crate::metrics::KindLabels;
+use crate::s3::{self, Endpoint};
+
+/// Field manager of the repository's `Ready` condition.
+pub const FIELD_MANAGER: &str = "custody.io/backup-repository";
+
+/// Reasons of the repository's `Ready` condition.
+pub mod reasons {
+    pub const AVAILABLE: &str = "Available";
+    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    pub const SECRET_INVALID: &str = "SecretInvalid";
+    pub const INVALID_CA_BUNDLE: &str = "InvalidCABundle";
+    pub const BUCKET_NOT_FOUND: &str = "BucketNotFound";
+    pub const ACCESS_DENIED: &str = "AccessDenied";
+    pub const ENDPOINT_UNREACHABLE: &str = "EndpointUnreachable";
+    pub const TLS_ERROR: &str = "TLSError";
+    pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
+}
+
+/// What checking a repository found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    SecretMissing {
+        name: String,
+    },
+    SecretIncomplete {
+        name: String,
+        key: &'static str,
+    },
+    InvalidCaBundle(String),
+    /// The bucket answered a HEAD.
+    Reachable,
+    /// The server answered with an HTTP error.
+    Refused {
+        status: u16,
+        code: Option<String>,
+    },
+    /// No answer: connection refused, DNS, timeout.
+    Unreachable(String),
+    /// The TLS handshake failed (certificate, protocol).
+    Tls(String),
+}
+
+/// The `Ready` condition for what a check found.
+pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
+    let (status, reason, message) = match probe {
+        Probe::Reachable => (
+            Status::True,
+            reasons::AVAILABLE,
+            format!("bucket {bucket} is reachable with the configured credentials"),
+        ),
+        Probe::SecretMissing { name } => (
+            Status::False,
+            reasons::SECRET_NOT_FOUND,
+            format!("credentials Secret {name} does not exist in this namespace"),
+        ),
+        Probe::SecretIncomplete { name, key } => (
+            Status::False,
+            reasons::SECRET_INVALID,
+            format!("credentials Secret {name} has no key {key}"),
+        ),
+        Probe::InvalidCaBundle(message) => (
+            Status::False,
+            reasons::INVALID_CA_BUNDLE,
+            format!("spec.caBundle is not a usable PEM bundle: {message}"),
+        ),
+        Probe::Refused { status: 404, .. } => (
+            Status::False,
+            reasons::BUCKET_NOT_FOUND,
+            format!("bucket {bucket} does not exist; create it or fix spec.bucket"),
+        ),
+        Probe::Refused {
+            status: 401 | 403,
+            code,
+        } => (
+            Status::False,
+            reasons::ACCESS_DENIED,
+            format!(
+                "the server refused the credentials for bucket {bucket} ({}); check the Secret's keys and the bucket policy",
+                code.as_deref().unwrap_or("403")
+            ),
+        ),
+        Probe::Refused { status, code } => (
+            Status::False,
+            reasons::UNEXPECTED_RESPONSE,
+            format!(
+                "the server answered HTTP {status}{} for bucket {bucket}",
+                code.as_deref()
+                    .map(|code| format!(" ({code})"))
+                    .unwrap_or_default()
+            ),
+        ),
+        Probe::Unreachable(message) => (
+            Status::False,
+            reasons::ENDPOINT_UNREACHABLE,
+            format!("the endpoint does not answer: {message}"),
+        ),
+        Probe::Tls(message) => (
+            Status::False,
+            reasons::TLS_ERROR,
+            format!(
+                "TLS with the endpoint failed: {message}; check spec.caBundle and the URL scheme"
+            ),
+        ),
+    };
+    Desired {
+        type_: types::READY,
+        status,
+        reason,
+        message,
+    }
+}
+
+/// How long until the next check: soon while broken, rarely while fine.
+pub fn recheck_after(probe: &Probe) -> Duration {
+    match probe {
+        Probe::Reachable => Duration::from_secs(300),
+        _ => Duration::from_secs(30),
+    }
+}
+
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Classifies a failed HeadBucket.
+pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
+    error: &aws_sdk_s3::error::SdkError<E, R>,
+    status: Option<u16>,
+    code: Option<String>,
+) -> Probe {
+    use aws_sdk_s3::error::SdkError;
+    match error {
+        SdkError::ServiceError(_) | SdkError::ResponseError(_) => Probe::Refused {
+            status: status.unwrap_or(0),
+            code,
+        },
+        SdkError::TimeoutError(_) => Probe::Unreachable("timed out".to_string()),
+        _ => {
+            let message = error_chain(error);
+            let lower = message.to_lowercase();
+            if [
+                "certificate",
+                "tls",
+                "handshake",
+                "invalidcontenttype",
+                "corrupt message",
+            ]
+            .iter()
+            .any(|needle| lower.contains(needle))
+            {
+                Probe::Tls(message)
+            } else {
+                Probe::Unreachable(message)
+            }
+        }
+    }
+}
+
+/// Reads the repository's Secret and asks the bucket.
+pub async fn probe(client: &kube::Client, repository: &BackupRepository) -> Probe {
+    let namespace = repository.namespace().unwrap_or_default();
+    let secret_name = &repository.spec.credentials_secret_ref.name;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = match secrets.get_opt(secret_name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return Probe::SecretMissing {
+                name: secret_name.clone(),
+            };
+        }
+        Err(error) => return Probe::Unreachable(format!("reading Secret {secret_name}: {error}")),
+    };
+    let value = |key: &'static str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
+            .filter(|value| !value.is_empty())
+            .ok_or(Probe::SecretIncomplete {
+                name: secret_name.clone(),
+                key,
+            })
+    };
+    let credentials = match (value(s3::ACCESS_KEY_ID), value(s3::SECRET_ACCESS_KEY)) {
+        (Ok(access_key_id), Ok(secret_access_key)) => s3::Secret {
+            access_key_id,
+            secret_access_key,
+        },
+        (Err(probe), _) | (_, Err(probe)) => return probe,
+    };
+    let endpoint = endpoint_of(repository);
+    let s3_client = match s3::client(&endpoint, &credentials) {
+        Ok(client) => client,
+        Err(error) => return Probe::InvalidCaBundle(error.to_string()),
+    };
+    let head = tokio::time::timeout(
+        Duration::from_secs(15),
+        s3_client.head_bucket().bucket(&endpoint.bucket).send(),
+    )
+    .await;
+    match head {
+        Err(_) => Probe::Unreachable("no answer within 15s".to_string()),
+        Ok(Ok(_)) => Probe::Reachable,
+        Ok(Err(error)) => {
+            let status = error.raw_response().map(|raw| raw.status().as_u16());
+            let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&error).map(str::to_string);
+            classify(&error, status, code)
+        }
+    }
+}
+
+/// The S3 endpoint a repository describes.
+pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
+    Endpoint {
+        url: repository.spec.endpoint.clone(),
+        region: repository.spec.region.clone().unwrap_or_default(),
+        bucket: repository.spec.bucket.clone(),
+        path_style: repository.spec.force_path_style,
+        ca_bundle: repository
+            .spec
+            .ca_bundle
+            .as_ref()
+            .map(|pem| pem.as_bytes().to_vec()),
+    }
+}
+
+/// Checks one repository and writes `Ready`.
+pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>) -> Result<Action> {
+    let labels = KindLabels {
+        kind: "BackupRepository",
+    };
+    context.metrics.reconciliations.get_or_create(&labels).inc();
+    let started = Instant::now();
+    let probe = probe(&context.client, &repository).await;
+    let desired = readiness(&probe, &repository.spec.bucket);
+    let current = repository.conditions();
+    let name = repository.name_any();
+    let namespace = repository.namespace().unwrap_or_default();
+    if let Some(next) = conditions::next(
+        current,
+        &desired,
+        repository.meta().generation,
+        Timestamp::now(),
+    ) {
+        let flipped = conditions::flips(current, &next)
+            || current
+                .iter()
+                .any(|condition| condition.type_ == next.type_ && condition.reason != next.reason);
+        let api: Api<BackupRepository> = Api::namespaced(context.client.clone(), &namespace);
+        let patch = serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1",
+            "kind": "BackupRepository",
+            "status": { "conditions": [next] },
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+        .map_err(|source| Error::PatchStatus {
+            object: format!("BackupRepository {namespace}/{name}"),
+            source,
+        })?;
+        tracing::info!(
+            namespace,
+            name,
+            reason = desired.reason,
+            message = desired.message,
+            "repository checked"
+        );
+        if flipped {
+            let warning = desired.status != Status::True;
+            if warning {
+                context.metrics.warning_events.get_or_create(&labels).inc();
+            }
+            let event = Event {
+                type_: if warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: desired.reason.to_string(),
+                note: Some(desired.message.clone()),
+                action: "CheckRepository".into(),
+                secondary: None,
+            };
+            context
+                .recorder
+                .publish(&event, &repository.object_ref(&()))
+                .await
+                .map_err(|source| Error::PublishEvent {
+                    object: format!("BackupRepository {namespace}/{name}"),
+                    source,
+                })?;
+        }
+    }
+    context
+        .metrics
+        .reconcile_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    Ok(Action::requeue(recheck_after(&probe)))
+}
+
+/// Retries a failed reconciliation after a few seconds.
+pub fn error_policy(
+    repository: Arc<BackupRepository>,
+    error: &Error,
+    context: Arc<Context>,
+) -> Action {
+    crate::annotation_reconciler::error_policy(repository, error, context)
+}
+
+/// The controller: repositories, re-checked when their Secret changes.
+pub fn controller(
+    context: Arc<Context>,
+    namespace: Option<&str>,
+    stopped: impl Future<Output = ()> + Send + Sync + 'static,
+) -> futures::future::BoxFuture<'static, ()> {
+    use futures::{FutureExt, StreamExt};
+    let repositories: Api<BackupRepository> = match namespace {
+        Some(namespace) => Api::namespaced(context.client.clone(), namespace),
+        None => Api::all(context.client.clone()),
+    };
+    let secrets: Api<Secret> = match namespace {
+        Some(namespace) => Api::namespaced(context.client.clone(), namespace),
+        None => Api::all(context.client.clone()),
+    };
+    let controller = Controller::new(repositories, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .watches(secrets, watcher::Config::default(), move |secret| {
+            let namespace = secret.namespace();
+            let name = secret.name_any();
+            store
+                .state()
+                .iter()
+                .filter(|repository| {
+                    repository.namespace() == namespace
+                        && repository.spec.credentials_secret_ref.name == name
+                })
+                .map(|repository| ObjectRef::from_obj(repository.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(stopped)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(kind = "BackupRepository", %error, "controller event");
+            }
+        })
+        .boxed()
+}
+
+#[cfg(test)]
+mod tests;
