@@ -9,7 +9,7 @@ use custody_tests::pki::Pki;
 use custody_tests::{TestNamespace, await_condition, free_port, s3};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
