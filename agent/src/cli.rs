@@ -159,6 +159,15 @@ pub struct MoverOptions {
     #[arg(long, env = "CUSTODY_S3_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
 
+    /// The same as PEM text (how a Job passes a repository's `spec.caBundle`).
+    #[arg(
+        long,
+        env = "CUSTODY_S3_CA_BUNDLE",
+        global = true,
+        hide_env_values = true
+    )]
+    pub ca_bundle: Option<String>,
+
     /// Also write the JSON result (or the error) here: the container's termination message.
     #[arg(long, env = "CUSTODY_RESULT_FILE", global = true)]
     pub result_file: Option<PathBuf>,

@@ -17,7 +17,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the reconcilers and serve /metrics, /healthz and /readyz.
-    Run(RunOptions),
+    Run(Box<RunOptions>),
     /// Print the CustomResourceDefinitions of every custody kind as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -68,6 +68,10 @@ pub struct RunOptions {
         default_value = "custody-system:custody-agent"
     )]
     pub agent_service_account: String,
+
+    /// Image of `custody-mover`, run by backup and restore Jobs.
+    #[arg(long, env = "CUSTODY_MOVER_IMAGE", default_value = concat!("ghcr.io/custody/custody-mover:", env!("CARGO_PKG_VERSION")))]
+    pub mover_image: String,
 
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]

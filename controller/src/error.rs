@@ -33,6 +33,20 @@ pub enum Error {
     /// The agent-report service could not be served.
     #[error("serving agent reports on {address}: {message}")]
     ServeReports { address: String, message: String },
+    /// An object could not be read.
+    #[error("reading {object}: {source}")]
+    Read {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// An object could not be created.
+    #[error("creating {object}: {source}")]
+    Create {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
     /// CRD YAML could not be written.
     #[error("writing CRDs: {0}")]
     WriteCrds(String),
@@ -48,6 +62,8 @@ impl Error {
             Error::PublishEvent { .. } => "PublishEvent",
             Error::ServeHttp { .. } => "ServeHttp",
             Error::ServeReports { .. } => "ServeReports",
+            Error::Read { .. } => "Read",
+            Error::Create { .. } => "Create",
             Error::WriteCrds(_) => "WriteCrds",
         }
     }

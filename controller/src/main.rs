@@ -7,7 +7,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(options) => {
             init_tracing(options.log_format);
-            custody_controller::run::run(options).await?;
+            custody_controller::run::run(*options).await?;
         }
         Command::Crds { dir: Some(dir) } => custody_controller::run::write_crds(&dir)?,
         Command::Crds { dir: None } => print!("{}", custody_controller::run::crds_yaml()?),

@@ -222,3 +222,230 @@ pub async fn request_token(
         .expect("token status")
         .token
 }
+
+/// What the pod runner saw when it started a pod, for tests to assert on.
+#[derive(Clone, Debug)]
+pub struct Started {
+    pub pod: String,
+    /// The Backup's `status.artifact.key` at that moment, if the pod belongs to a Backup.
+    pub recorded_key: Option<String>,
+}
+
+/// Runs the pods custody's Jobs create on a fake node: the real command line (the workspace
+/// binary named by the container's command) with the pod's args and env (Secret references
+/// resolved), each PersistentVolumeClaim mapped to a host directory, and writes the pod's
+/// status from the real exit code and termination message. It plays only the kubelet.
+pub struct PodRunner {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The pods started so far.
+    pub started: std::sync::Arc<Mutex<Vec<Started>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl PodRunner {
+    /// Starts running pods of `namespace` bound to `node`, with `claims` mapping claim names
+    /// to host directories.
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+        node: &str,
+        claims: std::collections::BTreeMap<String, PathBuf>,
+    ) -> PodRunner {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn(run_pods(
+            client.clone(),
+            namespace.to_string(),
+            node.to_string(),
+            claims,
+            stop.clone(),
+            started.clone(),
+        ));
+        PodRunner {
+            stop,
+            started,
+            task: Some(task),
+        }
+    }
+
+    /// The pods started so far.
+    pub fn started(&self) -> Vec<Started> {
+        self.started.lock().expect("not poisoned").clone()
+    }
+}
+
+impl Drop for PodRunner {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn run_pods(
+    client: Client,
+    namespace: String,
+    node: String,
+    claims: std::collections::BTreeMap<String, PathBuf>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    started: std::sync::Arc<Mutex<Vec<Started>>>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let mut seen = std::collections::BTreeSet::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let listed = pods
+            .list(&kube::api::ListParams::default().labels(custody_proto::names::LABEL_ROLE))
+            .await;
+        for pod in listed.map(|list| list.items).unwrap_or_default() {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let on_node =
+                pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(&node);
+            if !on_node || !seen.insert(uid) {
+                continue;
+            }
+            let recorded_key = backup_key(&client, &namespace, &pod).await;
+            started.lock().expect("not poisoned").push(Started {
+                pod: pod.name_any(),
+                recorded_key,
+            });
+            let client = client.clone();
+            let claims = claims.clone();
+            let namespace = namespace.clone();
+            tokio::spawn(async move { run_pod(client, namespace, pod, claims).await });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The artifact key the pod's Backup has recorded, read from the API server now.
+async fn backup_key(client: &Client, namespace: &str, pod: &Pod) -> Option<String> {
+    let owner = pod
+        .metadata
+        .labels
+        .as_ref()?
+        .get("custody.io/backup-uid")?
+        .clone();
+    let backups: Api<custody_controller::api::Backup> = Api::namespaced(client.clone(), namespace);
+    backups
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(|backup| backup.metadata.uid.as_deref() == Some(owner.as_str()))?
+        .status?
+        .artifact
+        .map(|artifact| artifact.key)
+}
+
+async fn set_status(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
+    if let Err(error) = pods
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": status})),
+        )
+        .await
+    {
+        eprintln!("[kubelet] status of {name}: {error}");
+    }
+}
+
+async fn run_pod(
+    client: Client,
+    namespace: String,
+    pod: Pod,
+    claims: std::collections::BTreeMap<String, PathBuf>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let name = pod.name_any();
+    let spec = pod.spec.clone().expect("spec");
+    let container = spec.containers[0].clone();
+    // Volumes: claim -> host directory; mount path -> host directory.
+    let mut mounts = Vec::new();
+    for mount in container.volume_mounts.iter().flatten() {
+        let claim = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|volume| volume.name == mount.name)
+            .and_then(|volume| volume.persistent_volume_claim.as_ref())
+            .map(|source| source.claim_name.clone());
+        if let Some(path) = claim.and_then(|claim| claims.get(&claim).cloned()) {
+            mounts.push((mount.mount_path.clone(), path));
+        }
+    }
+    let result_file = tempfile::NamedTempFile::new().expect("termination message file");
+    let map = |argument: &str| -> String {
+        if argument == "/dev/termination-log" {
+            return result_file.path().display().to_string();
+        }
+        for (mount_path, host) in &mounts {
+            if argument == mount_path {
+                return host.display().to_string();
+            }
+        }
+        argument.to_string()
+    };
+    let program = container.command.clone().unwrap_or_default();
+    let binary = crate::binary(program.first().map(String::as_str).unwrap_or("missing"));
+    let args: Vec<String> = program
+        .iter()
+        .skip(1)
+        .chain(container.args.iter().flatten())
+        .map(|argument| map(argument))
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &namespace);
+    let mut env = Vec::new();
+    for variable in container.env.iter().flatten() {
+        let value = match (&variable.value, &variable.value_from) {
+            (Some(value), _) => value.clone(),
+            (None, Some(from)) => match &from.secret_key_ref {
+                Some(reference) => secrets
+                    .get(&reference.name)
+                    .await
+                    .ok()
+                    .and_then(|secret| secret.data)
+                    .and_then(|data| data.get(&reference.key).cloned())
+                    .map(|bytes| String::from_utf8_lossy(&bytes.0).into_owned())
+                    .unwrap_or_default(),
+                None => String::new(),
+            },
+            _ => String::new(),
+        };
+        env.push((variable.name.clone(), value));
+    }
+    set_status(&pods, &name, serde_json::json!({"phase": "Running"})).await;
+    let output = tokio::process::Command::new(&binary)
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env)
+        .output()
+        .await;
+    let (code, stderr) = match output {
+        Ok(output) => (
+            output.status.code().unwrap_or(128),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ),
+        Err(error) => (127, error.to_string()),
+    };
+    eprintln!("[kubelet] {name} exited {code}: {}", stderr.trim());
+    let message = std::fs::read_to_string(result_file.path()).unwrap_or_default();
+    let phase = if code == 0 { "Succeeded" } else { "Failed" };
+    set_status(
+        &pods,
+        &name,
+        serde_json::json!({
+            "phase": phase,
+            "containerStatuses": [{
+                "name": container.name, "image": container.image.clone().unwrap_or_default(),
+                "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "message": message, "reason": if code == 0 { "Completed" } else { "Error" }}},
+            }],
+        }),
+    )
+    .await;
+}

@@ -15,7 +15,10 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
         Some(path) => Some(std::fs::read(path).map_err(|error| {
             MoverError::Local(format!("reading CA bundle {}: {error}", path.display()))
         })?),
-        None => None,
+        None => options
+            .ca_bundle
+            .as_ref()
+            .map(|pem| pem.as_bytes().to_vec()),
     };
     Ok(Endpoint {
         url: options.endpoint.clone(),

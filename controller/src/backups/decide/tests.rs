@@ -1,0 +1,150 @@
+use super::*;
+
+const UID: &str = "4f1c2d3e-aaaa-4bbb-8ccc-000000000001";
+
+fn job(owner_kind: &str, owner_uid: &str, controller: bool, label: Option<&str>) -> Job {
+    let mut labels = serde_json::Map::new();
+    if let Some(label) = label {
+        labels.insert(LABEL_BACKUP_UID.into(), label.into());
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "j",
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": "custody.io/v1alpha1", "kind": owner_kind, "name": "b",
+                "uid": owner_uid, "controller": controller,
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_job_is_the_backups_only_with_owner_and_label_both_naming_it() {
+    let rows = [
+        ("owner and label", job("Backup", UID, true, Some(UID)), true),
+        (
+            "another Backup owns it",
+            job("Backup", "other", true, Some(UID)),
+            false,
+        ),
+        (
+            "the label names another Backup",
+            job("Backup", UID, true, Some("other")),
+            false,
+        ),
+        ("no label", job("Backup", UID, true, None), false),
+        (
+            "owner is not the controller",
+            job("Backup", UID, false, Some(UID)),
+            false,
+        ),
+        (
+            "owner of another kind",
+            job("Restore", UID, true, Some(UID)),
+            false,
+        ),
+    ];
+    for (name, job, owned) in rows {
+        assert_eq!(owned_by(&job, UID), owned, "{name}");
+    }
+}
+
+#[test]
+fn keys_and_names_are_derived_from_the_uid() {
+    assert_eq!(
+        artifact_prefix("/custody/", "db", "orders", UID),
+        format!("custody/db/orders/{UID}")
+    );
+    assert_eq!(
+        artifact_prefix("", "db", "orders", UID),
+        format!("db/orders/{UID}")
+    );
+    assert_eq!(claim_name("data", "orders"), "data-orders-0");
+    let long = "b".repeat(80);
+    let name = job_name(&long, UID);
+    assert!(name.len() <= 63, "{name}");
+    assert!(name.ends_with("-backup-4f1c2d3e"), "{name}");
+    assert_eq!(job_name("nightly", UID), "nightly-backup-4f1c2d3e");
+}
+
+fn with_condition(kind: &str, status: &str) -> Job {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "j"},
+        "status": {"conditions": [{"type": kind, "status": status, "message": "BackoffLimitExceeded"}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn job_states_come_from_true_conditions_only() {
+    assert_eq!(
+        job_state(&with_condition("Complete", "True")),
+        JobState::Succeeded
+    );
+    assert_eq!(
+        job_state(&with_condition("Complete", "False")),
+        JobState::Running
+    );
+    assert!(matches!(
+        job_state(&with_condition("Failed", "True")),
+        JobState::Failed { .. }
+    ));
+    assert!(matches!(
+        job_state(&with_condition("FailureTarget", "True")),
+        JobState::Failed { .. }
+    ));
+    assert_eq!(
+        job_state(&with_condition("Suspended", "True")),
+        JobState::Running
+    );
+}
+
+fn recorded() -> Artifact {
+    Artifact {
+        repository: "repo".into(),
+        endpoint: "http://s3".into(),
+        bucket: "b".into(),
+        prefix: format!("db/orders/{UID}"),
+        key: format!("db/orders/{UID}/data.tar.zst"),
+        manifest_key: format!("db/orders/{UID}/manifest.jsonl"),
+        size_bytes: None,
+        checksum: None,
+        manifest_hash: None,
+    }
+}
+
+#[test]
+fn a_finished_backup_is_complete_only_with_the_recorded_keys() {
+    let done = format!(
+        r#"{{"key":"db/orders/{UID}/data.tar.zst","manifestKey":"db/orders/{UID}/manifest.jsonl","sizeBytes":42,"checksum":"c","manifestHash":"m","files":1,"entries":1,"totalBytes":5}}"#
+    );
+    let artifact = completion(&recorded(), &mover_report(&done)).expect("complete");
+    assert_eq!(artifact.size_bytes, Some(42));
+    assert_eq!(artifact.manifest_hash.as_deref(), Some("m"));
+    assert_eq!(artifact.key, recorded().key);
+
+    let elsewhere = done.replace(UID, "another-uid");
+    let (reason, _) = completion(&recorded(), &mover_report(&elsewhere)).expect_err("mismatch");
+    assert_eq!(reason, "ArtifactKeyMismatch");
+
+    let failed =
+        r#"{"error":{"reason":"UploadFailed","message":"uploading part 3: connection refused"}}"#;
+    let (reason, message) = completion(&recorded(), &mover_report(failed)).expect_err("failed");
+    assert_eq!(reason, "UploadFailed");
+    assert!(message.contains("part 3"));
+
+    for garbage in ["", "not json", r#"{"key":"only"}"#] {
+        let (reason, _) = completion(&recorded(), &mover_report(garbage)).expect_err(garbage);
+        assert_eq!(reason, "MoverReportUnreadable", "{garbage:?}");
+    }
+}
+
+#[test]
+fn only_known_reasons_reach_the_condition() {
+    assert_eq!(failure_reason("UploadFailed"), "UploadFailed");
+    assert_eq!(failure_reason("JobFailed"), "JobFailed");
+    assert_eq!(failure_reason("made up by a pod"), "MoverFailed");
+    assert_eq!(failure_reason(""), "MoverFailed");
+}

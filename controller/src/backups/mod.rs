@@ -1,0 +1,701 @@
+//! Backup: runs `custody-mover backup` in a Job pinned to the node where the Cluster's volume
+//! is mounted, after recording the exact artifact keys in the Backup's status, and records
+//! the result.
+
+pub mod decide;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Resource, ResourceExt};
+
+use crate::annotation_reconciler::Context;
+use crate::api::{
+    Artifact, Backup, BackupPhase, BackupRepository, BackupStatus, ClockMeasurement, Cluster,
+    HasConditions, NodeAgent,
+};
+use crate::conditions::{self, Desired, Status, types};
+use crate::error::{Error, Result};
+use crate::metrics::KindLabels;
+use decide::{JobState, LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
+
+/// Field manager of the Backup's status.
+pub const FIELD_MANAGER: &str = "custody.io/backup";
+/// Where the mover container sees the volume.
+pub const SOURCE_PATH: &str = "/data";
+
+/// What the backup reconciler needs besides the shared context.
+pub struct BackupContext {
+    pub base: Arc<Context>,
+    /// Image of `custody-mover`.
+    pub mover_image: String,
+}
+
+/// Reasons of the Backup's `Ready` condition.
+pub mod reasons {
+    pub const CLUSTER_NOT_FOUND: &str = "ClusterNotFound";
+    pub const NO_REPOSITORY: &str = "NoRepository";
+    pub const REPOSITORY_NOT_FOUND: &str = "RepositoryNotFound";
+    pub const REPOSITORY_NOT_READY: &str = "RepositoryNotReady";
+    pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
+    pub const VOLUME_NOT_MOUNTED: &str = "VolumeNotMounted";
+    pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
+    pub const RUNNING: &str = "Running";
+    pub const COMPLETED: &str = "Completed";
+}
+
+fn waiting(reason: &'static str, message: String) -> Desired {
+    Desired {
+        type_: types::READY,
+        status: Status::False,
+        reason,
+        message,
+    }
+}
+
+/// The status with `phase`, `ready` and the rest of `status`; `None` when nothing changes.
+fn next_status(
+    backup: &Backup,
+    mut status: BackupStatus,
+    phase: BackupPhase,
+    ready: &Desired,
+) -> Option<BackupStatus> {
+    let current = backup.status.clone().unwrap_or_default();
+    status.phase = Some(phase);
+    let condition = conditions::next(
+        &current.conditions,
+        ready,
+        backup.meta().generation,
+        Timestamp::now(),
+    );
+    status.conditions = match condition {
+        Some(condition) => vec![condition],
+        None => current
+            .conditions
+            .iter()
+            .filter(|condition| condition.type_ == ready.type_)
+            .cloned()
+            .collect(),
+    };
+    let mut compare = current.clone();
+    compare
+        .conditions
+        .retain(|condition| condition.type_ == ready.type_);
+    (compare != status).then_some(status)
+}
+
+struct Writer<'a> {
+    context: &'a BackupContext,
+    backup: &'a Backup,
+    namespace: String,
+    name: String,
+}
+
+impl Writer<'_> {
+    async fn status(
+        &self,
+        phase: BackupPhase,
+        status: BackupStatus,
+        ready: &Desired,
+    ) -> Result<()> {
+        let Some(status) = next_status(self.backup, status, phase, ready) else {
+            return Ok(());
+        };
+        let api: Api<Backup> = Api::namespaced(self.context.base.client.clone(), &self.namespace);
+        let patch = serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1",
+            "kind": "Backup",
+            "status": status,
+        });
+        api.patch_status(
+            &self.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+        .map_err(|source| Error::PatchStatus {
+            object: format!("Backup {}/{}", self.namespace, self.name),
+            source,
+        })?;
+        tracing::info!(
+            namespace = self.namespace,
+            name = self.name,
+            phase = ?phase,
+            reason = ready.reason,
+            message = ready.message,
+            "backup status"
+        );
+        Ok(())
+    }
+
+    async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
+        if warning {
+            self.context
+                .base
+                .metrics
+                .warning_events
+                .get_or_create(&KindLabels { kind: "Backup" })
+                .inc();
+        }
+        self.context
+            .base
+            .recorder
+            .publish(
+                &Event {
+                    type_: if warning {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
+                    reason: reason.to_string(),
+                    note: Some(note),
+                    action: "Backup".into(),
+                    secondary: None,
+                },
+                &self.backup.object_ref(&()),
+            )
+            .await
+            .map_err(|source| Error::PublishEvent {
+                object: format!("Backup {}/{}", self.namespace, self.name),
+                source,
+            })
+    }
+
+    /// Pending with a reason; a Warning Event when the reason is new.
+    async fn wait(&self, reason: &'static str, message: String, retry: u64) -> Result<Action> {
+        let status = self.backup.status.clone().unwrap_or_default();
+        let new_reason = !self
+            .backup
+            .conditions()
+            .iter()
+            .any(|condition| condition.type_ == types::READY && condition.reason == reason);
+        self.status(
+            BackupPhase::Pending,
+            status,
+            &waiting(reason, message.clone()),
+        )
+        .await?;
+        if new_reason {
+            self.event(true, reason, message).await?;
+        }
+        Ok(Action::requeue(Duration::from_secs(retry)))
+    }
+}
+
+/// Reconciles one Backup.
+pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Result<Action> {
+    let labels = KindLabels { kind: "Backup" };
+    context
+        .base
+        .metrics
+        .reconciliations
+        .get_or_create(&labels)
+        .inc();
+    let started = Instant::now();
+    let result = run(&backup, &context).await;
+    context
+        .base
+        .metrics
+        .reconcile_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
+    let phase = backup.status.as_ref().and_then(|status| status.phase);
+    if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
+        return Ok(Action::await_change());
+    }
+    let client = &context.base.client;
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let uid = backup.metadata.uid.clone().unwrap_or_default();
+    let writer = Writer {
+        context,
+        backup,
+        namespace: namespace.clone(),
+        name: name.clone(),
+    };
+    let read_error = |what: String| {
+        move |source| Error::Read {
+            object: what,
+            source,
+        }
+    };
+
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &namespace);
+    let cluster_name = &backup.spec.cluster_ref.name;
+    let Some(cluster) = clusters
+        .get_opt(cluster_name)
+        .await
+        .map_err(read_error(format!("Cluster {namespace}/{cluster_name}")))?
+    else {
+        return writer
+            .wait(
+                reasons::CLUSTER_NOT_FOUND,
+                format!("Cluster {cluster_name} does not exist in this namespace"),
+                30,
+            )
+            .await;
+    };
+    let Some(repository_name) = backup
+        .spec
+        .repository_ref
+        .as_ref()
+        .or(cluster.spec.repository_ref.as_ref())
+        .map(|reference| reference.name.clone())
+    else {
+        return writer
+            .wait(
+                reasons::NO_REPOSITORY,
+                format!("neither the Backup nor Cluster {cluster_name} names a BackupRepository"),
+                60,
+            )
+            .await;
+    };
+    let repositories: Api<BackupRepository> = Api::namespaced(client.clone(), &namespace);
+    let Some(repository) = repositories
+        .get_opt(&repository_name)
+        .await
+        .map_err(read_error(format!(
+            "BackupRepository {namespace}/{repository_name}"
+        )))?
+    else {
+        return writer
+            .wait(
+                reasons::REPOSITORY_NOT_FOUND,
+                format!("BackupRepository {repository_name} does not exist in this namespace"),
+                30,
+            )
+            .await;
+    };
+    let repository_ready = repository
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == types::READY);
+    if repository_ready.is_none_or(|condition| condition.status != "True") {
+        return writer
+            .wait(
+                reasons::REPOSITORY_NOT_READY,
+                format!(
+                    "BackupRepository {repository_name} is not ready: {}",
+                    repository_ready
+                        .map(|condition| condition.message.clone())
+                        .unwrap_or_else(|| "not checked yet".to_string())
+                ),
+                15,
+            )
+            .await;
+    }
+
+    let Some(template) = cluster.spec.volume_claim_templates.first() else {
+        return writer
+            .wait(
+                reasons::CLAIM_NOT_FOUND,
+                format!("Cluster {cluster_name} lists no volume claim template"),
+                60,
+            )
+            .await;
+    };
+    let claim = decide::claim_name(template, &cluster.spec.stateful_set_ref.name);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    let job_name = decide::job_name(&name, &uid);
+    let job = jobs
+        .get_opt(&job_name)
+        .await
+        .map_err(read_error(format!("Job {namespace}/{job_name}")))?;
+    let status = backup.status.clone().unwrap_or_default();
+
+    match job {
+        Some(job) if !decide::owned_by(&job, &uid) => {
+            writer
+                .wait(
+                    reasons::JOB_NAME_TAKEN,
+                    format!(
+                        "Job {job_name} exists but was not created by this Backup; it is left alone"
+                    ),
+                    60,
+                )
+                .await
+        }
+        Some(job) => match decide::job_state(&job) {
+            JobState::Running => {
+                let ready = waiting(
+                    reasons::RUNNING,
+                    format!(
+                        "backing up claim {claim} on node {}",
+                        status.node_name.clone().unwrap_or_default()
+                    ),
+                );
+                writer.status(BackupPhase::Running, status, &ready).await?;
+                Ok(Action::requeue(Duration::from_secs(60)))
+            }
+            state => finish(&writer, status, &job_name, state).await,
+        },
+        None => {
+            start(
+                &writer,
+                status,
+                &cluster,
+                &repository,
+                &claim,
+                &job_name,
+                &uid,
+            )
+            .await
+        }
+    }
+}
+
+async fn start(
+    writer: &Writer<'_>,
+    mut status: BackupStatus,
+    cluster: &Cluster,
+    repository: &BackupRepository,
+    claim: &str,
+    job_name: &str,
+    uid: &str,
+) -> Result<Action> {
+    let client = &writer.context.base.client;
+    let namespace = &writer.namespace;
+    let read_error = |what: String| {
+        move |source| Error::Read {
+            object: what,
+            source,
+        }
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let Some(pvc) = claims.get_opt(claim).await.map_err(read_error(format!(
+        "PersistentVolumeClaim {namespace}/{claim}"
+    )))?
+    else {
+        return writer
+            .wait(
+                reasons::CLAIM_NOT_FOUND,
+                format!("PersistentVolumeClaim {claim} does not exist"),
+                15,
+            )
+            .await;
+    };
+    // The node where a running pod mounts the claim: the backup reads it there.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mounted_on = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(read_error(format!("pods in {namespace}")))?
+        .items
+        .into_iter()
+        .filter(|pod| {
+            pod.status
+                .as_ref()
+                .and_then(|status| status.phase.as_deref())
+                == Some("Running")
+        })
+        .find_map(|pod| {
+            let spec = pod.spec?;
+            let mounts = spec.volumes.iter().flatten().any(|volume| {
+                volume
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|source| source.claim_name == claim)
+            });
+            mounts.then_some(spec.node_name).flatten()
+        });
+    let Some(node) = mounted_on else {
+        return writer
+            .wait(
+                reasons::VOLUME_NOT_MOUNTED,
+                format!("no running pod mounts claim {claim}; the backup runs where it is mounted"),
+                10,
+            )
+            .await;
+    };
+
+    // The keys first: recorded before anything is uploaded, so that the key is provably this
+    // Backup's even if the controller stops right after.
+    let repository_name = repository.name_any();
+    let prefix = decide::artifact_prefix(
+        repository.spec.prefix.as_deref().unwrap_or_default(),
+        namespace,
+        &cluster.name_any(),
+        uid,
+    );
+    let (key, manifest_key) = (
+        format!("{prefix}/data.tar.zst"),
+        format!("{prefix}/manifest.jsonl"),
+    );
+    if status.artifact.is_none() {
+        let agents: Api<NodeAgent> = Api::all(client.clone());
+        let clock = agents
+            .get_opt(&node)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|agent| agent.status)
+            .and_then(|agent| {
+                Some(ClockMeasurement {
+                    offset_nanoseconds: agent.clock_offset_nanoseconds?,
+                    round_trip_nanoseconds: agent.round_trip_nanoseconds?,
+                    measured_at: agent.last_heartbeat_time?,
+                })
+            });
+        status.node_name = Some(node.clone());
+        status.start_time = Some(Time(Timestamp::now()));
+        status.node_clock = clock;
+        status.artifact = Some(Artifact {
+            repository: repository_name.clone(),
+            endpoint: repository.spec.endpoint.clone(),
+            bucket: repository.spec.bucket.clone(),
+            prefix: prefix.clone(),
+            key: key.clone(),
+            manifest_key: manifest_key.clone(),
+            size_bytes: None,
+            checksum: None,
+            manifest_hash: None,
+        });
+        let ready = waiting(
+            reasons::RUNNING,
+            format!("backing up claim {claim} on node {node} to {key}"),
+        );
+        writer
+            .status(BackupPhase::Running, status.clone(), &ready)
+            .await?;
+    }
+    let recorded = status.artifact.clone().unwrap_or_default();
+    let node = status.node_name.clone().unwrap_or(node);
+
+    let job = job_spec(JobInputs {
+        name: job_name,
+        backup: writer.backup,
+        cluster_uid: cluster.metadata.uid.as_deref().unwrap_or_default(),
+        claim,
+        claim_uid: pvc.metadata.uid.as_deref().unwrap_or_default(),
+        node: &node,
+        repository,
+        prefix: &recorded.prefix,
+        image: &writer.context.mover_image,
+    });
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(source) => {
+            return Err(Error::Create {
+                object: format!("Job {namespace}/{job_name}"),
+                source,
+            });
+        }
+    }
+    writer
+        .event(
+            false,
+            "BackupStarted",
+            format!(
+                "Job {job_name} backs up claim {claim} on node {node} to {}",
+                recorded.key
+            ),
+        )
+        .await?;
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+async fn finish(
+    writer: &Writer<'_>,
+    mut status: BackupStatus,
+    job_name: &str,
+    state: JobState,
+) -> Result<Action> {
+    let client = &writer.context.base.client;
+    let namespace = &writer.namespace;
+    // The mover's report is its termination message.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let report = pods
+        .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+        .await
+        .map_err(|source| Error::Read {
+            object: format!("pods of Job {namespace}/{job_name}"),
+            source,
+        })?
+        .items
+        .iter()
+        .flat_map(|pod| pod.status.iter())
+        .flat_map(|status| status.container_statuses.iter().flatten())
+        .filter_map(|container| {
+            container
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .message
+                .clone()
+        })
+        .next_back();
+    let recorded = status.artifact.clone().unwrap_or_default();
+    let outcome = match (&state, report) {
+        (_, Some(report)) => decide::completion(&recorded, &decide::mover_report(&report)),
+        (JobState::Failed { message }, None) => Err(("JobFailed".to_string(), message.clone())),
+        (_, None) => Err((
+            "MoverReportMissing".to_string(),
+            format!("Job {job_name} succeeded without a report from the mover"),
+        )),
+    };
+    status.completion_time = Some(Time(Timestamp::now()));
+    match outcome {
+        Ok(artifact) => {
+            let message = format!(
+                "{} bytes at {} (manifest BLAKE3 {})",
+                artifact.size_bytes.unwrap_or_default(),
+                artifact.key,
+                artifact.manifest_hash.clone().unwrap_or_default()
+            );
+            status.artifact = Some(artifact);
+            let ready = Desired {
+                type_: types::READY,
+                status: Status::True,
+                reason: reasons::COMPLETED,
+                message: message.clone(),
+            };
+            writer
+                .status(BackupPhase::Completed, status, &ready)
+                .await?;
+            writer.event(false, "BackupCompleted", message).await?;
+        }
+        Err((reason, message)) => {
+            let reason = decide::failure_reason(&reason);
+            let ready = waiting(reason, message.clone());
+            writer.status(BackupPhase::Failed, status, &ready).await?;
+            writer.event(true, reason, message).await?;
+        }
+    }
+    Ok(Action::await_change())
+}
+
+struct JobInputs<'a> {
+    name: &'a str,
+    backup: &'a Backup,
+    cluster_uid: &'a str,
+    claim: &'a str,
+    claim_uid: &'a str,
+    node: &'a str,
+    repository: &'a BackupRepository,
+    prefix: &'a str,
+    image: &'a str,
+}
+
+fn job_spec(inputs: JobInputs<'_>) -> Job {
+    let uid = inputs.backup.metadata.uid.clone().unwrap_or_default();
+    let labels: BTreeMap<String, String> = [
+        (
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_BACKUP,
+        ),
+        (LABEL_BACKUP_UID, uid.as_str()),
+        (LABEL_CLUSTER_UID, inputs.cluster_uid),
+        (LABEL_CLAIM_UID, inputs.claim_uid),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    let secret = &inputs.repository.spec.credentials_secret_ref.name;
+    let spec = &inputs.repository.spec;
+    let mut env = vec![
+        serde_json::json!({"name": "CUSTODY_S3_ENDPOINT", "value": spec.endpoint}),
+        serde_json::json!({"name": "CUSTODY_S3_BUCKET", "value": spec.bucket}),
+        serde_json::json!({"name": "CUSTODY_S3_REGION", "value": spec.region.clone().unwrap_or_else(|| "us-east-1".into())}),
+        serde_json::json!({"name": "CUSTODY_S3_PATH_STYLE", "value": spec.force_path_style.to_string()}),
+        serde_json::json!({"name": crate::s3::ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": crate::s3::ACCESS_KEY_ID}}}),
+        serde_json::json!({"name": crate::s3::SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": crate::s3::SECRET_ACCESS_KEY}}}),
+    ];
+    if let Some(ca) = &spec.ca_bundle {
+        env.push(serde_json::json!({"name": "CUSTODY_S3_CA_BUNDLE", "value": ca}));
+    }
+    let owner = inputs.backup.controller_owner_ref(&()).map(|mut owner| {
+        owner.block_owner_deletion = Some(true);
+        owner
+    });
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": inputs.name,
+            "labels": labels,
+            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": inputs.node,
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "mover",
+                        "image": inputs.image,
+                        "command": ["custody-mover"],
+                        "args": [
+                            "backup",
+                            "--source", SOURCE_PATH,
+                            "--prefix", inputs.prefix,
+                            "--backup-uid", uid,
+                            "--cluster-uid", inputs.cluster_uid,
+                            "--result-file", "/dev/termination-log",
+                        ],
+                        "env": env,
+                        "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+                        // Reads every file whatever its owner; never writes the volume.
+                        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+                    }],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.claim, "readOnly": true}}],
+                },
+            },
+        },
+    }))
+    .expect("a valid Job")
+}
+
+/// Retries a failed reconciliation after a few seconds.
+pub fn error_policy(backup: Arc<Backup>, error: &Error, context: Arc<BackupContext>) -> Action {
+    crate::annotation_reconciler::error_policy(backup, error, context.base.clone())
+}
+
+/// The controller: Backups, woken by their Jobs.
+pub fn controller(
+    context: Arc<BackupContext>,
+    namespace: Option<&str>,
+    stopped: impl Future<Output = ()> + Send + Sync + 'static,
+) -> futures::future::BoxFuture<'static, ()> {
+    use futures::{FutureExt, StreamExt};
+    let client = context.base.client.clone();
+    let (backups, jobs): (Api<Backup>, Api<Job>) = match namespace {
+        Some(namespace) => (
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client, namespace),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    Controller::new(backups, watcher::Config::default())
+        .owns(
+            jobs,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                custody_proto::names::LABEL_ROLE,
+                custody_proto::names::ROLE_BACKUP
+            )),
+        )
+        .graceful_shutdown_on(stopped)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(kind = "Backup", %error, "controller event");
+            }
+        })
+        .boxed()
+}

@@ -1,0 +1,313 @@
+//! Backups end to end: the real controller creates the mover Job; the real Job controller
+//! (kube-controller-manager) creates its pod; the fake kubelet runs the real `custody-mover`
+//! against the real S3 server with the claim mapped to a real ext4 volume.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use custody_agent::verify::{Expected, Options, verify_volume};
+use custody_controller::api::{Backup, BackupPhase, BackupRepository, HasConditions};
+use custody_tests::agent::ControllerProcess;
+use custody_tests::kubelet::{FakeKubelet, PodRunner, PodSpec, create_pod};
+use custody_tests::pki::Pki;
+use custody_tests::volumes::LoopVolume;
+use custody_tests::{TestNamespace, await_condition, kubectl, s3};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use kube::api::PostParams;
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+struct Setup {
+    namespace: TestNamespace,
+    kubelet: FakeKubelet,
+    bucket: String,
+    volume: LoopVolume,
+    _runner: PodRunner,
+    _controller: ControllerProcess,
+    runner_started: Box<dyn Fn() -> Vec<custody_tests::kubelet::Started>>,
+}
+
+async fn setup(prefix: &str) -> Setup {
+    let namespace = TestNamespace::create(prefix).await;
+    let client = namespace.client.clone();
+    let ns = namespace.name.clone();
+    let url = s3::shared();
+    let bucket = s3::bucket(url, prefix).await;
+    let kubelet = FakeKubelet::new(&client, &format!("{ns}-a")).await;
+
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
+    }))
+    .unwrap();
+    namespace
+        .api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let repository: BackupRepository = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+        "metadata": {"name": "store"},
+        "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                 "credentialsSecretRef": {"name": "s3"}},
+    }))
+    .unwrap();
+    namespace
+        .api::<BackupRepository>()
+        .create(&PostParams::default(), &repository)
+        .await
+        .unwrap();
+    let cluster: custody_controller::api::Cluster = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "orders"},
+        "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                 "repositoryRef": {"name": "store"}},
+    }))
+    .unwrap();
+    namespace
+        .api::<custody_controller::api::Cluster>()
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data-orders-0"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    namespace
+        .api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let claims = [("data", "data-orders-0")];
+    create_pod(
+        &client,
+        &ns,
+        PodSpec {
+            name: "orders-0",
+            node: &kubelet.node,
+            service_account: "orders",
+            claims: &claims,
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    kubelet.set_phase(&ns, "orders-0", "Running", 0).await;
+
+    let volume = LoopVolume::new(64);
+    std::fs::create_dir_all(volume.path().join("base")).unwrap();
+    for index in 0..1000 {
+        std::fs::write(
+            volume.path().join(format!("base/{index:04}")),
+            format!("row {index}"),
+        )
+        .unwrap();
+    }
+    std::fs::write(volume.path().join("wal"), vec![42u8; 5 << 20]).unwrap();
+
+    let runner = PodRunner::start(
+        &client,
+        &ns,
+        &kubelet.node,
+        BTreeMap::from([("data-orders-0".to_string(), volume.path().to_path_buf())]),
+    );
+    let pki = Pki::new(&["custody-controller"]);
+    let controller =
+        ControllerProcess::start(&ns, &pki, &["--mover-image=custody-mover:test".to_string()]);
+    let repositories = namespace.api::<BackupRepository>();
+    await_condition(&repositories, "store", "Ready", TIMEOUT, |repository| {
+        repository
+            .conditions()
+            .iter()
+            .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+    })
+    .await;
+    let started = runner.started.clone();
+    Setup {
+        namespace,
+        kubelet,
+        bucket,
+        volume,
+        _runner: runner,
+        _controller: controller,
+        runner_started: Box::new(move || started.lock().unwrap().clone()),
+    }
+}
+
+async fn create_backup(namespace: &TestNamespace, name: &str) -> Backup {
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name},
+        "spec": {"clusterRef": {"name": "orders"}},
+    }))
+    .unwrap();
+    namespace
+        .api::<Backup>()
+        .create(&PostParams::default(), &backup)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
+    let setup = setup("backup").await;
+    let namespace = &setup.namespace;
+    let created = create_backup(namespace, "nightly").await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let backups = namespace.api::<Backup>();
+    let done = await_condition(&backups, "nightly", "Completed", TIMEOUT, |backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+    })
+    .await;
+    let status = done.status.clone().unwrap();
+    let artifact = status.artifact.clone().unwrap();
+    let prefix = format!("custody/{}/orders/{uid}", namespace.name);
+    assert_eq!(artifact.key, format!("{prefix}/data.tar.zst"));
+    assert_eq!(artifact.manifest_key, format!("{prefix}/manifest.jsonl"));
+    assert!(artifact.size_bytes.unwrap() > 0);
+    assert_eq!(
+        status.node_name.as_deref(),
+        Some(setup.kubelet.node.as_str())
+    );
+    assert!(status.start_time.unwrap().0 <= status.completion_time.unwrap().0);
+    let ready = done
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Completed")
+    );
+
+    // The key was in the Backup's status before the mover ran.
+    let started = (setup.runner_started)();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(
+        started[0].recorded_key.as_deref(),
+        Some(artifact.key.as_str())
+    );
+
+    // The Job: owned by the Backup, pinned to the node, read-only volume.
+    let jobs = namespace.api::<Job>();
+    let job = jobs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("Backup", uid.as_str(), Some(true))
+    );
+    let pod_spec = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod_spec.node_name.as_deref(),
+        Some(setup.kubelet.node.as_str())
+    );
+    assert_eq!(
+        pod_spec.containers[0].volume_mounts.as_ref().unwrap()[0].read_only,
+        Some(true)
+    );
+
+    // The objects are where the status says, and they restore to a verified copy.
+    let mut keys = s3::keys(s3::shared(), &setup.bucket, "").await;
+    keys.sort();
+    assert_eq!(keys, [artifact.key.clone(), artifact.manifest_key.clone()]);
+    let target = LoopVolume::new(64);
+    let output = std::process::Command::new(custody_tests::binary("custody-mover"))
+        .args(["restore", "--target", target.path().to_str().unwrap()])
+        .args([
+            "--key",
+            &artifact.key,
+            "--manifest-key",
+            &artifact.manifest_key,
+        ])
+        .args([
+            "--manifest-hash",
+            artifact.manifest_hash.as_deref().unwrap(),
+        ])
+        .args(["--backup-uid", &uid, "--restore-uid", "test-restore"])
+        .args([
+            "--endpoint",
+            s3::shared(),
+            "--bucket",
+            &setup.bucket,
+            "--path-style",
+        ])
+        .env("AWS_ACCESS_KEY_ID", s3::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3::SECRET_KEY)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let verified = verify_volume(
+        target.path(),
+        &Expected {
+            manifest_hash: blake3::Hash::from_hex(artifact.manifest_hash.unwrap()).unwrap(),
+            backup_uid: uid.clone(),
+            restore_uid: "test-restore".into(),
+        },
+        Options::default(),
+    )
+    .expect("verified");
+    assert_eq!(verified.files, 1001);
+
+    let table = kubectl(&["-n", &namespace.name, "get", "backups.custody.io"]);
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(
+        table.contains("Completed") && table.contains(&setup.kubelet.node),
+        "{table}"
+    );
+    drop(setup.volume);
+    setup.kubelet.delete().await;
+}
+
+#[tokio::test]
+async fn a_failed_upload_fails_the_backup_with_its_reason_and_records_nothing_complete() {
+    let setup = setup("backup-fail").await;
+    let namespace = &setup.namespace;
+    // The bucket disappears after the repository was checked.
+    s3::client(s3::shared())
+        .delete_bucket()
+        .bucket(&setup.bucket)
+        .send()
+        .await
+        .expect("deleting the bucket");
+    create_backup(namespace, "doomed").await;
+    let backups = namespace.api::<Backup>();
+    let failed = await_condition(&backups, "doomed", "Failed", TIMEOUT, |backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Failed)
+    })
+    .await;
+    let ready = failed
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "UploadFailed"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        ready.message.contains("NoSuchBucket") || ready.message.contains("bucket"),
+        "{}",
+        ready.message
+    );
+    let artifact = failed
+        .status
+        .unwrap()
+        .artifact
+        .expect("the key was recorded before the upload");
+    assert_eq!(artifact.manifest_hash, None, "nothing may look complete");
+    assert_eq!(artifact.size_bytes, None);
+    setup.kubelet.delete().await;
+}
