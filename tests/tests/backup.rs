@@ -24,9 +24,22 @@ struct Setup {
     kubelet: FakeKubelet,
     bucket: String,
     volume: LoopVolume,
-    _runner: PodRunner,
     _controller: ControllerProcess,
-    runner_started: Box<dyn Fn() -> Vec<custody_tests::kubelet::Started>>,
+}
+
+impl Setup {
+    /// Starts playing the kubelet: pods of the node start running from now on.
+    fn run_pods(&self) -> PodRunner {
+        PodRunner::start(
+            &self.namespace.client,
+            &self.namespace.name,
+            &self.kubelet.node,
+            BTreeMap::from([(
+                "data-orders-0".to_string(),
+                self.volume.path().to_path_buf(),
+            )]),
+        )
+    }
 }
 
 async fn setup(prefix: &str) -> Setup {
@@ -107,12 +120,6 @@ async fn setup(prefix: &str) -> Setup {
     }
     std::fs::write(volume.path().join("wal"), vec![42u8; 5 << 20]).unwrap();
 
-    let runner = PodRunner::start(
-        &client,
-        &ns,
-        &kubelet.node,
-        BTreeMap::from([("data-orders-0".to_string(), volume.path().to_path_buf())]),
-    );
     let pki = Pki::new(&["custody-controller"]);
     let controller =
         ControllerProcess::start(&ns, &pki, &["--mover-image=custody-mover:test".to_string()]);
@@ -124,15 +131,12 @@ async fn setup(prefix: &str) -> Setup {
             .any(|condition| condition.type_ == "Ready" && condition.status == "True")
     })
     .await;
-    let started = runner.started.clone();
     Setup {
         namespace,
         kubelet,
         bucket,
         volume,
-        _runner: runner,
         _controller: controller,
-        runner_started: Box::new(move || started.lock().unwrap().clone()),
     }
 }
 
@@ -153,6 +157,7 @@ async fn create_backup(namespace: &TestNamespace, name: &str) -> Backup {
 #[tokio::test]
 async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
     let setup = setup("backup").await;
+    let runner = setup.run_pods();
     let namespace = &setup.namespace;
     let created = create_backup(namespace, "nightly").await;
     let uid = created.metadata.uid.clone().unwrap();
@@ -183,7 +188,7 @@ async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
     );
 
     // The key was in the Backup's status before the mover ran.
-    let started = (setup.runner_started)();
+    let started = runner.started.lock().unwrap().clone();
     assert_eq!(started.len(), 1, "{started:?}");
     assert_eq!(
         started[0].recorded_key.as_deref(),
@@ -273,15 +278,20 @@ async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
 async fn a_failed_upload_fails_the_backup_with_its_reason_and_records_nothing_complete() {
     let setup = setup("backup-fail").await;
     let namespace = &setup.namespace;
-    // The bucket disappears after the repository was checked.
+    create_backup(namespace, "doomed").await;
+    let backups = namespace.api::<Backup>();
+    // The key is recorded and the Job created; before its pod runs, the bucket disappears.
+    await_condition(&backups, "doomed", "Running", TIMEOUT, |backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Running)
+    })
+    .await;
     s3::client(s3::shared())
         .delete_bucket()
         .bucket(&setup.bucket)
         .send()
         .await
         .expect("deleting the bucket");
-    create_backup(namespace, "doomed").await;
-    let backups = namespace.api::<Backup>();
+    let _runner = setup.run_pods();
     let failed = await_condition(&backups, "doomed", "Failed", TIMEOUT, |backup| {
         backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Failed)
     })
