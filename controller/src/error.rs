@@ -47,6 +47,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// An object could not be deleted.
+    #[error("deleting {object}: {source}")]
+    Delete {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A schedule could not be evaluated.
+    #[error("evaluating the schedule: {0}")]
+    Schedule(String),
     /// CRD YAML could not be written.
     #[error("writing CRDs: {0}")]
     WriteCrds(String),
@@ -64,6 +74,8 @@ impl Error {
             Error::ServeReports { .. } => "ServeReports",
             Error::Read { .. } => "Read",
             Error::Create { .. } => "Create",
+            Error::Delete { .. } => "Delete",
+            Error::Schedule(_) => "Schedule",
             Error::WriteCrds(_) => "WriteCrds",
         }
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod node_agents;
+pub mod plans;
 pub mod report_service;
 pub mod repositories;
 pub mod run;

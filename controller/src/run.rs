@@ -67,6 +67,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         annotation_controller::<Restore>(&context, namespace, stopped()),
         annotation_controller::<NodeAgent>(&context, namespace, stopped()),
         crate::repositories::controller(context.clone(), namespace, stopped()),
+        crate::plans::controller(context.clone(), namespace, stopped()),
         crate::backups::controller(
             Arc::new(crate::backups::BackupContext {
                 base: context.clone(),

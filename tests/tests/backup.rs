@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use custody_agent::verify::{Expected, Options, verify_volume};
-use custody_controller::api::{Backup, BackupPhase, BackupRepository, HasConditions};
+use custody_controller::api::{Backup, BackupPhase, BackupPlan, BackupRepository, HasConditions};
 use custody_tests::agent::ControllerProcess;
 use custody_tests::kubelet::{FakeKubelet, PodRunner, PodSpec, create_pod};
 use custody_tests::pki::Pki;
@@ -24,10 +24,20 @@ struct Setup {
     kubelet: FakeKubelet,
     bucket: String,
     volume: LoopVolume,
-    _controller: ControllerProcess,
+    pki: Pki,
+    controller: Option<ControllerProcess>,
 }
 
 impl Setup {
+    fn start_controller(&mut self) {
+        self.controller = None;
+        self.controller = Some(ControllerProcess::start(
+            &self.namespace.name,
+            &self.pki,
+            &["--mover-image=custody-mover:test".to_string()],
+        ));
+    }
+
     /// Starts playing the kubelet: pods of the node start running from now on.
     fn run_pods(&self) -> PodRunner {
         PodRunner::start(
@@ -120,10 +130,16 @@ async fn setup(prefix: &str) -> Setup {
     }
     std::fs::write(volume.path().join("wal"), vec![42u8; 5 << 20]).unwrap();
 
-    let pki = Pki::new(&["custody-controller"]);
-    let controller =
-        ControllerProcess::start(&ns, &pki, &["--mover-image=custody-mover:test".to_string()]);
-    let repositories = namespace.api::<BackupRepository>();
+    let mut setup = Setup {
+        namespace,
+        kubelet,
+        bucket,
+        volume,
+        pki: Pki::new(&["custody-controller"]),
+        controller: None,
+    };
+    setup.start_controller();
+    let repositories = setup.namespace.api::<BackupRepository>();
     await_condition(&repositories, "store", "Ready", TIMEOUT, |repository| {
         repository
             .conditions()
@@ -131,13 +147,7 @@ async fn setup(prefix: &str) -> Setup {
             .any(|condition| condition.type_ == "Ready" && condition.status == "True")
     })
     .await;
-    Setup {
-        namespace,
-        kubelet,
-        bucket,
-        volume,
-        _controller: controller,
-    }
+    setup
 }
 
 async fn create_backup(namespace: &TestNamespace, name: &str) -> Backup {
@@ -319,5 +329,86 @@ async fn a_failed_upload_fails_the_backup_with_its_reason_and_records_nothing_co
         .expect("the key was recorded before the upload");
     assert_eq!(artifact.manifest_hash, None, "nothing may look complete");
     assert_eq!(artifact.size_bytes, None);
+    setup.kubelet.delete().await;
+}
+
+#[tokio::test]
+async fn a_plan_runs_on_schedule_never_twice_per_slot_and_prunes_the_oldest() {
+    let mut setup = setup("plan").await;
+    let _runner = setup.run_pods();
+    let plans = setup.namespace.api::<BackupPlan>();
+    let plan: BackupPlan = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan",
+        "metadata": {"name": "fast"},
+        "spec": {"clusterRef": {"name": "orders"}, "schedule": "*/3 * * * * *",
+                 "retention": {"keepLast": 2}},
+    }))
+    .unwrap();
+    plans.create(&PostParams::default(), &plan).await.unwrap();
+    let backups = setup.namespace.api::<Backup>();
+
+    // Every run ever seen, with the UID it had.
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let observe = async |seen: &mut BTreeMap<String, String>| {
+        for backup in backups.list(&Default::default()).await.unwrap().items {
+            let name = backup.metadata.name.clone().unwrap();
+            let uid = backup.metadata.uid.clone().unwrap();
+            let previous = seen.insert(name.clone(), uid.clone());
+            assert!(
+                previous.is_none_or(|previous| previous == uid),
+                "{name} was created twice"
+            );
+        }
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while seen.len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runs so far: {seen:?}"
+        );
+        observe(&mut seen).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A controller restart in the middle of the schedule.
+    setup.start_controller();
+    let before = seen.len();
+    while seen.len() < before + 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runs so far: {seen:?}"
+        );
+        observe(&mut seen).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for name in seen.keys() {
+        let second: i64 = name.strip_prefix("fast-").unwrap().parse().unwrap();
+        assert_eq!(second % 3, 0, "{name} is not a slot of */3");
+    }
+    // Retention keeps the two newest finished runs; the older ones are gone.
+    custody_tests::eventually("retention to prune", TIMEOUT, || async {
+        let left = backups.list(&Default::default()).await.unwrap().items;
+        let finished = left
+            .iter()
+            .filter(|backup| {
+                matches!(
+                    backup.status.as_ref().and_then(|status| status.phase),
+                    Some(BackupPhase::Completed | BackupPhase::Failed)
+                )
+            })
+            .count();
+        if finished <= 2 && left.len() < seen.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{finished} finished of {} left, {} ever",
+                left.len(),
+                seen.len()
+            ))
+        }
+    })
+    .await;
+    let status = plans.get("fast").await.unwrap().status.unwrap();
+    assert!(status.last_schedule_time.is_some());
+    assert!(seen.contains_key(status.last_backup_name.as_deref().unwrap()));
     setup.kubelet.delete().await;
 }
