@@ -212,4 +212,16 @@ pub enum MoverCommand {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Verifies a restored directory the way the agent does (without the mount check): the
+    /// manifest in `.custody/` must hash to `--manifest-hash` and the content must match it.
+    Verify {
+        #[arg(long)]
+        target: PathBuf,
+        #[arg(long)]
+        manifest_hash: String,
+        #[arg(long)]
+        backup_uid: String,
+        #[arg(long)]
+        restore_uid: String,
+    },
 }

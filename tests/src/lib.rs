@@ -235,21 +235,22 @@ pub fn kubectl(args: &[&str]) -> Output {
         .unwrap_or_else(|error| panic!("running {}: {error}", kubectl.display()))
 }
 
-/// A workspace binary built by `cargo build` (the README's test command builds them first).
+/// A workspace binary built by `cargo build` (the README's test command builds them first):
+/// next to the running executable (a binary) or one level up (a test in `deps/`).
 pub fn binary(name: &str) -> PathBuf {
-    // Test executables live in target/<profile>/deps; binaries one level up.
-    let exe = std::env::current_exe().expect("test executable path");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} not built: run `cargo build --workspace --bins` first",
-        path.display()
-    );
-    path
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [dir.join(name), dir.parent().expect("target dir").join(name)];
+    candidates
+        .iter()
+        .find(|path| path.exists())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{} not built: run `cargo build --workspace --bins` first",
+                candidates[1].display()
+            )
+        })
 }
 
 /// A child process killed when dropped, so a failing test leaves nothing running.

@@ -31,6 +31,15 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
 
 /// Runs the command; the JSON result, or the error's reason and message.
 pub async fn run(options: &MoverOptions) -> Result<String, (&'static str, String)> {
+    if let MoverCommand::Verify {
+        target,
+        manifest_hash,
+        backup_uid,
+        restore_uid,
+    } = &options.command
+    {
+        return verify(target, manifest_hash, backup_uid, restore_uid).await;
+    }
     let outcome = async {
         let endpoint = endpoint(options)?;
         let secret = secret_from_env()?;
@@ -77,8 +86,37 @@ pub async fn run(options: &MoverOptions) -> Result<String, (&'static str, String
                 .await?;
                 Ok(serde_json::to_string(&result).unwrap_or_default())
             }
+            MoverCommand::Verify { .. } => unreachable!("handled above"),
         }
     }
     .await;
     outcome.map_err(|error: MoverError| (error.reason(), error.to_string()))
+}
+
+async fn verify(
+    target: &std::path::Path,
+    manifest_hash: &str,
+    backup_uid: &str,
+    restore_uid: &str,
+) -> Result<String, (&'static str, String)> {
+    let manifest_hash = blake3::Hash::from_hex(manifest_hash)
+        .map_err(|error| ("InvalidManifestHash", error.to_string()))?;
+    let expected = crate::verify::Expected {
+        manifest_hash,
+        backup_uid: backup_uid.to_string(),
+        restore_uid: restore_uid.to_string(),
+    };
+    let target = target.to_path_buf();
+    let verified = tokio::task::spawn_blocking(move || {
+        crate::verify::verify_tree(&target, &expected, crate::verify::Options::default())
+    })
+    .await
+    .map_err(|error| ("VerificationAborted", error.to_string()))?
+    .map_err(|failure| (failure.reason(), failure.to_string()))?;
+    Ok(serde_json::json!({
+        "entries": verified.entries,
+        "files": verified.files,
+        "bytes": verified.bytes,
+    })
+    .to_string())
 }

@@ -31,6 +31,8 @@ pub const DATA_OBJECT: &str = "data.tar.zst";
 pub const MANIFEST_OBJECT: &str = "manifest.jsonl";
 /// zstd level of the archive.
 pub const COMPRESSION_LEVEL: i32 = 3;
+/// Bytes per zstd worker job.
+pub const ZSTD_JOB_SIZE: u32 = 2 << 20;
 /// Largest zstd window a restore accepts (2^27 = 128 MiB); the backup uses far less.
 pub const WINDOW_LOG_MAX: u32 = 27;
 
@@ -158,6 +160,10 @@ pub async fn backup(
         compressor
             .multithread(2)
             .map_err(local("starting zstd workers"))?;
+        // Small jobs keep the workers' buffers (input and output per job) to a few MiB.
+        compressor
+            .set_parameter(zstd::stream::raw::CParameter::JobSize(ZSTD_JOB_SIZE))
+            .map_err(local("sizing zstd jobs"))?;
         let mut archive = archive::TarArchive::new(compressor);
         let (manifest_file, summary) =
             manifest_builder::build_into(&source, &header, manifest_file, Some(&mut archive))?;
@@ -324,8 +330,11 @@ pub async fn restore(
     identity_out
         .sync_all()
         .map_err(local("syncing the identity"))?;
-    // Everything written must be on disk before the pod reports success.
-    rustix::fs::sync();
+    // Everything written must be on disk before the pod reports success: the volume's
+    // filesystem, not every filesystem of the node.
+    let root = std::fs::File::open(&target).map_err(local("opening the target"))?;
+    rustix::fs::syncfs(&root)
+        .map_err(|errno| MoverError::Local(format!("syncing the target: {errno}")))?;
     Ok(RestoreResult {
         files: totals.files,
         entries: totals.entries,

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Backup and restore of the same ~2 GiB mixed data set to the same local S3 server (MinIO) with
+# custody-mover and with restic (Debian's package), in one run; custody's restore figure
+# includes its verification. Prints seconds, MiB/s, peak RSS and ratios (restic time /
+# custody time: above 1 means custody is faster). kopia is not built: the Go module proxy
+# refuses github.com/kopia/kopia here.
+#
+#   hack/bench-mover.sh [SMALL_FILES] [LARGE_MIB_TOTAL]     # defaults 40000 and 1536
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
+source hack/lib.sh
+small_files=${1:-40000}
+large_mib=${2:-1536}
+
+"$here/prerequisites.sh"
+command -v restic >/dev/null || { log "installing restic"; apt-get install -y -qq restic >/dev/null; }
+endpoint=$("$here/s3-up.sh" | tail -1)
+cargo build --locked --release -p custody-agent --bin custody-mover --quiet
+mover=target/release/custody-mover
+export AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY
+export RESTIC_PASSWORD=custody-bench
+
+work=$(mktemp -d /var/tmp/custody-bench-mover.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+log "writing the data set: $small_files small files and $large_mib MiB of large files"
+python3 - "$work/data" "$small_files" "$large_mib" <<'PY'
+import os, random, sys
+root, count, large_mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+random.seed(7)
+words = [b"select", b"insert", b"orders", b"customer", b"2026-11-30", b"NULL", b"committed", b"index"]
+for index in range(count):
+    directory = os.path.join(root, "base", f"{index // 1000:04d}")
+    if index % 1000 == 0:
+        os.makedirs(directory, exist_ok=True)
+    size = 512 + (index * 7919) % 15872
+    line = b" ".join(random.choice(words) for _ in range(16)) + b"\n"
+    with open(os.path.join(directory, f"{index:07d}"), "wb") as f:
+        f.write((line * (size // len(line) + 1))[:size])
+os.makedirs(os.path.join(root, "pg_wal"), exist_ok=True)
+chunk = 64 << 20
+for index in range(large_mib // 64):
+    with open(os.path.join(root, "pg_wal", f"segment-{index:03d}"), "wb") as f:
+        # Half random (incompressible), half text (compressible), as database files are.
+        if index % 2 == 0:
+            f.write(os.urandom(chunk))
+        else:
+            line = b" ".join(random.choice(words) for _ in range(16)) + b"\n"
+            f.write((line * (chunk // len(line) + 1))[:chunk])
+PY
+total_mib=$(du -sm "$work/data" | cut -f1)
+log "data set: $total_mib MiB"
+
+run=$(date +%s)
+"$here/s3-mb.py" "$endpoint" "bench-custody-$run"
+"$here/s3-mb.py" "$endpoint" "bench-restic-$run"
+
+# timed LABEL COMMAND...: prints "LABEL seconds peak_rss_mib"
+timed() {
+  local label=$1; shift
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+  cat "$work"/data/pg_wal/* >/dev/null 2>&1 || true   # same warm cache for both tools
+  local start end rss
+  start=$(date +%s.%N)
+  /usr/bin/time -f "%M" -o "$work/rss" "$@" >"$work/$label.out" 2>"$work/$label.err" || { cat "$work/$label.err" >&2; return 1; }
+  end=$(date +%s.%N)
+  rss=$(tail -1 "$work/rss")
+  printf '%s %.3f %.1f\n' "$label" "$(echo "$end - $start" | bc -l)" "$(echo "$rss / 1024" | bc -l)"
+}
+
+uid=bench-$run
+results=()
+results+=("$(timed custody-backup "$mover" backup --source "$work/data" --prefix "bench/$uid" \
+  --backup-uid "$uid" --cluster-uid bench --endpoint "$endpoint" --bucket "bench-custody-$run" --path-style)")
+read -r key manifest_key hash < <(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["key"], r["manifestKey"], r["manifestHash"])' "$work/custody-backup.out")
+mkdir "$work/custody-restore"
+restore_and_verify() {
+  "$mover" restore --target "$work/custody-restore" --key "$key" --manifest-key "$manifest_key" \
+    --manifest-hash "$hash" --backup-uid "$uid" --restore-uid bench-restore \
+    --endpoint "$endpoint" --bucket "bench-custody-$run" --path-style &&
+  "$mover" verify --target "$work/custody-restore" --manifest-hash "$hash" --backup-uid "$uid" \
+    --restore-uid bench-restore
+}
+export -f restore_and_verify; export work key manifest_key hash uid endpoint run mover
+results+=("$(timed custody-restore-verify bash -c restore_and_verify)")
+
+repo="s3:$endpoint/bench-restic-$run"
+restic -r "$repo" init >/dev/null
+results+=("$(timed restic-backup restic -r "$repo" backup "$work/data")")
+mkdir "$work/restic-restore"
+results+=("$(timed restic-restore restic -r "$repo" restore latest --target "$work/restic-restore")")
+rm -rf "$work/restic-restore"; mkdir "$work/restic-restore"
+results+=("$(timed restic-restore-verify restic -r "$repo" restore latest --verify --target "$work/restic-restore")")
+
+echo
+echo "data set: $total_mib MiB ($small_files small files + $large_mib MiB in 64 MiB files, half random)"
+printf '%-24s %10s %10s %14s\n' tool seconds MiB/s "peak RSS MiB"
+for line in "${results[@]}"; do
+  read -r label seconds rss <<<"$line"
+  printf '%-24s %10s %10.1f %14s\n' "$label" "$seconds" "$(echo "$total_mib / $seconds" | bc -l)" "$rss"
+done
+get() { for line in "${results[@]}"; do read -r l s _ <<<"$line"; [[ $l == "$1" ]] && echo "$s"; done; }
+printf 'backup:  restic/custody time %.2fx (target >= 1.5x)\n' "$(echo "$(get restic-backup) / $(get custody-backup)" | bc -l)"
+printf 'restore: restic (no verify)/custody (restore+verify) time %.2fx (target >= 1.5x)\n' "$(echo "$(get restic-restore) / $(get custody-restore-verify)" | bc -l)"
+printf 'restore: restic --verify/custody (restore+verify) time %.2fx\n' "$(echo "$(get restic-restore-verify) / $(get custody-restore-verify)" | bc -l)"
