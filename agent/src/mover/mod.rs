@@ -165,8 +165,16 @@ pub async fn backup(
             .set_parameter(zstd::stream::raw::CParameter::JobSize(ZSTD_JOB_SIZE))
             .map_err(local("sizing zstd jobs"))?;
         let mut archive = archive::TarArchive::new(compressor);
-        let (manifest_file, summary) =
-            manifest_builder::build_into(&source, &header, manifest_file, Some(&mut archive))?;
+        // Buffered: the manifest writer emits a line in many small pieces.
+        let (manifest_file, summary) = manifest_builder::build_into(
+            &source,
+            &header,
+            std::io::BufWriter::with_capacity(256 << 10, manifest_file),
+            Some(&mut archive),
+        )?;
+        let manifest_file = manifest_file
+            .into_inner()
+            .map_err(|error| MoverError::Local(format!("writing the manifest: {error}")))?;
         let compressor = archive.finish().map_err(local("ending the archive"))?;
         let parts = compressor.finish().map_err(local("ending zstd"))?;
         let (checksum, size) = parts.finish().map_err(local("ending the upload"))?;
