@@ -7,9 +7,9 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
-pub const PART_SIZE: usize = 6 << 20;
+pub const PART_SIZE: usize = 5 << 20;
 /// Parts uploaded at once. With the part being filled and the one queued, the upload holds
-/// at most four parts (24 MiB) whatever the volume's size.
+/// at most four parts (20 MiB) whatever the volume's size.
 pub const PARTS_IN_FLIGHT: usize = 2;
 
 /// What the writing side sends to the uploader.
