@@ -9,6 +9,7 @@ pub mod backups;
 pub mod cli;
 pub mod conditions;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod node_agents;

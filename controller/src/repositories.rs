@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -299,29 +298,16 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
             "repository checked"
         );
         if flipped {
-            let warning = desired.status != Status::True;
-            if warning {
-                context.metrics.warning_events.get_or_create(&labels).inc();
-            }
-            let event = Event {
-                type_: if warning {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
-                },
-                reason: desired.reason.to_string(),
-                note: Some(desired.message.clone()),
-                action: "CheckRepository".into(),
-                secondary: None,
-            };
-            context
-                .recorder
-                .publish(&event, &repository.object_ref(&()))
-                .await
-                .map_err(|source| Error::PublishEvent {
-                    object: format!("BackupRepository {namespace}/{name}"),
-                    source,
-                })?;
+            crate::events::publish(
+                &context,
+                repository.as_ref(),
+                "BackupRepository",
+                desired.status != Status::True,
+                desired.reason,
+                desired.message.clone(),
+                "CheckRepository",
+            )
+            .await?;
         }
     }
     context

@@ -14,7 +14,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
@@ -138,36 +137,16 @@ impl Writer<'_> {
     }
 
     async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
-        if warning {
-            self.context
-                .base
-                .metrics
-                .warning_events
-                .get_or_create(&KindLabels { kind: "Backup" })
-                .inc();
-        }
-        self.context
-            .base
-            .recorder
-            .publish(
-                &Event {
-                    type_: if warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: reason.to_string(),
-                    note: Some(note),
-                    action: "Backup".into(),
-                    secondary: None,
-                },
-                &self.backup.object_ref(&()),
-            )
-            .await
-            .map_err(|source| Error::PublishEvent {
-                object: format!("Backup {}/{}", self.namespace, self.name),
-                source,
-            })
+        crate::events::publish(
+            &self.context.base,
+            self.backup,
+            "Backup",
+            warning,
+            reason,
+            note,
+            "Backup",
+        )
+        .await
     }
 
     /// Pending with a reason; a Warning Event when the reason is new.

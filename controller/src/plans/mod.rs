@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -97,34 +96,16 @@ impl Plan<'_> {
     }
 
     async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
-        if warning {
-            self.context
-                .metrics
-                .warning_events
-                .get_or_create(&KindLabels { kind: "BackupPlan" })
-                .inc();
-        }
-        self.context
-            .recorder
-            .publish(
-                &Event {
-                    type_: if warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: reason.to_string(),
-                    note: Some(note),
-                    action: "Schedule".into(),
-                    secondary: None,
-                },
-                &self.plan.object_ref(&()),
-            )
-            .await
-            .map_err(|source| Error::PublishEvent {
-                object: format!("BackupPlan {}/{}", self.namespace, self.name),
-                source,
-            })
+        crate::events::publish(
+            self.context,
+            self.plan,
+            "BackupPlan",
+            warning,
+            reason,
+            note,
+            "Schedule",
+        )
+        .await
     }
 }
 
