@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod inject;
 pub mod metrics;
 pub mod node_agents;
 pub mod plans;
