@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use custody_controller::api::{Backup, Restore};
 use futures::{FutureExt, StreamExt};
@@ -55,13 +55,7 @@ pub enum Error {
     },
 }
 
-/// Unix nanoseconds by this node's clock.
-pub fn now_unix_nanos() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub use custody_proto::clock::now_unix_nanos;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(options: AgentOptions) -> Result<(), Error> {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -109,21 +108,14 @@ pub async fn reconcile<K: CustodyKind>(object: Arc<K>, context: Arc<Context>) ->
             .iter()
             .find(|condition| condition.type_ == next.type_);
         let api = K::api(context.client.clone(), object.meta().namespace.as_deref());
-        let patch = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "status": { "conditions": [next] },
-        });
-        api.patch_status(
+        crate::status::apply(
+            &api,
             &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
+            FIELD_MANAGER,
+            &describe(&*object),
+            &serde_json::json!({ "conditions": [next] }),
         )
-        .await
-        .map_err(|source| Error::PatchStatus {
-            object: describe(&*object),
-            source,
-        })?;
+        .await?;
         tracing::info!(
             kind = K::LABEL,
             namespace = object.meta().namespace.as_deref().unwrap_or_default(),

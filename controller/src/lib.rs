@@ -19,5 +19,6 @@ pub mod report_service;
 pub mod repositories;
 pub mod run;
 pub mod s3;
+pub mod status;
 
 pub use error::{Error, Result};

@@ -3,9 +3,10 @@
 //! turns a node not Ready when its agent falls silent.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use custody_proto::authn;
+use custody_proto::clock::now_unix_nanos;
 use custody_proto::names;
 use custody_proto::report::agent_report_server::{AgentReport, AgentReportServer};
 use custody_proto::report::{ClockRequest, ClockResponse, NodeReport, ReportAck};
@@ -41,13 +42,6 @@ struct Service {
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
-}
-
-fn unix_nanos() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// Serves the report service and watches for silent agents until `stop` completes.
@@ -132,22 +126,14 @@ async fn watch_for_silence(service: Arc<Service>) {
 impl Service {
     async fn write_status(&self, node: &str, status: NodeAgentStatus) -> Result<()> {
         let api: Api<NodeAgent> = Api::all(self.client.clone());
-        let patch = serde_json::json!({
-            "apiVersion": "custody.io/v1alpha1",
-            "kind": "NodeAgent",
-            "status": status,
-        });
-        api.patch_status(
+        crate::status::apply(
+            &api,
             node,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
+            FIELD_MANAGER,
+            &format!("NodeAgent {node}"),
+            &status,
         )
         .await
-        .map_err(|source| Error::PatchStatus {
-            object: format!("NodeAgent {node}"),
-            source,
-        })?;
-        Ok(())
     }
 
     async fn authenticate(&self, request: &Request<NodeReport>) -> Result<(), Status> {
@@ -188,12 +174,12 @@ impl AgentReport for Service {
         &self,
         request: Request<ClockRequest>,
     ) -> Result<Response<ClockResponse>, Status> {
-        let controller_received = unix_nanos();
+        let controller_received = now_unix_nanos();
         let node_sent = request.get_ref().node_sent_unix_nanos;
         Ok(Response::new(ClockResponse {
             node_sent_unix_nanos: node_sent,
             controller_received_unix_nanos: controller_received,
-            controller_sent_unix_nanos: unix_nanos(),
+            controller_sent_unix_nanos: now_unix_nanos(),
         }))
     }
 

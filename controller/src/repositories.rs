@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -138,17 +137,6 @@ pub fn recheck_after(probe: &Probe) -> Duration {
     }
 }
 
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
 /// Classifies a failed HeadBucket.
 pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
     error: &aws_sdk_s3::error::SdkError<E, R>,
@@ -163,7 +151,7 @@ pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
         },
         SdkError::TimeoutError(_) => Probe::Unreachable("timed out".to_string()),
         _ => {
-            let message = error_chain(error);
+            let message = s3::error_chain(error);
             let lower = message.to_lowercase();
             if [
                 "certificate",
@@ -275,21 +263,14 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
                 .iter()
                 .any(|condition| condition.type_ == next.type_ && condition.reason != next.reason);
         let api: Api<BackupRepository> = Api::namespaced(context.client.clone(), &namespace);
-        let patch = serde_json::json!({
-            "apiVersion": "custody.io/v1alpha1",
-            "kind": "BackupRepository",
-            "status": { "conditions": [next] },
-        });
-        api.patch_status(
+        crate::status::apply(
+            &api,
             &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
+            FIELD_MANAGER,
+            &format!("BackupRepository {namespace}/{name}"),
+            &serde_json::json!({ "conditions": [next] }),
         )
-        .await
-        .map_err(|source| Error::PatchStatus {
-            object: format!("BackupRepository {namespace}/{name}"),
-            source,
-        })?;
+        .await?;
         tracing::info!(
             namespace,
             name,

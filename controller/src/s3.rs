@@ -83,3 +83,16 @@ pub fn client(endpoint: &Endpoint, secret: &Secret) -> Result<aws_sdk_s3::Client
         .build();
     Ok(aws_sdk_s3::Client::from_conf(config))
 }
+
+/// An error and its chain of causes on one line (SDK errors hide the useful part, such as
+/// "connection refused" or a TLS alert, in their sources).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

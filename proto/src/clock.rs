@@ -7,6 +7,14 @@
 //! `(t4 - t1) - (t3 - t2)`. The true offset lies within half a round trip of that estimate,
 //! which is why the sample with the smallest round trip is the one to keep.
 
+/// This machine's clock, in nanoseconds since the Unix epoch (the unit of every exchange).
+pub fn now_unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 /// The four timestamps of one exchange, in nanoseconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Exchange {

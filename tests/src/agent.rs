@@ -37,16 +37,21 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
-/// Waits until `GET /readyz` on `port` answers 200.
-pub fn await_ready(port: u16, what: &str, timeout: Duration) {
+/// Waits until `GET /readyz` on `port` answers 200; fails at once, with the process's log,
+/// if it exits first.
+pub fn await_ready(port: u16, what: &str, child: &mut ChildGuard, logs: &Lines, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if http_get(port, "/readyz").is_some_and(|(code, _)| code == 200) {
-            return;
+    while http_get(port, "/readyz").is_none_or(|(code, _)| code != 200) {
+        let process = child.0.as_mut().expect("running");
+        if let Ok(Some(status)) = process.try_wait() {
+            panic!("{what} exited ({status}):\n{}", logs.all().join("\n"));
         }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready on port {port} within {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("{what} not ready on port {port} within {timeout:?}");
 }
 
 /// Output lines of a child, collected by a thread.
@@ -147,21 +152,13 @@ impl AgentProcess {
             logs,
         };
         let mut process = process;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(http_port, "/readyz").is_none_or(|(code, _)| code != 200) {
-            let child = process.child.0.as_mut().expect("running");
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "custody-agent exited ({status}):\n{}",
-                    process.logs.all().join("\n")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "custody-agent not ready within 20s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        await_ready(
+            http_port,
+            "custody-agent",
+            &mut process.child,
+            &process.logs,
+            Duration::from_secs(20),
+        );
         process
     }
 
@@ -209,7 +206,14 @@ impl ControllerProcess {
             report_address,
             logs,
         };
-        await_ready(http_port, "custody-controller", Duration::from_secs(20));
+        let mut process = process;
+        await_ready(
+            http_port,
+            "custody-controller",
+            &mut process.child,
+            &process.logs,
+            Duration::from_secs(20),
+        );
         process
     }
 

@@ -89,6 +89,16 @@ pub fn size_limit(totals: Totals) -> u64 {
         .saturating_add(FRAMING_FIXED)
 }
 
+/// Reads a whole manifest (checking it to its trailer) for its totals.
+pub fn manifest_totals<M: BufRead>(
+    mut manifest: ManifestReader<M>,
+) -> Result<Totals, ExtractError> {
+    for entry in manifest.by_ref() {
+        entry.map_err(|error| ExtractError::Manifest(error.to_string()))?;
+    }
+    Ok(manifest.totals())
+}
+
 /// Stops reading after `limit` bytes with an error (a decompression bomb ends here).
 struct Limited<R> {
     inner: R,

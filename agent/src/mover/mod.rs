@@ -278,16 +278,11 @@ pub async fn restore(
         });
     }
     // The size limit needs the totals in the trailer: one streaming pass over the manifest.
-    let totals = {
-        let (mut counting, _) = ManifestReader::new(BufReader::new(
-            manifest_file.reopen().map_err(local("the manifest"))?,
-        ))
-        .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
-        for entry in counting.by_ref() {
-            entry.map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
-        }
-        counting.totals()
-    };
+    let (counting, _) = ManifestReader::new(BufReader::new(
+        manifest_file.reopen().map_err(local("the manifest"))?,
+    ))
+    .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+    let totals = extract::manifest_totals(counting)?;
     let limit = extract::size_limit(totals);
 
     let (sender, receiver) = mpsc::channel(4);
@@ -365,7 +360,7 @@ async fn download_to_file(
         .key(key)
         .send()
         .await
-        .map_err(|error| failed(upload::describe(&error)))?;
+        .map_err(|error| failed(s3::error_chain(&error)))?;
     let mut file = tempfile::NamedTempFile::new().map_err(local("a temporary file"))?;
     let mut body = object.body;
     while let Some(chunk) = body

@@ -4,6 +4,7 @@ use std::io::{self, Read, Write};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use custody_controller::s3::error_chain;
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
@@ -88,19 +89,6 @@ pub enum UploadError {
     Incomplete,
 }
 
-/// An SDK error with its chain of causes.
-pub fn describe<E: std::error::Error + 'static>(error: &aws_sdk_s3::error::SdkError<E>) -> String {
-    use std::error::Error;
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
 /// Uploads what arrives on `chunks` to `bucket`/`key`. Only an explicit [`Chunk::End`]
 /// completes the upload; on any error or an early end the upload is aborted, so no partial
 /// object ever appears under the key.
@@ -118,7 +106,7 @@ pub async fn multipart(
         .await
         .map_err(|error| UploadError::Start {
             key: key.to_string(),
-            message: describe(&error),
+            message: error_chain(&error),
         })?;
     let upload_id = created.upload_id().unwrap_or_default().to_string();
     let result = upload_parts(client, bucket, key, &upload_id, &mut chunks).await;
@@ -158,7 +146,7 @@ async fn abort(client: &aws_sdk_s3::Client, bucket: &str, key: &str, upload_id: 
             }
             Err(error) => eprintln!(
                 "custody-mover: aborting the multipart upload of {key}: {}",
-                describe(&error)
+                error_chain(&error)
             ),
         }
     }
@@ -203,7 +191,7 @@ async fn upload_parts(
             let uploaded = request.send().await.map_err(|error| UploadError::Part {
                 key,
                 part: number,
-                message: describe(&error),
+                message: error_chain(&error),
             })?;
             Ok::<_, UploadError>(
                 CompletedPart::builder()
@@ -234,7 +222,7 @@ async fn upload_parts(
         .await
         .map_err(|error| UploadError::Complete {
             key: key.to_string(),
-            message: describe(&error),
+            message: error_chain(&error),
         })?;
     Ok(())
 }
@@ -298,7 +286,7 @@ pub async fn download(
             let _ = sender
                 .send(Err(io::Error::other(format!(
                     "downloading {key}: {}",
-                    describe(&error)
+                    error_chain(&error)
                 ))))
                 .await;
             return;

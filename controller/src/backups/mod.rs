@@ -12,7 +12,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -110,21 +110,14 @@ impl Writer<'_> {
             return Ok(());
         };
         let api: Api<Backup> = Api::namespaced(self.context.base.client.clone(), &self.namespace);
-        let patch = serde_json::json!({
-            "apiVersion": "custody.io/v1alpha1",
-            "kind": "Backup",
-            "status": status,
-        });
-        api.patch_status(
+        crate::status::apply(
+            &api,
             &self.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
+            FIELD_MANAGER,
+            &format!("Backup {}/{}", self.namespace, self.name),
+            &status,
         )
-        .await
-        .map_err(|source| Error::PatchStatus {
-            object: format!("Backup {}/{}", self.namespace, self.name),
-            source,
-        })?;
+        .await?;
         tracing::info!(
             namespace = self.namespace,
             name = self.name,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -45,6 +45,15 @@ fn ready(status: Status, reason: &'static str, message: String) -> Desired {
     }
 }
 
+/// `Ready`: the plan is on schedule, next at `next`.
+fn scheduled(next: Timestamp) -> Desired {
+    ready(
+        Status::True,
+        reasons::SCHEDULED,
+        format!("next run at {next}"),
+    )
+}
+
 struct Plan<'a> {
     context: &'a Context,
     plan: &'a BackupPlan,
@@ -78,21 +87,14 @@ impl Plan<'_> {
             return Ok(());
         }
         let api: Api<BackupPlan> = Api::namespaced(self.context.client.clone(), &self.namespace);
-        api.patch_status(
+        crate::status::apply(
+            &api,
             &self.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(serde_json::json!({
-                "apiVersion": "custody.io/v1alpha1",
-                "kind": "BackupPlan",
-                "status": status,
-            })),
+            FIELD_MANAGER,
+            &format!("BackupPlan {}/{}", self.namespace, self.name),
+            &status,
         )
         .await
-        .map_err(|source| Error::PatchStatus {
-            object: format!("BackupPlan {}/{}", self.namespace, self.name),
-            source,
-        })?;
-        Ok(())
     }
 
     async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
@@ -258,27 +260,14 @@ async fn run(plan: &BackupPlan, context: &Context) -> Result<Action> {
     let due = decide::due(&schedule, since, now, deadline).map_err(Error::Schedule)?;
     let next = match due {
         Due::Wait { next } => {
-            let desired = ready(
-                Status::True,
-                reasons::SCHEDULED,
-                format!("next run at {next}"),
-            );
+            let desired = scheduled(next);
             writer.write(status, &desired).await?;
             next
         }
         Due::Missed { slot, next } => {
             status.last_schedule_time = Some(Time(slot));
             let message = format!("the run of {slot} is past its starting deadline; skipped");
-            writer
-                .write(
-                    status,
-                    &ready(
-                        Status::True,
-                        reasons::SCHEDULED,
-                        format!("next run at {next}"),
-                    ),
-                )
-                .await?;
+            writer.write(status, &scheduled(next)).await?;
             writer
                 .event(true, reasons::MISSED_SCHEDULE, message)
                 .await?;
@@ -298,16 +287,7 @@ async fn run(plan: &BackupPlan, context: &Context) -> Result<Action> {
                         "skipped the run of {slot}: Backup {} has not finished (concurrencyPolicy Forbid)",
                         active.name_any()
                     );
-                    writer
-                        .write(
-                            status,
-                            &ready(
-                                Status::True,
-                                reasons::SCHEDULED,
-                                format!("next run at {next}"),
-                            ),
-                        )
-                        .await?;
+                    writer.write(status, &scheduled(next)).await?;
                     writer
                         .event(true, reasons::PREVIOUS_RUN_ACTIVE, message)
                         .await?;
@@ -347,16 +327,7 @@ async fn run(plan: &BackupPlan, context: &Context) -> Result<Action> {
                         }
                     }
                     status.last_backup_name = Some(run_name);
-                    writer
-                        .write(
-                            status,
-                            &ready(
-                                Status::True,
-                                reasons::SCHEDULED,
-                                format!("next run at {next}"),
-                            ),
-                        )
-                        .await?;
+                    writer.write(status, &scheduled(next)).await?;
                 }
             }
             next
