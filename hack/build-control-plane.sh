@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Go module proxy into a
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the Go module proxy into a
 # cache outside the repository, keyed by version. A second run finds the binaries and returns.
 #
 #   hack/build-control-plane.sh          # prints the bin directory on its last line
@@ -31,9 +31,10 @@ build_etcd() {
 build_kubernetes() {
   local apiserver="$BIN/kube-apiserver-$KUBE_VERSION"
   local kcm="$BIN/kube-controller-manager-$KUBE_VERSION"
+  local scheduler="$BIN/kube-scheduler-$KUBE_VERSION"
   local kubectl="$BIN/kubectl-$KUBE_VERSION"
-  if [[ -x "$apiserver" && -x "$kcm" && -x "$kubectl" ]]; then return; fi
-  log "building kube-apiserver, kube-controller-manager and kubectl $KUBE_VERSION (first run only)"
+  if [[ -x "$apiserver" && -x "$kcm" && -x "$scheduler" && -x "$kubectl" ]]; then return; fi
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler and kubectl $KUBE_VERSION (first run only)"
   local staging_version="v0.${KUBE_VERSION#v1.}"
   local work; work=$(mktemp -d)
   (
@@ -55,6 +56,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -67,7 +69,7 @@ GO
     ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
     ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
     local name
-    for name in kube-apiserver kube-controller-manager kubectl; do
+    for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
       [[ -x "$BIN/$name-$KUBE_VERSION" ]] && continue
       CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$BIN/$name-$KUBE_VERSION.tmp" "k8s.io/kubernetes/cmd/$name"
       mv "$BIN/$name-$KUBE_VERSION.tmp" "$BIN/$name-$KUBE_VERSION"

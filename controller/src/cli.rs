@@ -73,6 +73,49 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_MOVER_IMAGE", default_value = concat!("ghcr.io/custody/custody-mover:", env!("CARGO_PKG_VERSION")))]
     pub mover_image: String,
 
+    /// Image of `custody-wait`, the init container the webhook injects into pods under restore.
+    #[arg(long, env = "CUSTODY_WAIT_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
+    pub wait_image: String,
+
+    /// PEM CA that signed the agents' gate certificates; published to namespaces under restore
+    /// (ConfigMap `custody-gate-ca`) so that `custody-wait` can check its agent.
+    #[arg(long, env = "CUSTODY_GATE_CA_FILE")]
+    pub gate_ca_file: Option<PathBuf>,
+
+    /// Address of the admission webhook (HTTPS); no webhook without it.
+    #[arg(long, env = "CUSTODY_WEBHOOK_ADDRESS")]
+    pub webhook_address: Option<SocketAddr>,
+
+    /// The MutatingWebhookConfiguration whose `caBundle` the controller keeps current.
+    #[arg(
+        long,
+        env = "CUSTODY_WEBHOOK_CONFIGURATION",
+        default_value = "custody-restore-gate"
+    )]
+    pub webhook_configuration: String,
+
+    /// Secret, `namespace/name`, holding the webhook's CA and serving certificate (generated
+    /// and rotated by the controller, shared by its replicas).
+    #[arg(
+        long,
+        env = "CUSTODY_WEBHOOK_SECRET",
+        default_value = "custody-system/custody-webhook-tls"
+    )]
+    pub webhook_secret: String,
+
+    /// Names the serving certificate carries (DNS names or IP addresses), comma-separated.
+    #[arg(
+        long,
+        env = "CUSTODY_WEBHOOK_NAMES",
+        value_delimiter = ',',
+        default_value = "custody-controller.custody-system.svc"
+    )]
+    pub webhook_names: Vec<String>,
+
+    /// Lifetime of a serving certificate, in days; renewed when a third of it is left.
+    #[arg(long, env = "CUSTODY_WEBHOOK_CERT_DAYS", default_value = "90")]
+    pub webhook_cert_days: u32,
+
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
     pub agent_timeout_seconds: u64,

@@ -54,6 +54,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// An object could not be patched.
+    #[error("patching {object}: {source}")]
+    Patch {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The admission webhook could not be served or its certificate managed.
+    #[error("admission webhook: {0}")]
+    Webhook(String),
     /// A schedule could not be evaluated.
     #[error("evaluating the schedule: {0}")]
     Schedule(String),
@@ -75,6 +85,8 @@ impl Error {
             Error::Read { .. } => "Read",
             Error::Create { .. } => "Create",
             Error::Delete { .. } => "Delete",
+            Error::Patch { .. } => "Patch",
+            Error::Webhook(_) => "Webhook",
             Error::Schedule(_) => "Schedule",
             Error::WriteCrds(_) => "WriteCrds",
         }

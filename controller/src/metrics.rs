@@ -48,6 +48,8 @@ pub struct Metrics {
     /// Each node's clock offset from the controller's, from its agent's best sample.
     pub node_clock_offset_seconds: Family<NodeLabels, FloatGauge>,
     pub node_clock_round_trip_seconds: Family<NodeLabels, FloatGauge>,
+    /// Admission decisions on labelled pods: Injected, Denied, Error.
+    pub webhook_decisions: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -103,8 +105,15 @@ impl Default for Metrics {
             "Round trip of the clock sample each node's offset comes from",
             node_clock_round_trip_seconds.clone(),
         );
+        let webhook_decisions = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "webhook_decisions",
+            "Admission decisions on pods of Clusters, by outcome",
+            webhook_decisions.clone(),
+        );
         Metrics {
             registry,
+            webhook_decisions,
             agent_reports,
             report_refusals,
             node_clock_offset_seconds,

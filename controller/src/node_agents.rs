@@ -8,7 +8,7 @@ use custody_proto::report::NodeReport;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{NodeAgentStatus, VolumeCounts};
+use crate::api::{self, NodeAgentStatus, ReportedVolume, VolumeCounts};
 use crate::conditions::{self, Desired, Status, reasons, types};
 
 /// `+12.3ms`, `-1.250s`: an offset as people read it.
@@ -76,16 +76,34 @@ pub fn status_from_report(
     now: Timestamp,
 ) -> NodeAgentStatus {
     let mut counts = VolumeCounts::default();
+    let mut restored_volumes = Vec::with_capacity(report.volumes.len());
     for volume in &report.volumes {
-        let slot = match VolumeState::try_from(volume.state) {
-            Ok(VolumeState::Pending) | Ok(VolumeState::Unspecified) | Err(_) => &mut counts.pending,
-            Ok(VolumeState::Restoring) => &mut counts.restoring,
-            Ok(VolumeState::Verifying) => &mut counts.verifying,
-            Ok(VolumeState::Verified) => &mut counts.verified,
-            Ok(VolumeState::Failed) => &mut counts.failed,
+        let (slot, state) = match VolumeState::try_from(volume.state) {
+            Ok(VolumeState::Pending) | Ok(VolumeState::Unspecified) | Err(_) => {
+                (&mut counts.pending, api::VolumeState::Pending)
+            }
+            Ok(VolumeState::Restoring) => (&mut counts.restoring, api::VolumeState::Restoring),
+            Ok(VolumeState::Verifying) => (&mut counts.verifying, api::VolumeState::Verifying),
+            Ok(VolumeState::Verified) => (&mut counts.verified, api::VolumeState::Verified),
+            Ok(VolumeState::Failed) => (&mut counts.failed, api::VolumeState::Failed),
         };
         *slot += 1;
+        let text = |value: &str| Some(value.to_string()).filter(|value| !value.is_empty());
+        restored_volumes.push(ReportedVolume {
+            namespace: volume.namespace.clone(),
+            pod_name: volume.pod_name.clone(),
+            pod_uid: volume.pod_uid.clone(),
+            claim_name: volume.claim_name.clone(),
+            restore_uid: volume.restore_uid.clone(),
+            state,
+            reason: text(&volume.reason),
+            message: text(&volume.message),
+        });
     }
+    restored_volumes.sort_by(|a, b| {
+        (&a.namespace, &a.pod_name, &a.claim_name).cmp(&(&b.namespace, &b.pod_name, &b.claim_name))
+    });
+    restored_volumes.truncate(512);
     let current_conditions = current
         .map(|status| status.conditions.as_slice())
         .unwrap_or(&[]);
@@ -102,6 +120,7 @@ pub fn status_from_report(
         clock_offset_nanoseconds: report.clock.map(|clock| clock.offset_nanos),
         round_trip_nanoseconds: report.clock.map(|clock| clock.round_trip_nanos),
         volumes: Some(counts),
+        restored_volumes,
         conditions: vec![ready_condition(current_conditions, &ready, now)],
     }
 }

@@ -58,6 +58,12 @@ pub async fn run(options: RunOptions) -> Result<()> {
         ready: ready.clone(),
     };
 
+    let gate_ca = match &options.gate_ca_file {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|error| {
+            Error::LoadClientConfig(format!("--gate-ca-file {}: {error}", path.display()))
+        })?),
+        None => None,
+    };
     let namespace = options.namespace.as_deref();
     let controllers = futures::future::join_all([
         annotation_controller::<BackupRepository>(&context, namespace, stopped()),
@@ -76,8 +82,39 @@ pub async fn run(options: RunOptions) -> Result<()> {
             namespace,
             stopped(),
         ),
+        crate::clusters::controller(context.clone(), namespace, stopped()),
+        crate::restores::controller(
+            Arc::new(crate::restores::RestoreContext {
+                base: context.clone(),
+                mover_image: options.mover_image.clone(),
+                gate_ca,
+            }),
+            namespace,
+            stopped(),
+        ),
     ]);
     ready.store(true, Ordering::Relaxed);
+    let webhook = async {
+        let Some(address) = options.webhook_address else {
+            return Ok(());
+        };
+        crate::webhook::run(
+            Arc::new(crate::webhook::WebhookContext {
+                client: client.clone(),
+                wait_image: options.wait_image.clone(),
+                metrics: metrics.clone(),
+            }),
+            crate::webhook::Settings {
+                address,
+                configuration: options.webhook_configuration.clone(),
+                secret: options.webhook_secret.clone(),
+                names: options.webhook_names.clone(),
+                days: options.webhook_cert_days,
+            },
+            stopped(),
+        )
+        .await
+    };
     let reports = crate::report_service::run(
         client.clone(),
         crate::report_service::Settings {
@@ -93,13 +130,15 @@ pub async fn run(options: RunOptions) -> Result<()> {
         metrics.clone(),
         stopped(),
     );
-    let (served, reported, _) = tokio::join!(
+    let (served, reported, hooked, _) = tokio::join!(
         http::serve(options.http_address, health, stopped()),
         reports,
+        webhook,
         controllers
     );
     served?;
     reported?;
+    hooked?;
     tracing::info!("stopped");
     Ok(())
 }

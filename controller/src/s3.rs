@@ -96,3 +96,22 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     message
 }
+
+/// The environment of a `custody-mover` container for `repository`: endpoint, bucket, region,
+/// addressing, CA, and the credentials as references to the repository's Secret (never
+/// copied into the Job).
+pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_json::Value> {
+    let secret = &repository.credentials_secret_ref.name;
+    let mut env = vec![
+        serde_json::json!({"name": "CUSTODY_S3_ENDPOINT", "value": repository.endpoint}),
+        serde_json::json!({"name": "CUSTODY_S3_BUCKET", "value": repository.bucket}),
+        serde_json::json!({"name": "CUSTODY_S3_REGION", "value": repository.region.clone().unwrap_or_else(|| "us-east-1".into())}),
+        serde_json::json!({"name": "CUSTODY_S3_PATH_STYLE", "value": repository.force_path_style.to_string()}),
+        serde_json::json!({"name": ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": ACCESS_KEY_ID}}}),
+        serde_json::json!({"name": SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_ACCESS_KEY}}}),
+    ];
+    if let Some(ca) = &repository.ca_bundle {
+        env.push(serde_json::json!({"name": "CUSTODY_S3_CA_BUNDLE", "value": ca}));
+    }
+    env
+}

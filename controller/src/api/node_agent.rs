@@ -62,6 +62,12 @@ pub struct NodeAgentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<VolumeCounts>,
 
+    /// Every volume under restore on this node, as the agent last reported it. The restore
+    /// reconciler reads its volumes' states here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub restored_volumes: Vec<ReportedVolume>,
+
     /// `Ready` turns False when the agent stops reporting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -87,4 +93,24 @@ pub struct VolumeCounts {
     /// Failed to restore or verify.
     #[serde(default)]
     pub failed: i32,
+}
+
+/// One volume under restore on a node, as its agent reported it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportedVolume {
+    pub namespace: String,
+    /// The workload pod that mounts the volume.
+    pub pod_name: String,
+    pub pod_uid: String,
+    pub claim_name: String,
+    /// UID of the Restore writing the volume.
+    pub restore_uid: String,
+    /// `Pending`, `Restoring`, `Verifying`, `Verified` or `Failed`.
+    pub state: crate::api::VolumeState,
+    /// CamelCase reason when Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

@@ -80,9 +80,19 @@ pub struct VolumeRestoreStatus {
     /// The node the volume is mounted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The workload pod that mounts the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
     /// The prepareData Job writing the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
+    /// prepareData Jobs created for this volume so far (a Job deleted by someone else is
+    /// recreated a bounded number of times).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// CamelCase reason when Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Why the volume failed, naming the first differences found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -116,4 +126,8 @@ pub struct RestoreStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }

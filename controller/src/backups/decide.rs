@@ -2,7 +2,6 @@
 //! means for the Backup.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::api::Artifact;
 
@@ -47,22 +46,7 @@ pub fn job_name(backup: &str, uid: &str) -> String {
 /// Whether `job` was created by the Backup with `uid`: its controller owner is that Backup
 /// and its label names the same UID. Anything else is not touched.
 pub fn owned_by(job: &Job, uid: &str) -> bool {
-    let controller: Option<&OwnerReference> = job
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|owner| owner.controller == Some(true));
-    let owner_matches = controller.is_some_and(|owner| {
-        owner.kind == "Backup" && owner.api_version == "custody.io/v1alpha1" && owner.uid == uid
-    });
-    let label_matches = job
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|labels| labels.get(LABEL_BACKUP_UID))
-        .is_some_and(|label| label == uid);
-    owner_matches && label_matches
+    crate::ownership::owned_by(&job.metadata, "Backup", uid, LABEL_BACKUP_UID)
 }
 
 /// Where a Job stands.

@@ -578,19 +578,7 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
     .into_iter()
     .map(|(key, value)| (key.to_string(), value.to_string()))
     .collect();
-    let secret = &inputs.repository.spec.credentials_secret_ref.name;
-    let spec = &inputs.repository.spec;
-    let mut env = vec![
-        serde_json::json!({"name": "CUSTODY_S3_ENDPOINT", "value": spec.endpoint}),
-        serde_json::json!({"name": "CUSTODY_S3_BUCKET", "value": spec.bucket}),
-        serde_json::json!({"name": "CUSTODY_S3_REGION", "value": spec.region.clone().unwrap_or_else(|| "us-east-1".into())}),
-        serde_json::json!({"name": "CUSTODY_S3_PATH_STYLE", "value": spec.force_path_style.to_string()}),
-        serde_json::json!({"name": crate::s3::ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": crate::s3::ACCESS_KEY_ID}}}),
-        serde_json::json!({"name": crate::s3::SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": crate::s3::SECRET_ACCESS_KEY}}}),
-    ];
-    if let Some(ca) = &spec.ca_bundle {
-        env.push(serde_json::json!({"name": "CUSTODY_S3_CA_BUNDLE", "value": ca}));
-    }
+    let env = crate::s3::mover_env(&inputs.repository.spec);
     let owner = inputs.backup.controller_owner_ref(&()).map(|mut owner| {
         owner.block_owner_deletion = Some(true);
         owner

@@ -1,0 +1,162 @@
+//! Whose object is it: the one check made before every destructive call. An object belongs
+//! to an owner only when its controller owner reference names that owner's kind and UID
+//! **and** its label carries the same UID. A look-alike (same labels, another owner; same
+//! owner reference, no label) is somebody else's and is never touched.
+
+use kube::api::ObjectMeta;
+
+use crate::api::{GROUP, VERSION};
+
+/// Whether `meta` is owned by the custody object of `kind` with `uid`, as a controller
+/// reference and by the label `label`.
+pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str, label: &str) -> bool {
+    if uid.is_empty() {
+        return false;
+    }
+    let api_version = format!("{GROUP}/{VERSION}");
+    let owner_matches = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))
+        .is_some_and(|owner| {
+            owner.kind == kind && owner.api_version == api_version && owner.uid == uid
+        });
+    let label_matches = meta
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(label))
+        .is_some_and(|value| value == uid);
+    owner_matches && label_matches
+}
+
+/// Whether `meta` names the custody object of `kind` with `uid` as its controller, without
+/// a label (for objects whose labels belong to their user, such as a Restore).
+pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
+    let api_version = format!("{GROUP}/{VERSION}");
+    !uid.is_empty()
+        && meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.controller == Some(true))
+            .is_some_and(|owner| {
+                owner.kind == kind && owner.api_version == api_version && owner.uid == uid
+            })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    const LABEL: &str = "custody.io/restore-uid";
+
+    fn meta(owner: Option<(&str, &str, &str, bool)>, label: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            owner_references: owner.map(|(api_version, kind, uid, controller)| {
+                vec![OwnerReference {
+                    api_version: api_version.into(),
+                    kind: kind.into(),
+                    name: "r".into(),
+                    uid: uid.into(),
+                    controller: Some(controller),
+                    block_owner_deletion: None,
+                }]
+            }),
+            labels: label.map(|value| [(LABEL.to_string(), value.to_string())].into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn ownership_needs_owner_reference_and_label() {
+        let v = "custody.io/v1alpha1";
+        let rows: &[(&str, ObjectMeta, &str, bool)] = &[
+            (
+                "owner and label",
+                meta(Some((v, "Restore", "u1", true)), Some("u1")),
+                "u1",
+                true,
+            ),
+            (
+                "label only: a look-alike",
+                meta(None, Some("u1")),
+                "u1",
+                false,
+            ),
+            (
+                "owner only",
+                meta(Some((v, "Restore", "u1", true)), None),
+                "u1",
+                false,
+            ),
+            (
+                "label of another",
+                meta(Some((v, "Restore", "u1", true)), Some("u2")),
+                "u1",
+                false,
+            ),
+            (
+                "owner of another uid",
+                meta(Some((v, "Restore", "u2", true)), Some("u1")),
+                "u1",
+                false,
+            ),
+            (
+                "owner of another kind",
+                meta(Some((v, "Backup", "u1", true)), Some("u1")),
+                "u1",
+                false,
+            ),
+            (
+                "owner of another group",
+                meta(Some(("batch/v1", "Restore", "u1", true)), Some("u1")),
+                "u1",
+                false,
+            ),
+            (
+                "not the controller",
+                meta(Some((v, "Restore", "u1", false)), Some("u1")),
+                "u1",
+                false,
+            ),
+            (
+                "empty uid never matches",
+                meta(Some((v, "Restore", "", true)), Some("")),
+                "",
+                false,
+            ),
+        ];
+        for (name, meta, uid, expected) in rows {
+            assert_eq!(owned_by(meta, "Restore", uid, LABEL), *expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn control_needs_the_controller_reference() {
+        let v = "custody.io/v1alpha1";
+        assert!(controlled_by(
+            &meta(Some((v, "Cluster", "c1", true)), None),
+            "Cluster",
+            "c1"
+        ));
+        assert!(!controlled_by(
+            &meta(Some((v, "Cluster", "c1", false)), None),
+            "Cluster",
+            "c1"
+        ));
+        assert!(!controlled_by(
+            &meta(Some((v, "Cluster", "c2", true)), None),
+            "Cluster",
+            "c1"
+        ));
+        assert!(!controlled_by(&meta(None, None), "Cluster", "c1"));
+        assert!(!controlled_by(
+            &meta(Some((v, "Cluster", "", true)), None),
+            "Cluster",
+            ""
+        ));
+    }
+}

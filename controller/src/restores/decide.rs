@@ -1,0 +1,415 @@
+//! The Restore decisions as plain data: which claims a Restore writes, where each volume
+//! stands (from the agents' reports and the Restore's own Jobs), which prepareData Job to
+//! create next, the Restore's phase, which pods may be released, and what teardown deletes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::batch::v1::Job;
+
+use crate::api::{
+    ReportedVolume, RestorePhase, VolumeRestorePolicy, VolumeRestoreStatus, VolumeState,
+};
+use crate::backups::decide::JobState;
+
+/// Finalizer of the restore reconciler on Restores.
+pub const FINALIZER: &str = "custody.io/restore-cleanup";
+/// Label on everything the restore reconciler creates: the Restore's UID.
+pub use custody_proto::names::LABEL_RESTORE_UID;
+/// How many prepareData Jobs one volume may get: a Job deleted by someone else is recreated
+/// this many times in all, then the volume fails.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// Why a Restore cannot start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The claims a Restore writes: for every replica of the StatefulSet, the claim of the
+/// Cluster's volume claim template (`<template>-<statefulset>-<ordinal>`). A Backup holds one
+/// volume, so a Cluster with more than one template is refused rather than started with a
+/// volume that nothing restores.
+pub fn claims(
+    templates: &[String],
+    stateful_set: &str,
+    replicas: i32,
+) -> Result<Vec<String>, Refusal> {
+    let [template] = templates else {
+        return Err(Refusal {
+            reason: "UnsupportedVolumeLayout",
+            message: format!(
+                "a Backup holds one volume, and the Cluster lists {} volume claim templates ({}); \
+                 restoring only some of them would start the application on partly empty data",
+                templates.len(),
+                templates.join(", ")
+            ),
+        });
+    };
+    if replicas < 1 {
+        return Err(Refusal {
+            reason: "NoReplicas",
+            message: format!("StatefulSet {stateful_set} has no replicas to restore"),
+        });
+    }
+    Ok((0..replicas)
+        .map(|ordinal| format!("{template}-{stateful_set}-{ordinal}"))
+        .collect())
+}
+
+/// The prepareData Job's name for attempt `attempt` of `claim`: readable, unique per Restore
+/// (a piece of its UID) and within the 63 characters a Job's pods' label allows.
+pub fn job_name(claim: &str, restore_uid: &str, attempt: u32) -> String {
+    let suffix = format!(
+        "-restore-{}-{attempt}",
+        &restore_uid[..restore_uid.len().min(8)]
+    );
+    let room = 63 - suffix.len();
+    let base: String = claim.chars().take(room).collect();
+    format!("{}{suffix}", base.trim_end_matches('-'))
+}
+
+/// Whether `job` is this Restore's own.
+pub fn owned_job(job: &Job, restore_uid: &str) -> bool {
+    crate::ownership::owned_by(&job.metadata, "Restore", restore_uid, LABEL_RESTORE_UID)
+}
+
+/// What the restore reconciler knows about one of its Jobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobFact {
+    /// No Job of that name.
+    Missing,
+    /// This Restore's own Job.
+    Owned(JobState),
+    /// A Job of that name that this Restore did not create.
+    Foreign,
+}
+
+/// A prepareData Job to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateJob {
+    pub claim: String,
+    pub node: String,
+    pub name: String,
+    pub attempt: u32,
+}
+
+/// Everything known about one volume.
+#[derive(Clone, Debug)]
+pub struct VolumeFacts<'a> {
+    pub claim: &'a str,
+    /// What the Restore's status said last time.
+    pub previous: Option<&'a VolumeRestoreStatus>,
+    /// What an agent reports about it, and from which node.
+    pub reported: Option<(&'a ReportedVolume, &'a str)>,
+    /// The Job of the current attempt.
+    pub job: JobFact,
+    /// Whether the volume may get its first Job now (see [`may_start`]).
+    pub may_start: bool,
+}
+
+/// Where one volume stands next, and whether it wants a Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeStep {
+    pub status: VolumeRestoreStatus,
+    /// A Job to create.
+    pub create: Option<CreateJob>,
+    /// A Job of this Restore disappeared and is being recreated.
+    pub recreated: bool,
+}
+
+fn failed(mut status: VolumeRestoreStatus, reason: &str, message: String) -> VolumeStep {
+    status.state = VolumeState::Failed;
+    status.reason = Some(reason.to_string());
+    status.message = Some(message);
+    VolumeStep {
+        status,
+        create: None,
+        recreated: false,
+    }
+}
+
+fn at(mut status: VolumeRestoreStatus, state: VolumeState, message: Option<String>) -> VolumeStep {
+    status.state = state;
+    status.reason = None;
+    status.message = message;
+    VolumeStep {
+        status,
+        create: None,
+        recreated: false,
+    }
+}
+
+/// The next state of one volume. Verified and Failed are final: a volume that failed is
+/// never quietly retried into Completed, and a verified one is not taken back.
+pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
+    let mut status = facts
+        .previous
+        .cloned()
+        .unwrap_or_else(|| VolumeRestoreStatus {
+            claim_name: facts.claim.to_string(),
+            ..VolumeRestoreStatus::default()
+        });
+    if matches!(status.state, VolumeState::Verified | VolumeState::Failed) {
+        return VolumeStep {
+            status,
+            create: None,
+            recreated: false,
+        };
+    }
+    let Some((reported, node)) = facts.reported else {
+        return at(
+            status,
+            VolumeState::Pending,
+            Some(format!(
+                "waiting for a pod that mounts claim {} to be scheduled and reported by its node's agent",
+                facts.claim
+            )),
+        );
+    };
+    status.node_name = Some(node.to_string());
+    status.pod_name = Some(reported.pod_name.clone());
+    match reported.state {
+        VolumeState::Failed => {
+            return failed(
+                status,
+                reported.reason.as_deref().unwrap_or("VerificationFailed"),
+                reported
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| "the node agent reports the volume failed".to_string()),
+            );
+        }
+        VolumeState::Verified => {
+            return at(status, VolumeState::Verified, reported.message.clone());
+        }
+        VolumeState::Verifying => {
+            return at(
+                status,
+                VolumeState::Verifying,
+                Some(format!("the agent on node {node} is checking the content")),
+            );
+        }
+        VolumeState::Pending | VolumeState::Restoring => {}
+    }
+    let job = status.job_name.clone().unwrap_or_default();
+    match &facts.job {
+        JobFact::Foreign => failed(
+            status,
+            "JobNameTaken",
+            format!("Job {job} exists but was not created by this Restore; it is left alone"),
+        ),
+        JobFact::Owned(JobState::Running) => at(
+            status,
+            VolumeState::Restoring,
+            Some(format!("Job {job} writes the volume on node {node}")),
+        ),
+        JobFact::Owned(JobState::Succeeded) => at(
+            status,
+            VolumeState::Verifying,
+            Some(format!(
+                "Job {job} finished; waiting for the agent on node {node} to verify"
+            )),
+        ),
+        JobFact::Owned(JobState::Failed { message }) => failed(
+            status,
+            "RestoreJobFailed",
+            format!("Job {job} failed: {message}"),
+        ),
+        JobFact::Missing if status.attempts == 0 && !facts.may_start => at(
+            status,
+            VolumeState::Pending,
+            Some("waiting for the volumes before it (Serial restore)".to_string()),
+        ),
+        JobFact::Missing if status.attempts == 0 => {
+            let name = job_name(facts.claim, restore_uid, 1);
+            status.attempts = 1;
+            status.job_name = Some(name.clone());
+            let mut step = at(
+                status,
+                VolumeState::Restoring,
+                Some(format!("Job {name} writes the volume on node {node}")),
+            );
+            step.create = Some(CreateJob {
+                claim: facts.claim.to_string(),
+                node: node.to_string(),
+                name,
+                attempt: 1,
+            });
+            step
+        }
+        JobFact::Missing if status.attempts < MAX_ATTEMPTS => {
+            let attempt = status.attempts + 1;
+            let name = job_name(facts.claim, restore_uid, attempt);
+            status.attempts = attempt;
+            status.job_name = Some(name.clone());
+            let mut step = at(
+                status,
+                VolumeState::Restoring,
+                Some(format!(
+                    "Job {job} disappeared before the volume was verified; Job {name} (attempt {attempt} of {MAX_ATTEMPTS}) writes it again"
+                )),
+            );
+            step.create = Some(CreateJob {
+                claim: facts.claim.to_string(),
+                node: node.to_string(),
+                name,
+                attempt,
+            });
+            step.recreated = true;
+            step
+        }
+        JobFact::Missing => failed(
+            status,
+            "JobDeleted",
+            format!(
+                "Job {job} disappeared before the volume was verified, {MAX_ATTEMPTS} times; something deletes the restore's Jobs"
+            ),
+        ),
+    }
+}
+
+/// Whether the next volume may get its first Job: always under `Parallel`; under `Serial`
+/// only when every volume before it is Verified.
+pub fn may_start(policy: VolumeRestorePolicy, earlier: &[VolumeStep]) -> bool {
+    policy == VolumeRestorePolicy::Parallel
+        || earlier
+            .iter()
+            .all(|step| step.status.state == VolumeState::Verified)
+}
+
+/// The Restore's phase, its progress text, and the failure that decides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub phase: RestorePhase,
+    pub progress: String,
+    /// The first failed volume: `(reason, message)`.
+    pub failure: Option<(String, String)>,
+}
+
+/// Completed only when every expected volume is Verified; Failed when any volume failed.
+pub fn summary(volumes: &[VolumeRestoreStatus]) -> Summary {
+    let verified = volumes
+        .iter()
+        .filter(|volume| volume.state == VolumeState::Verified)
+        .count();
+    let progress = format!("{verified}/{} verified", volumes.len());
+    let failure = volumes
+        .iter()
+        .find(|volume| volume.state == VolumeState::Failed)
+        .map(|volume| {
+            (
+                volume
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "Failed".to_string()),
+                format!(
+                    "claim {}: {}",
+                    volume.claim_name,
+                    volume.message.clone().unwrap_or_default()
+                ),
+            )
+        });
+    let phase = if failure.is_some() {
+        RestorePhase::Failed
+    } else if !volumes.is_empty() && verified == volumes.len() {
+        RestorePhase::Completed
+    } else if volumes
+        .iter()
+        .all(|volume| volume.state == VolumeState::Pending)
+    {
+        RestorePhase::Pending
+    } else {
+        RestorePhase::Running
+    };
+    Summary {
+        phase,
+        progress,
+        failure,
+    }
+}
+
+/// The reports about this Restore's claims, one per claim: the newest pod wins when two
+/// report the same claim (a replaced pod), keyed by claim. Reports about other Restores or
+/// namespaces, or about claims the Restore does not write, are ignored.
+pub fn reports_for<'a>(
+    agents: impl IntoIterator<Item = (&'a str, &'a [ReportedVolume])>,
+    namespace: &str,
+    restore_uid: &str,
+    claims: &[String],
+) -> BTreeMap<String, (&'a ReportedVolume, &'a str)> {
+    let wanted: BTreeSet<&str> = claims.iter().map(String::as_str).collect();
+    let mut found: BTreeMap<String, (&'a ReportedVolume, &'a str)> = BTreeMap::new();
+    for (node, volumes) in agents {
+        for volume in volumes {
+            if volume.namespace != namespace
+                || volume.restore_uid != restore_uid
+                || !wanted.contains(volume.claim_name.as_str())
+            {
+                continue;
+            }
+            // Of two reports, the more advanced one is kept: a second pod of the same claim
+            // is a replacement, and its volume is the same.
+            let rank = |state: VolumeState| match state {
+                VolumeState::Pending => 0,
+                VolumeState::Restoring => 1,
+                VolumeState::Verifying => 2,
+                VolumeState::Verified => 3,
+                VolumeState::Failed => 4,
+            };
+            match found.get(&volume.claim_name) {
+                Some((existing, _)) if rank(existing.state) >= rank(volume.state) => {}
+                _ => {
+                    found.insert(volume.claim_name.clone(), (volume, node));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The pods whose every volume under this Restore is Verified, by name: their readiness gate
+/// may be set.
+pub fn releasable_pods(reports: &BTreeMap<String, (&ReportedVolume, &str)>) -> BTreeSet<String> {
+    let mut pods: BTreeMap<&str, bool> = BTreeMap::new();
+    for (volume, _) in reports.values() {
+        let verified = volume.state == VolumeState::Verified;
+        pods.entry(volume.pod_name.as_str())
+            .and_modify(|all| *all &= verified)
+            .or_insert(verified);
+    }
+    pods.into_iter()
+        .filter(|(_, verified)| *verified)
+        .map(|(pod, _)| pod.to_string())
+        .collect()
+}
+
+/// What cancelling a Restore still has to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Teardown {
+    /// This Restore's Jobs to delete now.
+    pub delete: Vec<String>,
+    /// Whether anything of this Restore is still there (Jobs, or their pods).
+    pub waiting: bool,
+}
+
+/// Teardown of a Restore: delete only Jobs it owns (not those already going), and wait until
+/// they and their pods are gone before the finalizer is removed.
+pub fn teardown(jobs: &[Job], restore_uid: &str, pods_left: usize) -> Teardown {
+    let owned: Vec<&Job> = jobs
+        .iter()
+        .filter(|job| owned_job(job, restore_uid))
+        .collect();
+    let delete = owned
+        .iter()
+        .filter(|job| job.metadata.deletion_timestamp.is_none())
+        .filter_map(|job| job.metadata.name.clone())
+        .collect();
+    Teardown {
+        delete,
+        waiting: !owned.is_empty() || pods_left > 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,450 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::ObjectMeta;
+
+use super::*;
+
+const UID: &str = "5e1f0a2b-0000-4000-8000-000000000001";
+
+fn reported(claim: &str, pod: &str, state: VolumeState) -> ReportedVolume {
+    ReportedVolume {
+        namespace: "ns".into(),
+        pod_name: pod.into(),
+        pod_uid: format!("uid-{pod}"),
+        claim_name: claim.into(),
+        restore_uid: UID.into(),
+        state,
+        reason: (state == VolumeState::Failed).then(|| "ContentMismatch".to_string()),
+        message: (state == VolumeState::Failed).then(|| "db/base differs".to_string()),
+    }
+}
+
+fn previous(state: VolumeState, attempts: u32) -> VolumeRestoreStatus {
+    VolumeRestoreStatus {
+        claim_name: "data-db-0".into(),
+        state,
+        attempts,
+        job_name: (attempts > 0).then(|| job_name("data-db-0", UID, attempts)),
+        ..VolumeRestoreStatus::default()
+    }
+}
+
+#[test]
+fn volume_steps() {
+    use JobFact::*;
+    let running = || Owned(JobState::Running);
+    let report = |state| reported("data-db-0", "db-0", state);
+    // (name, previous, reported state, job, may_start) -> (state, reason, job attempt created)
+    type Row = (
+        &'static str,
+        Option<VolumeRestoreStatus>,
+        Option<VolumeState>,
+        JobFact,
+        bool,
+        VolumeState,
+        Option<&'static str>,
+        Option<u32>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "no pod reported yet",
+            None,
+            None,
+            Missing,
+            true,
+            VolumeState::Pending,
+            None,
+            None,
+        ),
+        (
+            "pod reported: first Job",
+            None,
+            Some(VolumeState::Pending),
+            Missing,
+            true,
+            VolumeState::Restoring,
+            None,
+            Some(1),
+        ),
+        (
+            "serial, earlier volume unfinished: wait",
+            None,
+            Some(VolumeState::Pending),
+            Missing,
+            false,
+            VolumeState::Pending,
+            None,
+            None,
+        ),
+        (
+            "Job running",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Restoring),
+            running(),
+            true,
+            VolumeState::Restoring,
+            None,
+            None,
+        ),
+        (
+            "Job succeeded, agent not yet verifying",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Restoring),
+            Owned(JobState::Succeeded),
+            true,
+            VolumeState::Verifying,
+            None,
+            None,
+        ),
+        (
+            "agent verifying",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Verifying),
+            running(),
+            true,
+            VolumeState::Verifying,
+            None,
+            None,
+        ),
+        (
+            "agent verified",
+            Some(previous(VolumeState::Verifying, 1)),
+            Some(VolumeState::Verified),
+            Owned(JobState::Succeeded),
+            true,
+            VolumeState::Verified,
+            None,
+            None,
+        ),
+        (
+            "agent failed",
+            Some(previous(VolumeState::Verifying, 1)),
+            Some(VolumeState::Failed),
+            Owned(JobState::Succeeded),
+            true,
+            VolumeState::Failed,
+            Some("ContentMismatch"),
+            None,
+        ),
+        (
+            "Job failed",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Restoring),
+            Owned(JobState::Failed {
+                message: "BackoffLimitExceeded".into(),
+            }),
+            true,
+            VolumeState::Failed,
+            Some("RestoreJobFailed"),
+            None,
+        ),
+        (
+            "Job deleted by someone: recreated",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Pending),
+            Missing,
+            true,
+            VolumeState::Restoring,
+            None,
+            Some(2),
+        ),
+        (
+            "Job deleted again: recreated",
+            Some(previous(VolumeState::Restoring, 2)),
+            Some(VolumeState::Pending),
+            Missing,
+            false,
+            VolumeState::Restoring,
+            None,
+            Some(3),
+        ),
+        (
+            "Job deleted too often: fails visibly",
+            Some(previous(VolumeState::Restoring, MAX_ATTEMPTS)),
+            Some(VolumeState::Pending),
+            Missing,
+            true,
+            VolumeState::Failed,
+            Some("JobDeleted"),
+            None,
+        ),
+        (
+            "a foreign Job with the name",
+            Some(previous(VolumeState::Restoring, 1)),
+            Some(VolumeState::Pending),
+            Foreign,
+            true,
+            VolumeState::Failed,
+            Some("JobNameTaken"),
+            None,
+        ),
+        (
+            "failed stays failed",
+            Some(previous(VolumeState::Failed, 1)),
+            Some(VolumeState::Verified),
+            running(),
+            true,
+            VolumeState::Failed,
+            None,
+            None,
+        ),
+        (
+            "verified stays verified",
+            Some(previous(VolumeState::Verified, 1)),
+            Some(VolumeState::Pending),
+            Missing,
+            true,
+            VolumeState::Verified,
+            None,
+            None,
+        ),
+    ];
+    for (name, previous, state, job, may_start, expected, reason, created) in rows {
+        let report = state.map(report);
+        let facts = VolumeFacts {
+            claim: "data-db-0",
+            previous: previous.as_ref(),
+            reported: report.as_ref().map(|report| (report, "node-a")),
+            job,
+            may_start,
+        };
+        let step = volume(&facts, UID);
+        assert_eq!(step.status.state, expected, "{name}: state");
+        if let Some(reason) = reason {
+            assert_eq!(
+                step.status.reason.as_deref(),
+                Some(reason),
+                "{name}: reason"
+            );
+        }
+        assert_eq!(
+            step.create.as_ref().map(|create| create.attempt),
+            created,
+            "{name}: job"
+        );
+        if let Some(create) = &step.create {
+            assert_eq!(
+                create.node, "node-a",
+                "{name}: pinned to the reporting node"
+            );
+            assert_eq!(
+                step.status.attempts, create.attempt,
+                "{name}: attempts recorded"
+            );
+            assert_eq!(
+                step.status.job_name.as_deref(),
+                Some(create.name.as_str()),
+                "{name}"
+            );
+            assert_eq!(step.recreated, create.attempt > 1, "{name}: recreated");
+        }
+    }
+}
+
+#[test]
+fn claims_cover_every_replica_of_one_template() {
+    assert_eq!(
+        claims(&["data".into()], "db", 3).unwrap(),
+        ["data-db-0", "data-db-1", "data-db-2"]
+    );
+    assert_eq!(
+        claims(&["data".into(), "wal".into()], "db", 1)
+            .unwrap_err()
+            .reason,
+        "UnsupportedVolumeLayout"
+    );
+    assert_eq!(
+        claims(&[], "db", 1).unwrap_err().reason,
+        "UnsupportedVolumeLayout"
+    );
+    assert_eq!(
+        claims(&["data".into()], "db", 0).unwrap_err().reason,
+        "NoReplicas"
+    );
+}
+
+#[test]
+fn job_names_fit_and_differ() {
+    let long = "x".repeat(80);
+    let name = job_name(&long, UID, 2);
+    assert!(name.len() <= 63, "{name}");
+    assert!(name.ends_with("-restore-5e1f0a2b-2"), "{name}");
+    assert_ne!(job_name("data-db-0", UID, 1), job_name("data-db-0", UID, 2));
+    assert_ne!(
+        job_name("data-db-0", UID, 1),
+        job_name("data-db-0", "aaaaaaaa-1", 1)
+    );
+}
+
+fn step(state: VolumeState) -> VolumeStep {
+    VolumeStep {
+        status: VolumeRestoreStatus {
+            state,
+            ..VolumeRestoreStatus::default()
+        },
+        create: None,
+        recreated: false,
+    }
+}
+
+#[test]
+fn serial_starts_after_every_earlier_volume_is_verified() {
+    use VolumeRestorePolicy::*;
+    assert!(may_start(Serial, &[]));
+    assert!(may_start(Serial, &[step(VolumeState::Verified)]));
+    assert!(!may_start(
+        Serial,
+        &[step(VolumeState::Verified), step(VolumeState::Restoring)]
+    ));
+    assert!(!may_start(Serial, &[step(VolumeState::Pending)]));
+    assert!(!may_start(Serial, &[step(VolumeState::Failed)]));
+    assert!(may_start(Parallel, &[step(VolumeState::Pending)]));
+}
+
+#[test]
+fn summaries() {
+    let volume = |claim: &str, state| VolumeRestoreStatus {
+        claim_name: claim.into(),
+        state,
+        reason: (state == VolumeState::Failed).then(|| "ContentMismatch".to_string()),
+        message: Some("why".into()),
+        ..VolumeRestoreStatus::default()
+    };
+    use VolumeState::*;
+    let rows: Vec<(&str, Vec<VolumeRestoreStatus>, RestorePhase, &str)> = vec![
+        (
+            "nothing yet",
+            vec![volume("a", Pending), volume("b", Pending)],
+            RestorePhase::Pending,
+            "0/2 verified",
+        ),
+        (
+            "one writing",
+            vec![volume("a", Restoring), volume("b", Pending)],
+            RestorePhase::Running,
+            "0/2 verified",
+        ),
+        (
+            "two of three",
+            vec![
+                volume("a", Verified),
+                volume("b", Verified),
+                volume("c", Verifying),
+            ],
+            RestorePhase::Running,
+            "2/3 verified",
+        ),
+        (
+            "all verified",
+            vec![volume("a", Verified), volume("b", Verified)],
+            RestorePhase::Completed,
+            "2/2 verified",
+        ),
+        (
+            "one failed",
+            vec![volume("a", Verified), volume("b", Failed)],
+            RestorePhase::Failed,
+            "1/2 verified",
+        ),
+        (
+            "no volumes is never completed",
+            vec![],
+            RestorePhase::Pending,
+            "0/0 verified",
+        ),
+    ];
+    for (name, volumes, phase, progress) in rows {
+        let summary = summary(&volumes);
+        assert_eq!(summary.phase, phase, "{name}");
+        assert_eq!(summary.progress, progress, "{name}");
+        assert_eq!(
+            summary.failure.is_some(),
+            phase == RestorePhase::Failed,
+            "{name}"
+        );
+    }
+    let failed = summary(&[volume("b", Failed)]);
+    assert_eq!(
+        failed.failure.unwrap(),
+        ("ContentMismatch".to_string(), "claim b: why".to_string())
+    );
+}
+
+#[test]
+fn reports_are_filtered_and_the_most_advanced_wins() {
+    let mut other_restore = reported("data-db-0", "db-0", VolumeState::Verified);
+    other_restore.restore_uid = "another".into();
+    let mut other_namespace = reported("data-db-0", "db-0", VolumeState::Verified);
+    other_namespace.namespace = "elsewhere".into();
+    let node_a = vec![
+        reported("data-db-0", "db-0", VolumeState::Pending),
+        other_restore,
+        other_namespace,
+        reported("not-ours", "db-9", VolumeState::Verified),
+    ];
+    let node_b = vec![reported("data-db-0", "db-0", VolumeState::Verifying)];
+    let claims = vec!["data-db-0".to_string(), "data-db-1".to_string()];
+    let found = reports_for(
+        [("node-a", node_a.as_slice()), ("node-b", node_b.as_slice())],
+        "ns",
+        UID,
+        &claims,
+    );
+    assert_eq!(found.len(), 1);
+    let (volume, node) = found["data-db-0"];
+    assert_eq!((volume.state, node), (VolumeState::Verifying, "node-b"));
+}
+
+#[test]
+fn pods_are_released_only_when_all_their_volumes_are_verified() {
+    let volumes = [
+        reported("data-db-0", "db-0", VolumeState::Verified),
+        reported("logs-db-0", "db-0", VolumeState::Verifying),
+        reported("data-db-1", "db-1", VolumeState::Verified),
+        reported("data-db-2", "db-2", VolumeState::Failed),
+    ];
+    let claims: Vec<String> = volumes
+        .iter()
+        .map(|volume| volume.claim_name.clone())
+        .collect();
+    let found = reports_for([("n", volumes.as_slice())], "ns", UID, &claims);
+    let released = releasable_pods(&found);
+    assert_eq!(released.into_iter().collect::<Vec<_>>(), ["db-1"]);
+}
+
+fn job(name: &str, owner_uid: &str, label_uid: &str, deleting: bool) -> Job {
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(LABEL_RESTORE_UID.to_string(), label_uid.to_string())].into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "custody.io/v1alpha1".into(),
+                kind: "Restore".into(),
+                name: "r".into(),
+                uid: owner_uid.into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            deletion_timestamp: deleting.then(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            ..ObjectMeta::default()
+        },
+        ..Job::default()
+    }
+}
+
+#[test]
+fn teardown_deletes_only_own_jobs_and_waits_for_pods() {
+    let jobs = [
+        job("ours", UID, UID, false),
+        job("ours-going", UID, UID, true),
+        job("look-alike", "someone-else", UID, false),
+        job("mislabelled", UID, "someone-else", false),
+    ];
+    let plan = teardown(&jobs, UID, 0);
+    assert_eq!(plan.delete, ["ours"]);
+    assert!(plan.waiting);
+    let plan = teardown(&jobs[2..], UID, 0);
+    assert!(plan.delete.is_empty());
+    assert!(!plan.waiting, "foreign Jobs do not hold the teardown");
+    assert!(teardown(&[], UID, 1).waiting, "pods still there hold it");
+    assert!(!teardown(&[], UID, 0).waiting);
+}

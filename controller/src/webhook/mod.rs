@@ -1,0 +1,391 @@
+//! The admission webhook: pods labelled `custody.io/cluster=<name>` of a Cluster whose restore
+//! is not complete get `custody-wait` and the readiness gate ([`crate::inject`]). Served over
+//! HTTPS on every replica, with a certificate the controller issues and rotates itself
+//! ([`certs`]). Registered with `failurePolicy: Fail`, so a labelled pod never starts
+//! unguarded: when the webhook cannot decide, the pod is refused and created again later.
+
+pub mod certs;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::{Client, ResourceExt};
+use tokio_rustls::rustls;
+
+use crate::api::{Cluster, Restore, RestorePhase};
+use crate::error::{Error, Result};
+use crate::inject::Injection;
+
+/// The label that names a pod's Cluster.
+pub const LABEL_CLUSTER: &str = "custody.io/cluster";
+/// The path the API server calls.
+pub const PATH: &str = "/mutate-pods";
+
+/// What the webhook does with a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Not custody's to change: admitted as it is.
+    Allow,
+    /// Admitted with `custody-wait` and the readiness gate for this Restore.
+    Inject {
+        restore_name: String,
+        restore_uid: String,
+    },
+    /// Refused, with the reason (the pod's controller creates it again later).
+    Deny(String),
+}
+
+/// The Restore as the admission decision needs it.
+#[derive(Clone, Debug)]
+pub struct RestoreFacts<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+    /// Controlled by the Cluster (owner reference with its UID).
+    pub owned: bool,
+    pub phase: Option<RestorePhase>,
+}
+
+/// The decision for a pod of Cluster `cluster_name` (from its label): pods of a Cluster under
+/// restore are guarded until its own Restore completed; a pod that cannot be guarded yet (the
+/// Restore not created, or not the Cluster's own) is refused rather than admitted unguarded.
+pub fn admit(
+    cluster_name: &str,
+    cluster: Option<(&Cluster, bool)>,
+    restore: Option<RestoreFacts<'_>>,
+) -> Admission {
+    let Some((cluster, deleting)) = cluster else {
+        return Admission::Allow;
+    };
+    let Some(spec) = &cluster.spec.restore else {
+        return Admission::Allow;
+    };
+    if deleting {
+        return Admission::Deny(format!(
+            "Cluster {cluster_name} is being deleted while restoring from Backup {}; its pods may not start",
+            spec.backup_ref.name
+        ));
+    }
+    match restore {
+        Some(restore) if restore.owned => match restore.phase {
+            Some(RestorePhase::Completed) => Admission::Allow,
+            _ => Admission::Inject {
+                restore_name: restore.name.to_string(),
+                restore_uid: restore.uid.to_string(),
+            },
+        },
+        Some(restore) => Admission::Deny(format!(
+            "Restore {} was not created by Cluster {cluster_name}; its pods are not admitted until the Cluster's own restore exists",
+            restore.name
+        )),
+        None => Admission::Deny(format!(
+            "the restore of Cluster {cluster_name} from Backup {} is being set up; the pod is admitted once it exists",
+            spec.backup_ref.name
+        )),
+    }
+}
+
+/// What the webhook server needs.
+pub struct WebhookContext {
+    pub client: Client,
+    pub wait_image: String,
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+async fn decide(
+    context: &WebhookContext,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<AdmissionResponse> {
+    let response = AdmissionResponse::from(request);
+    if !matches!(request.operation, Operation::Create) {
+        return Ok(response);
+    }
+    let Some(object) = &request.object else {
+        return Ok(response);
+    };
+    let pod: Pod = serde_json::from_value(serde_json::to_value(object).unwrap_or_default())
+        .map_err(|error| Error::Webhook(format!("reading the pod: {error}")))?;
+    let Some(cluster_name) = pod.labels().get(LABEL_CLUSTER).cloned() else {
+        return Ok(response);
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let clusters: Api<Cluster> = Api::namespaced(context.client.clone(), &namespace);
+    let cluster = clusters
+        .get_opt(&cluster_name)
+        .await
+        .map_err(|source| Error::Read {
+            object: format!("Cluster {namespace}/{cluster_name}"),
+            source,
+        })?;
+    let restore = match &cluster {
+        Some(cluster) if cluster.spec.restore.is_some() => {
+            let name = crate::clusters::restore_name(cluster);
+            let restores: Api<Restore> = Api::namespaced(context.client.clone(), &namespace);
+            restores
+                .get_opt(&name)
+                .await
+                .map_err(|source| Error::Read {
+                    object: format!("Restore {namespace}/{name}"),
+                    source,
+                })?
+        }
+        _ => None,
+    };
+    let cluster_uid = cluster
+        .as_ref()
+        .and_then(|cluster| cluster.metadata.uid.clone())
+        .unwrap_or_default();
+    let decision = admit(
+        &cluster_name,
+        cluster
+            .as_ref()
+            .map(|cluster| (cluster, cluster.metadata.deletion_timestamp.is_some())),
+        restore.as_ref().map(|restore| RestoreFacts {
+            name: restore.metadata.name.as_deref().unwrap_or_default(),
+            uid: restore.metadata.uid.as_deref().unwrap_or_default(),
+            owned: crate::ownership::controlled_by(&restore.metadata, "Cluster", &cluster_uid),
+            phase: restore.status.as_ref().and_then(|status| status.phase),
+        }),
+    );
+    let pod_name = pod
+        .metadata
+        .name
+        .clone()
+        .or(pod.metadata.generate_name.clone())
+        .unwrap_or_default();
+    match decision {
+        Admission::Allow => Ok(response),
+        Admission::Deny(reason) => {
+            tracing::info!(
+                namespace,
+                pod = pod_name,
+                cluster = cluster_name,
+                reason,
+                "pod refused"
+            );
+            context
+                .metrics
+                .webhook_decisions
+                .get_or_create(&crate::metrics::ReasonLabels {
+                    reason: "Denied".into(),
+                })
+                .inc();
+            Ok(response.deny(reason))
+        }
+        Admission::Inject {
+            restore_name,
+            restore_uid,
+        } => {
+            let cluster = cluster.expect("injection needs a Cluster");
+            let injection = Injection {
+                image: context.wait_image.clone(),
+                ca_config_map: crate::restores::GATE_CA_CONFIG_MAP.to_string(),
+                restore_name: restore_name.clone(),
+                restore_uid,
+                claim_templates: cluster.spec.volume_claim_templates.clone(),
+            };
+            let before =
+                serde_json::to_value(&pod).map_err(|error| Error::Webhook(error.to_string()))?;
+            let after = serde_json::to_value(crate::inject::inject(pod, &injection))
+                .map_err(|error| Error::Webhook(error.to_string()))?;
+            let patch = json_patch::diff(&before, &after);
+            tracing::info!(
+                namespace,
+                pod = pod_name,
+                cluster = cluster_name,
+                restore = restore_name,
+                "custody-wait injected"
+            );
+            context
+                .metrics
+                .webhook_decisions
+                .get_or_create(&crate::metrics::ReasonLabels {
+                    reason: "Injected".into(),
+                })
+                .inc();
+            response
+                .with_patch(patch)
+                .map_err(|error| Error::Webhook(format!("serializing the patch: {error}")))
+        }
+    }
+}
+
+async fn mutate(
+    State(context): State<Arc<WebhookContext>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(%error, "unreadable AdmissionReview");
+            return Json(AdmissionResponse::invalid(error.to_string()).into_review());
+        }
+    };
+    let response = match decide(&context, &request).await {
+        Ok(response) => response,
+        Err(error) => {
+            // Cannot decide: refuse (the pod is created again), never admit unguarded.
+            tracing::warn!(%error, "admission failed; pod refused");
+            context
+                .metrics
+                .webhook_decisions
+                .get_or_create(&crate::metrics::ReasonLabels {
+                    reason: "Error".into(),
+                })
+                .inc();
+            AdmissionResponse::from(&request).deny(format!("custody cannot decide yet: {error}"))
+        }
+    };
+    Json(response.into_review())
+}
+
+/// Serves the certificate currently in force; rotation swaps it without a restart.
+#[derive(Debug)]
+struct Resolver(RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl rustls::server::ResolvesServerCert for Resolver {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.read().expect("not poisoned").clone())
+    }
+}
+
+fn certified_key(bundle: &certs::Bundle) -> Result<Arc<rustls::sign::CertifiedKey>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(bundle.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| Error::Webhook(format!("serving certificate: {error}")))?;
+    let key = PrivateKeyDer::from_pem_slice(bundle.key.as_bytes())
+        .map_err(|error| Error::Webhook(format!("serving key: {error}")))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|error| Error::Webhook(format!("serving key: {error}")))?;
+    Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+}
+
+/// Settings of the webhook server.
+pub struct Settings {
+    pub address: SocketAddr,
+    pub configuration: String,
+    pub secret: String,
+    pub names: Vec<String>,
+    pub days: u32,
+}
+
+/// Issues (or reads) the certificate, publishes the CA, serves until `stopped`, and checks for
+/// renewal every hour.
+pub async fn run(
+    context: Arc<WebhookContext>,
+    settings: Settings,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let client = context.client.clone();
+    let bundle = certs::ensure(&client, &settings.secret, &settings.names, settings.days).await?;
+    certs::publish_ca(&client, &settings.configuration, &bundle.ca_cert).await?;
+    let resolver = Arc::new(Resolver(RwLock::new(certified_key(&bundle)?)));
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|error| Error::Webhook(error.to_string()))?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver.clone());
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(settings.address)
+        .await
+        .map_err(|error| Error::Webhook(format!("binding {}: {error}", settings.address)))?;
+    tracing::info!(address = %settings.address, configuration = settings.configuration, "serving the admission webhook");
+
+    // Renewal: every replica re-reads the Secret, so all serve what one of them issued.
+    let renew = {
+        let client = client.clone();
+        let resolver = resolver.clone();
+        async move {
+            let mut served = bundle;
+            loop {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                match certs::ensure(&client, &settings.secret, &settings.names, settings.days).await
+                {
+                    Ok(bundle) if bundle != served => match certified_key(&bundle) {
+                        Ok(key) => {
+                            *resolver.0.write().expect("not poisoned") = key;
+                            let _ = certs::publish_ca(
+                                &client,
+                                &settings.configuration,
+                                &bundle.ca_cert,
+                            )
+                            .await;
+                            tracing::info!(
+                                not_after = bundle.not_after,
+                                "webhook certificate rotated"
+                            );
+                            served = bundle;
+                        }
+                        Err(error) => tracing::warn!(%error, "renewed certificate unusable"),
+                    },
+                    Ok(_) => {
+                        let _ =
+                            certs::publish_ca(&client, &settings.configuration, &served.ca_cert)
+                                .await;
+                    }
+                    Err(error) => tracing::warn!(%error, "webhook certificate check failed"),
+                }
+            }
+        }
+    };
+
+    let router = Router::new().route(PATH, post(mutate)).with_state(context);
+    let serve = async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "webhook accept");
+                    continue;
+                }
+            };
+            let acceptor = acceptor.clone();
+            let router = router.clone();
+            tokio::spawn(async move {
+                let tls =
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "webhook TLS handshake");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .http1_only()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    };
+    tokio::select! {
+        _ = serve => {}
+        _ = renew => {}
+        _ = stopped => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+use super::*;
+use crate::api::{ClusterRestoreSpec, ClusterSpec, LocalObjectReference, VolumeRestorePolicy};
+
+fn cluster(restore: bool) -> Cluster {
+    Cluster::new(
+        "db",
+        ClusterSpec {
+            stateful_set_ref: LocalObjectReference { name: "db".into() },
+            volume_claim_templates: vec!["data".into()],
+            repository_ref: None,
+            restore: restore.then(|| ClusterRestoreSpec {
+                backup_ref: LocalObjectReference {
+                    name: "nightly".into(),
+                },
+                volume_restore_policy: VolumeRestorePolicy::Parallel,
+            }),
+        },
+    )
+}
+
+fn restore(owned: bool, phase: Option<RestorePhase>) -> RestoreFacts<'static> {
+    RestoreFacts {
+        name: "db",
+        uid: "r-1",
+        owned,
+        phase,
+    }
+}
+
+#[test]
+fn admission_decisions() {
+    let inject = Admission::Inject {
+        restore_name: "db".into(),
+        restore_uid: "r-1".into(),
+    };
+    let plain = cluster(false);
+    let restoring = cluster(true);
+    let rows: Vec<(
+        &str,
+        Option<(&Cluster, bool)>,
+        Option<RestoreFacts>,
+        Option<Admission>,
+    )> = vec![
+        (
+            "no such Cluster: not custody's",
+            None,
+            None,
+            Some(Admission::Allow),
+        ),
+        (
+            "Cluster without restore",
+            Some((&plain, false)),
+            None,
+            Some(Admission::Allow),
+        ),
+        (
+            "restore not created yet: refused, never unguarded",
+            Some((&restoring, false)),
+            None,
+            None,
+        ),
+        (
+            "restore pending",
+            Some((&restoring, false)),
+            Some(restore(true, None)),
+            Some(inject.clone()),
+        ),
+        (
+            "restore running",
+            Some((&restoring, false)),
+            Some(restore(true, Some(RestorePhase::Running))),
+            Some(inject.clone()),
+        ),
+        (
+            "restore failed: still gated",
+            Some((&restoring, false)),
+            Some(restore(true, Some(RestorePhase::Failed))),
+            Some(inject.clone()),
+        ),
+        (
+            "restore completed: nothing to guard",
+            Some((&restoring, false)),
+            Some(restore(true, Some(RestorePhase::Completed))),
+            Some(Admission::Allow),
+        ),
+        (
+            "someone else's Restore of that name",
+            Some((&restoring, false)),
+            Some(restore(false, Some(RestorePhase::Completed))),
+            None,
+        ),
+        (
+            "Cluster being deleted",
+            Some((&restoring, true)),
+            Some(restore(true, Some(RestorePhase::Running))),
+            None,
+        ),
+    ];
+    for (name, cluster, restore, expected) in rows {
+        let decision = admit("db", cluster, restore);
+        match expected {
+            Some(expected) => assert_eq!(decision, expected, "{name}"),
+            None => assert!(
+                matches!(decision, Admission::Deny(_)),
+                "{name}: {decision:?}"
+            ),
+        }
+    }
+}
