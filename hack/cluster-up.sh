@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts a local control plane on loopback: etcd, kube-apiserver (RBAC on, admission webhooks
-# possible) and kube-controller-manager (garbage collection, namespaces, service accounts).
+# possible), kube-controller-manager (garbage collection, namespaces, service accounts, Jobs,
+# StatefulSets, volume binding) and kube-scheduler.
 # Already running: does nothing. A stale PID file is cleaned up. Writes a kubeconfig and
 # prints its path on the last line.
 #
@@ -14,12 +15,13 @@ BIN=$("$here/build-control-plane.sh" | tail -1)
 ETCD="$BIN/etcd-$CUSTODY_ETCD_VERSION"
 APISERVER="$BIN/kube-apiserver-$CUSTODY_KUBE_VERSION"
 KCM="$BIN/kube-controller-manager-$CUSTODY_KUBE_VERSION"
+SCHEDULER="$BIN/kube-scheduler-$CUSTODY_KUBE_VERSION"
 mkdir -p "$CLUSTER_DIR"
 exec 9>"$CLUSTER_DIR/.lock"
 flock 9
 
 if running etcd && running kube-apiserver && running kube-controller-manager \
-  && healthy; then
+  && running kube-scheduler && healthy; then
   log "control plane already running (API server https://127.0.0.1:$APISERVER_PORT)"
   echo "$KUBECONFIG_PATH"
   exit 0
@@ -115,6 +117,14 @@ start kube-controller-manager "$KCM" \
   --profiling=false -v=1
 wait_for kube-controller-manager curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
 wait_for kube-controller-manager kubectl_local -n default get serviceaccount default
+
+# Places StatefulSet pods on the test nodes (local PersistentVolumes' node affinity included).
+start kube-scheduler "$SCHEDULER" \
+  --kubeconfig="$KUBECONFIG_PATH" \
+  --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
+  --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" \
+  --leader-elect=false --profiling=false -v=1
+wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
 
 log "control plane up: API server https://127.0.0.1:$APISERVER_PORT, kubeconfig $KUBECONFIG_PATH"
 echo "$KUBECONFIG_PATH"

@@ -267,13 +267,16 @@ impl Agent {
             }
         };
 
+        // The kubelet names a claim's directory after the PersistentVolume bound to it; only
+        // a volume without one (inline, ephemeral) goes by the pod's volume name.
+        let directory = self.volume_directory(&start.volume).await;
         // The kubelet may still be mounting the workload pod's volume.
         let deadline = Instant::now() + self.options.mount_wait;
         let path = loop {
             let found = volumes::find_volume(
                 &self.options.kubelet_root,
                 &start.volume.pod_uid,
-                &start.volume.volume,
+                &directory,
             )
             .and_then(|path| volumes::ensure_mounted(&path));
             match found {
@@ -315,6 +318,26 @@ impl Agent {
                 reason: "VerificationAborted".to_string(),
                 message: error.to_string(),
             },
+        }
+    }
+
+    /// The directory name of a workload volume under the kubelet root: the bound
+    /// PersistentVolume's name, or the pod's volume name when the claim is not bound (or
+    /// cannot be read).
+    async fn volume_directory(&self, volume: &crate::restores::WorkloadVolume) -> String {
+        let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &volume.namespace);
+        match claims.get_opt(&volume.claim_name).await {
+            Ok(Some(claim)) => claim
+                .spec
+                .and_then(|spec| spec.volume_name)
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| volume.volume.clone()),
+            Ok(None) => volume.volume.clone(),
+            Err(error) => {
+                tracing::warn!(claim = volume.claim_name, %error, "reading the claim; using the pod's volume name");
+                volume.volume.clone()
+            }
         }
     }
 

@@ -45,17 +45,25 @@ where
             "finalizers": finalizers,
         }
     });
-    api.patch(
-        &object.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
+    match api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
     .await
-    .map_err(|source| Error::Patch {
-        object: format!("finalizers of {what}"),
-        source,
-    })?;
-    Ok(())
+    {
+        Ok(_) => Ok(()),
+        // Changed meanwhile: the change wakes the reconciler again, which reads it afresh.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::debug!(object = what, "finalizers changed meanwhile; will retry");
+            Ok(())
+        }
+        Err(source) => Err(Error::Patch {
+            object: format!("finalizers of {what}"),
+            source,
+        }),
+    }
 }
 
 /// Adds `finalizer` to `object` unless it is there. Returns whether it wrote.

@@ -110,15 +110,19 @@ pub struct AgentArgs<'a> {
     pub wrapper: &'a [&'a str],
     /// Extra environment variables.
     pub envs: Vec<(&'a str, &'a str)>,
+    /// Where the gate listens (default: a free port on 127.0.0.1).
+    pub gate: Option<SocketAddr>,
 }
 
 impl AgentProcess {
     /// Starts an agent for `kubelet`'s node with the gate certificate of `pki`, and waits until
     /// its pod watch is in sync.
     pub fn start(kubelet: &FakeKubelet, pki: &Pki, args: AgentArgs<'_>) -> AgentProcess {
-        let gate: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("address");
+        let gate: SocketAddr = args.gate.unwrap_or_else(|| {
+            format!("127.0.0.1:{}", free_port())
+                .parse()
+                .expect("address")
+        });
         let http_port = free_port();
         let agent = binary("custody-agent");
         let mut command = match args.wrapper {

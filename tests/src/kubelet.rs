@@ -15,6 +15,8 @@ use kube::{Client, ResourceExt};
 /// One fake node: a Node object and a kubelet root directory.
 pub struct FakeKubelet {
     pub node: String,
+    /// The node's address (`status.hostIP` of its pods; where its agent's gate listens).
+    pub ip: String,
     client: Client,
     root: tempfile::TempDir,
     binds: Mutex<Vec<PathBuf>>,
@@ -23,16 +25,43 @@ pub struct FakeKubelet {
 impl FakeKubelet {
     /// Registers Node `node` and makes an empty kubelet root.
     pub async fn new(client: &Client, node: &str) -> FakeKubelet {
+        FakeKubelet::with_address(client, node, "127.0.0.1").await
+    }
+
+    /// Registers Node `node` with address `ip`, Ready and with room for pods (what a kubelet
+    /// reports, so that the real scheduler places pods on it), and makes an empty kubelet root.
+    pub async fn with_address(client: &Client, node: &str, ip: &str) -> FakeKubelet {
         let object: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": node, "labels": {"custody.io/test": "true"}},
+            "metadata": {"name": node, "labels": {"custody.io/test": "true", "kubernetes.io/hostname": node}},
         }))
         .expect("node");
-        Api::<Node>::all(client.clone())
+        let nodes = Api::<Node>::all(client.clone());
+        nodes
             .create(&PostParams::default(), &object)
             .await
             .unwrap_or_else(|error| panic!("creating Node {node}: {error}"));
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let status = serde_json::json!({"status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": node}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "fake kubelet", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        }});
+        nodes
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap_or_else(|error| panic!("status of Node {node}: {error}"));
+        // Admission taints a new Node not-ready until its kubelet reports Ready; the node
+        // lifecycle controller, which lifts it, is off here (it would evict pods of nodes
+        // without a kubelet heartbeat), so the harness lifts it for the Ready node.
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"taints": null}})))
+            .await
+            .unwrap_or_else(|error| panic!("taints of Node {node}: {error}"));
         FakeKubelet {
             node: node.to_string(),
+            ip: ip.to_string(),
             client: client.clone(),
             root: tempfile::tempdir().expect("kubelet root"),
             binds: Mutex::new(Vec::new()),
@@ -58,6 +87,22 @@ impl FakeKubelet {
     /// Mounts `source` (a mounted filesystem) as CSI volume `volume` of pod `uid`.
     pub fn mount(&self, uid: &str, volume: &str, source: &Path) -> PathBuf {
         let target = self.volume_path(uid, volume);
+        self.bind(source, &target)
+    }
+
+    /// Where the kubelet puts local PersistentVolume `volume` of pod `uid`.
+    pub fn local_volume_path(&self, uid: &str, volume: &str) -> PathBuf {
+        self.root
+            .path()
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~local-volume")
+            .join(volume)
+    }
+
+    /// Bind-mounts `source` at `target`.
+    pub fn bind(&self, source: &Path, target: &Path) -> PathBuf {
+        let target = target.to_path_buf();
         std::fs::create_dir_all(&target).expect("volume directory");
         let status = Command::new("mount")
             .arg("--bind")
@@ -101,6 +146,41 @@ impl FakeKubelet {
             .unwrap_or_else(|error| panic!("setting phase of {namespace}/{pod}: {error}"));
     }
 
+    /// Unmounts `target` (mounted by [`FakeKubelet::bind`]).
+    pub fn unbind(&self, target: &Path) {
+        let _ = Command::new("umount").arg(target).status();
+        self.binds
+            .lock()
+            .expect("not poisoned")
+            .retain(|bound| bound != target);
+    }
+
+    /// A local PersistentVolume on this node backed by `path`, bound in advance to claim
+    /// `namespace/claim` (what an administrator does for static provisioning).
+    pub async fn local_persistent_volume(&self, namespace: &str, claim: &str, path: &Path) -> String {
+        let name = format!("{namespace}-{claim}");
+        let volume: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"custody.io/test": "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": LOCAL_STORAGE_CLASS,
+                "local": {"path": path.display().to_string()},
+                "claimRef": {"namespace": namespace, "name": claim},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]},
+                ]}]}},
+            },
+        }))
+        .expect("persistent volume");
+        Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(self.client.clone())
+            .create(&PostParams::default(), &volume)
+            .await
+            .unwrap_or_else(|error| panic!("creating PersistentVolume {name}: {error}"));
+        name
+    }
+
     /// Deletes the Node object.
     pub async fn delete(&self) {
         let _ = Api::<Node>::all(self.client.clone())
@@ -116,6 +196,9 @@ impl Drop for FakeKubelet {
         }
     }
 }
+
+/// Storage class of the test's local PersistentVolumes.
+pub const LOCAL_STORAGE_CLASS: &str = "custody-local";
 
 /// What a test pod looks like.
 #[derive(Default)]
@@ -293,6 +376,8 @@ async fn run_pods(
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let mut seen = std::collections::BTreeSet::new();
+    let mut running: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =
+        std::collections::BTreeMap::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let listed = pods
             .list(&kube::api::ListParams::default().labels(custody_proto::names::LABEL_ROLE))
@@ -301,7 +386,23 @@ async fn run_pods(
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let on_node =
                 pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(&node);
-            if !on_node || !seen.insert(uid) {
+            if !on_node {
+                continue;
+            }
+            if pod.metadata.deletion_timestamp.is_some() {
+                // The kubelet stops the containers and confirms the deletion.
+                if let Some(task) = running.remove(&uid) {
+                    task.abort();
+                }
+                seen.insert(uid.clone());
+                finish_deletion(&pods, &pod).await;
+                continue;
+            }
+            let finished = matches!(
+                pod.status.as_ref().and_then(|status| status.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            if finished || !seen.insert(uid.clone()) {
                 continue;
             }
             let recorded_key = backup_key(&client, &namespace, &pod).await;
@@ -312,8 +413,12 @@ async fn run_pods(
             let client = client.clone();
             let claims = claims.clone();
             let namespace = namespace.clone();
-            tokio::spawn(async move { run_pod(client, namespace, pod, claims).await });
+            running.insert(
+                uid,
+                tokio::spawn(async move { run_pod(client, namespace, pod, claims).await }),
+            );
         }
+        running.retain(|_, task| !task.is_finished());
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
@@ -372,7 +477,12 @@ async fn run_pod(
             .find(|volume| volume.name == mount.name)
             .and_then(|volume| volume.persistent_volume_claim.as_ref())
             .map(|source| source.claim_name.clone());
-        if let Some(path) = claim.and_then(|claim| claims.get(&claim).cloned()) {
+        let Some(claim) = claim else { continue };
+        let path = match claims.get(&claim) {
+            Some(path) => Some(path.clone()),
+            None => claim_path(&client, &namespace, &claim).await,
+        };
+        if let Some(path) = path {
             mounts.push((mount.mount_path.clone(), path));
         }
     }
@@ -419,6 +529,7 @@ async fn run_pod(
     }
     set_status(&pods, &name, serde_json::json!({"phase": "Running"})).await;
     let output = tokio::process::Command::new(&binary)
+        .kill_on_drop(true)
         .args(&args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -448,4 +559,40 @@ async fn run_pod(
         }),
     )
     .await;
+}
+
+/// The host directory behind a claim: the local path of the PersistentVolume bound to it.
+pub async fn claim_path(client: &Client, namespace: &str, claim: &str) -> Option<PathBuf> {
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    let volume = claims.get_opt(claim).await.ok()??.spec?.volume_name?;
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let path = volumes.get_opt(&volume).await.ok()??.spec?.local?.path;
+    Some(PathBuf::from(path))
+}
+
+/// The name of the PersistentVolume bound to a claim.
+pub async fn bound_volume(client: &Client, namespace: &str, claim: &str) -> Option<String> {
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    claims
+        .get_opt(claim)
+        .await
+        .ok()??
+        .spec?
+        .volume_name
+        .filter(|name| !name.is_empty())
+}
+
+/// Confirms a pod's deletion once its containers are stopped, as the kubelet does.
+pub async fn finish_deletion(pods: &Api<Pod>, pod: &Pod) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let _ = pods.delete(&pod.name_any(), &params).await;
 }

@@ -7,6 +7,7 @@ pub mod kubelet;
 pub mod pki;
 pub mod s3;
 pub mod volumes;
+pub mod workloads;
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
