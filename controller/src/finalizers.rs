@@ -51,7 +51,7 @@ where
             &PatchParams::default(),
             &Patch::Merge(patch),
         )
-    .await
+        .await
     {
         Ok(_) => Ok(()),
         // Changed meanwhile: the change wakes the reconciler again, which reads it afresh.

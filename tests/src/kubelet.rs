@@ -56,7 +56,11 @@ impl FakeKubelet {
         // lifecycle controller, which lifts it, is off here (it would evict pods of nodes
         // without a kubelet heartbeat), so the harness lifts it for the Ready node.
         nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"taints": null}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
+            )
             .await
             .unwrap_or_else(|error| panic!("taints of Node {node}: {error}"));
         FakeKubelet {
@@ -157,23 +161,29 @@ impl FakeKubelet {
 
     /// A local PersistentVolume on this node backed by `path`, bound in advance to claim
     /// `namespace/claim` (what an administrator does for static provisioning).
-    pub async fn local_persistent_volume(&self, namespace: &str, claim: &str, path: &Path) -> String {
+    pub async fn local_persistent_volume(
+        &self,
+        namespace: &str,
+        claim: &str,
+        path: &Path,
+    ) -> String {
         let name = format!("{namespace}-{claim}");
-        let volume: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": {"custody.io/test": "true"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": LOCAL_STORAGE_CLASS,
-                "local": {"path": path.display().to_string()},
-                "claimRef": {"namespace": namespace, "name": claim},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]},
-                ]}]}},
-            },
-        }))
-        .expect("persistent volume");
+        let volume: k8s_openapi::api::core::v1::PersistentVolume =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {"custody.io/test": "true"}},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": LOCAL_STORAGE_CLASS,
+                    "local": {"path": path.display().to_string()},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]},
+                    ]}]}},
+                },
+            }))
+            .expect("persistent volume");
         Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(self.client.clone())
             .create(&PostParams::default(), &volume)
             .await
@@ -320,6 +330,11 @@ pub struct Started {
 /// status from the real exit code and termination message. It plays only the kubelet.
 pub struct PodRunner {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// While false, new pods wait (deletions are still confirmed).
+    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Called with each claim's host directory after a pod's program exited 0 and before its
+    /// success is reported: a test's way to change a volume between write and verification.
+    tamper: Tamper,
     /// The pods started so far.
     pub started: std::sync::Arc<Mutex<Vec<Started>>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -335,6 +350,8 @@ impl PodRunner {
         claims: std::collections::BTreeMap<String, PathBuf>,
     ) -> PodRunner {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let run = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let tamper: Tamper = std::sync::Arc::new(Mutex::new(None));
         let started = std::sync::Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(run_pods(
             client.clone(),
@@ -342,13 +359,28 @@ impl PodRunner {
             node.to_string(),
             claims,
             stop.clone(),
+            run.clone(),
+            tamper.clone(),
             started.clone(),
         ));
         PodRunner {
             stop,
+            run,
+            tamper,
             started,
             task: Some(task),
         }
+    }
+
+    /// Holds new pods (`false`) or runs them (`true`).
+    pub fn set_running(&self, running: bool) {
+        self.run
+            .store(running, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets the hook called on each claim's directory after a pod succeeded.
+    pub fn set_tamper(&self, hook: impl Fn(&Path) + Send + Sync + 'static) {
+        *self.tamper.lock().expect("not poisoned") = Some(Box::new(hook));
     }
 
     /// The pods started so far.
@@ -372,6 +404,8 @@ async fn run_pods(
     node: String,
     claims: std::collections::BTreeMap<String, PathBuf>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tamper: Tamper,
     started: std::sync::Arc<Mutex<Vec<Started>>>,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -399,12 +433,15 @@ async fn run_pods(
                 continue;
             }
             let finished = matches!(
-                pod.status.as_ref().and_then(|status| status.phase.as_deref()),
+                pod.status
+                    .as_ref()
+                    .and_then(|status| status.phase.as_deref()),
                 Some("Succeeded" | "Failed")
             );
-            if finished || !seen.insert(uid.clone()) {
+            if finished || seen.contains(&uid) || !run.load(std::sync::atomic::Ordering::Relaxed) {
                 continue;
             }
+            seen.insert(uid.clone());
             let recorded_key = backup_key(&client, &namespace, &pod).await;
             started.lock().expect("not poisoned").push(Started {
                 pod: pod.name_any(),
@@ -413,9 +450,10 @@ async fn run_pods(
             let client = client.clone();
             let claims = claims.clone();
             let namespace = namespace.clone();
+            let tamper = tamper.clone();
             running.insert(
                 uid,
-                tokio::spawn(async move { run_pod(client, namespace, pod, claims).await }),
+                tokio::spawn(async move { run_pod(client, namespace, pod, claims, tamper).await }),
             );
         }
         running.retain(|_, task| !task.is_finished());
@@ -457,11 +495,15 @@ async fn set_status(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
     }
 }
 
+/// The hook of [`PodRunner::set_tamper`].
+type Tamper = std::sync::Arc<Mutex<Option<Box<dyn Fn(&Path) + Send + Sync>>>>;
+
 async fn run_pod(
     client: Client,
     namespace: String,
     pod: Pod,
     claims: std::collections::BTreeMap<String, PathBuf>,
+    tamper: Tamper,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let name = pod.name_any();
@@ -544,6 +586,13 @@ async fn run_pod(
         Err(error) => (127, error.to_string()),
     };
     eprintln!("[kubelet] {name} exited {code}: {}", stderr.trim());
+    if code == 0
+        && let Some(hook) = tamper.lock().expect("not poisoned").as_ref()
+    {
+        for (_, host) in &mounts {
+            hook(host);
+        }
+    }
     let message = std::fs::read_to_string(result_file.path()).unwrap_or_default();
     let phase = if code == 0 { "Succeeded" } else { "Failed" };
     set_status(

@@ -94,6 +94,18 @@ pub async fn bucket(url: &str, prefix: &str) -> String {
     name
 }
 
+/// Writes `body` at `key` (a test's way to corrupt an artifact).
+pub async fn put(url: &str, bucket: &str, key: &str, body: Vec<u8>) {
+    client(url)
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(body.into())
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("putting {bucket}/{key}: {error}"));
+}
+
 /// Keys in `bucket` under `prefix`.
 pub async fn keys(url: &str, bucket: &str, prefix: &str) -> Vec<String> {
     let listed = client(url)

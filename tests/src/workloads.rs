@@ -235,7 +235,10 @@ async fn run_pod(
         std::fs::create_dir_all(&dir).expect("projected volume dir");
         for source in projected.sources.iter().flatten() {
             if let Some(token) = &source.service_account_token {
-                let account = spec.service_account_name.clone().unwrap_or_else(|| "default".into());
+                let account = spec
+                    .service_account_name
+                    .clone()
+                    .unwrap_or_else(|| "default".into());
                 let token_text = request_token(
                     &client,
                     &namespace,
@@ -335,7 +338,12 @@ async fn run_pod(
                 .any(|condition| &condition.type_ == gate && condition.status == "True")
         });
         if ready != Some(all_gates) {
-            patch_status(&pods, &name, serde_json::json!({"conditions": [condition("Ready", all_gates)]})).await;
+            patch_status(
+                &pods,
+                &name,
+                serde_json::json!({"conditions": [condition("Ready", all_gates)]}),
+            )
+            .await;
             ready = Some(all_gates);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -356,7 +364,10 @@ async fn run_init(
     };
     let binary = crate::binary(first);
     if !binary.exists() {
-        return (0, format!("{first}: not a workspace binary; treated as done"));
+        return (
+            0,
+            format!("{first}: not a workspace binary; treated as done"),
+        );
     }
     let mut env: Vec<(String, String)> = Vec::new();
     for variable in container.env.iter().flatten() {
@@ -369,7 +380,11 @@ async fn run_init(
                 }
                 value
             }
-            (None, Some(from)) => match from.field_ref.as_ref().map(|field| field.field_path.as_str()) {
+            (None, Some(from)) => match from
+                .field_ref
+                .as_ref()
+                .map(|field| field.field_path.as_str())
+            {
                 Some("status.hostIP") | Some("status.podIP") => kubelet.ip.clone(),
                 Some("spec.nodeName") => kubelet.node.clone(),
                 _ => String::new(),
@@ -389,7 +404,10 @@ async fn run_init(
         }
         value.to_string()
     };
-    let env: Vec<(String, String)> = env.into_iter().map(|(name, value)| (name, map(&value))).collect();
+    let env: Vec<(String, String)> = env
+        .into_iter()
+        .map(|(name, value)| (name, map(&value)))
+        .collect();
     let args: Vec<String> = program
         .iter()
         .skip(1)

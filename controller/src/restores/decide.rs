@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{
     ReportedVolume, RestorePhase, VolumeRestorePolicy, VolumeRestoreStatus, VolumeState,
@@ -394,12 +395,24 @@ pub struct Teardown {
 }
 
 /// Teardown of a Restore: delete only Jobs it owns (not those already going), and wait until
-/// they and their pods are gone before the finalizer is removed.
-pub fn teardown(jobs: &[Job], restore_uid: &str, pods_left: usize) -> Teardown {
+/// they and their pods are gone before the finalizer is removed. A pod counts only when its
+/// controller is one of those Jobs: a look-alike's pods never hold the teardown.
+pub fn teardown(jobs: &[Job], pods: &[Pod], restore_uid: &str) -> Teardown {
     let owned: Vec<&Job> = jobs
         .iter()
         .filter(|job| owned_job(job, restore_uid))
         .collect();
+    let owned_uids: BTreeSet<&str> = owned
+        .iter()
+        .filter_map(|job| job.metadata.uid.as_deref())
+        .collect();
+    let pods_left = pods.iter().any(|pod| {
+        pod.metadata.owner_references.iter().flatten().any(|owner| {
+            owner.controller == Some(true)
+                && owner.kind == "Job"
+                && owned_uids.contains(owner.uid.as_str())
+        })
+    });
     let delete = owned
         .iter()
         .filter(|job| job.metadata.deletion_timestamp.is_none())
@@ -407,7 +420,7 @@ pub fn teardown(jobs: &[Job], restore_uid: &str, pods_left: usize) -> Teardown {
         .collect();
     Teardown {
         delete,
-        waiting: !owned.is_empty() || pods_left > 0,
+        waiting: !owned.is_empty() || pods_left,
     }
 }
 

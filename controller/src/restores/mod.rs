@@ -764,17 +764,12 @@ async fn tear_down(writer: &Writer<'_>, restores: &Api<Restore>, uid: &str) -> R
         .map_err(read_error(format!("Jobs of {}", writer.what())))?
         .items;
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pods_left = pods
-        .list(&ListParams::default().labels(&format!(
-            "{selector},{}={}",
-            custody_proto::names::LABEL_ROLE,
-            custody_proto::names::ROLE_PREPARE_DATA
-        )))
+    let pods_listed = pods
+        .list(&ListParams::default().labels(&selector))
         .await
         .map_err(read_error(format!("pods of {}", writer.what())))?
-        .items
-        .len();
-    let plan = decide::teardown(&listed, uid, pods_left);
+        .items;
+    let plan = decide::teardown(&listed, &pods_listed, uid);
     for name in &plan.delete {
         // Re-checked against the object just read; the precondition makes the API server
         // refuse if the Job was replaced by another of the same name since.

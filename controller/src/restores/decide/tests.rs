@@ -431,20 +431,53 @@ fn job(name: &str, owner_uid: &str, label_uid: &str, deleting: bool) -> Job {
     }
 }
 
+fn pod_of(job_uid: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("pod-of-{job_uid}")),
+            labels: Some([(LABEL_RESTORE_UID.to_string(), UID.to_string())].into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "batch/v1".into(),
+                kind: "Job".into(),
+                name: "j".into(),
+                uid: job_uid.into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
+}
+
 #[test]
-fn teardown_deletes_only_own_jobs_and_waits_for_pods() {
-    let jobs = [
+fn teardown_deletes_only_own_jobs_and_waits_for_their_pods() {
+    let mut jobs = vec![
         job("ours", UID, UID, false),
         job("ours-going", UID, UID, true),
         job("look-alike", "someone-else", UID, false),
         job("mislabelled", UID, "someone-else", false),
     ];
-    let plan = teardown(&jobs, UID, 0);
+    for (index, job) in jobs.iter_mut().enumerate() {
+        job.metadata.uid = Some(format!("job-{index}"));
+    }
+    let plan = teardown(&jobs, &[], UID);
     assert_eq!(plan.delete, ["ours"]);
     assert!(plan.waiting);
-    let plan = teardown(&jobs[2..], UID, 0);
+    let foreign = &jobs[2..];
+    let plan = teardown(foreign, &[pod_of("job-2")], UID);
     assert!(plan.delete.is_empty());
-    assert!(!plan.waiting, "foreign Jobs do not hold the teardown");
-    assert!(teardown(&[], UID, 1).waiting, "pods still there hold it");
-    assert!(!teardown(&[], UID, 0).waiting);
+    assert!(
+        !plan.waiting,
+        "foreign Jobs and their pods do not hold the teardown"
+    );
+    assert!(
+        teardown(&jobs[..1], &[pod_of("job-0")], UID).waiting,
+        "own pods hold it"
+    );
+    assert!(
+        !teardown(&[], &[pod_of("job-0")], UID).waiting,
+        "pods of no known Job do not"
+    );
+    assert!(!teardown(&[], &[], UID).waiting);
 }
