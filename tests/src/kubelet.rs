@@ -18,7 +18,8 @@ pub struct FakeKubelet {
     /// The node's address (`status.hostIP` of its pods; where its agent's gate listens).
     pub ip: String,
     client: Client,
-    root: tempfile::TempDir,
+    root: PathBuf,
+    _temporary: Option<tempfile::TempDir>,
     binds: Mutex<Vec<PathBuf>>,
 }
 
@@ -31,6 +32,14 @@ impl FakeKubelet {
     /// Registers Node `node` with address `ip`, Ready and with room for pods (what a kubelet
     /// reports, so that the real scheduler places pods on it), and makes an empty kubelet root.
     pub async fn with_address(client: &Client, node: &str, ip: &str) -> FakeKubelet {
+        let temporary = tempfile::tempdir().expect("kubelet root");
+        let mut kubelet = FakeKubelet::at(client, node, ip, temporary.path()).await;
+        kubelet._temporary = Some(temporary);
+        kubelet
+    }
+
+    /// Like [`FakeKubelet::with_address`], with the kubelet root at `root`.
+    pub async fn at(client: &Client, node: &str, ip: &str, root: &Path) -> FakeKubelet {
         let object: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": node, "labels": {"custody.io/test": "true", "kubernetes.io/hostname": node}},
         }))
@@ -67,20 +76,20 @@ impl FakeKubelet {
             node: node.to_string(),
             ip: ip.to_string(),
             client: client.clone(),
-            root: tempfile::tempdir().expect("kubelet root"),
+            root: root.to_path_buf(),
+            _temporary: None,
             binds: Mutex::new(Vec::new()),
         }
     }
 
     /// The kubelet root directory.
     pub fn root(&self) -> &Path {
-        self.root.path()
+        &self.root
     }
 
     /// Where the kubelet puts CSI volume `volume` of pod `uid`.
     pub fn volume_path(&self, uid: &str, volume: &str) -> PathBuf {
         self.root
-            .path()
             .join("pods")
             .join(uid)
             .join("volumes/kubernetes.io~csi")
@@ -97,7 +106,6 @@ impl FakeKubelet {
     /// Where the kubelet puts local PersistentVolume `volume` of pod `uid`.
     pub fn local_volume_path(&self, uid: &str, volume: &str) -> PathBuf {
         self.root
-            .path()
             .join("pods")
             .join(uid)
             .join("volumes/kubernetes.io~local-volume")
@@ -378,8 +386,8 @@ impl PodRunner {
             .store(running, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Sets the hook called on each claim's directory after a pod succeeded.
-    pub fn set_tamper(&self, hook: impl Fn(&Path) + Send + Sync + 'static) {
+    /// Sets the hook called with each claim and its directory after a pod succeeded.
+    pub fn set_tamper(&self, hook: impl Fn(&str, &Path) + Send + Sync + 'static) {
         *self.tamper.lock().expect("not poisoned") = Some(Box::new(hook));
     }
 
@@ -496,7 +504,7 @@ async fn set_status(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
 }
 
 /// The hook of [`PodRunner::set_tamper`].
-type Tamper = std::sync::Arc<Mutex<Option<Box<dyn Fn(&Path) + Send + Sync>>>>;
+type Tamper = std::sync::Arc<Mutex<Option<Box<dyn Fn(&str, &Path) + Send + Sync>>>>;
 
 async fn run_pod(
     client: Client,
@@ -511,6 +519,7 @@ async fn run_pod(
     let container = spec.containers[0].clone();
     // Volumes: claim -> host directory; mount path -> host directory.
     let mut mounts = Vec::new();
+    let mut claims_mounted: Vec<(String, PathBuf)> = Vec::new();
     for mount in container.volume_mounts.iter().flatten() {
         let claim = spec
             .volumes
@@ -525,6 +534,7 @@ async fn run_pod(
             None => claim_path(&client, &namespace, &claim).await,
         };
         if let Some(path) = path {
+            claims_mounted.push((claim, path.clone()));
             mounts.push((mount.mount_path.clone(), path));
         }
     }
@@ -589,8 +599,8 @@ async fn run_pod(
     if code == 0
         && let Some(hook) = tamper.lock().expect("not poisoned").as_ref()
     {
-        for (_, host) in &mounts {
-            hook(host);
+        for (claim, host) in &claims_mounted {
+            hook(claim, host);
         }
     }
     let message = std::fs::read_to_string(result_file.path()).unwrap_or_default();

@@ -337,6 +337,28 @@ async fn events_of(setup: &Setup, kind: &str, name: &str) -> Vec<(String, String
         .collect()
 }
 
+/// Waits for an Event on `kind`/`name` that `wanted` accepts (Events are published after the
+/// status they explain).
+async fn await_event(
+    setup: &Setup,
+    kind: &str,
+    name: &str,
+    wanted: impl Fn(&(String, String, String)) -> bool,
+) {
+    eventually(&format!("an Event on {kind} {name}"), TIMEOUT, || {
+        let found = async {
+            let events = events_of(setup, kind, name).await;
+            if events.iter().any(&wanted) {
+                Ok(())
+            } else {
+                Err(format!("{events:?}"))
+            }
+        };
+        found
+    })
+    .await;
+}
+
 /// Every regular file and symlink under `root` (but `.custody/` and `lost+found`), with content.
 fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
@@ -526,13 +548,10 @@ async fn a_restored_cluster_runs_only_once_every_volume_is_verified() {
 
     // The restored volume is the backed-up one, byte for byte.
     assert_eq!(tree(target.path()), tree(setup.source.path()));
-    let events = events_of(&setup, "Restore", "shop").await;
-    assert!(
-        events
-            .iter()
-            .any(|(_, reason, _)| reason == "VolumeVerified"),
-        "{events:?}"
-    );
+    await_event(&setup, "Restore", "shop", |(_, reason, _)| {
+        reason == "VolumeVerified"
+    })
+    .await;
     let agents: Api<NodeAgent> = Api::all(client.clone());
     let agent = agents.get(&setup.kubelet.node).await.unwrap();
     assert_eq!(agent.status.unwrap().volumes.unwrap().verified, 1);
@@ -593,7 +612,7 @@ async fn a_volume_changed_between_write_and_verification_fails_and_the_pod_stays
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
     // The volume is changed after the mover wrote it, before the agent verifies it.
-    setup.jobs.set_tamper(|volume| {
+    setup.jobs.set_tamper(|_claim, volume| {
         let file = volume.join("base/16384/0042");
         if file.exists() {
             let mut bytes = std::fs::read(&file).unwrap();
@@ -626,15 +645,10 @@ async fn a_volume_changed_between_write_and_verification_fails_and_the_pod_stays
         .find(|c| c.type_ == "Ready")
         .unwrap();
     assert_eq!(ready.reason, "ContentMismatch");
-    let events = events_of(&setup, "Restore", "shop").await;
-    assert!(
-        events
-            .iter()
-            .any(|(kind, reason, message)| kind == "Warning"
-                && reason == "ContentMismatch"
-                && message.contains("base/16384/0042")),
-        "{events:?}"
-    );
+    await_event(&setup, "Restore", "shop", |(kind, reason, message)| {
+        kind == "Warning" && reason == "ContentMismatch" && message.contains("base/16384/0042")
+    })
+    .await;
     assert_held(&setup, &workloads, "ContentMismatch").await;
     drop(workloads);
     setup.finish().await;
@@ -901,13 +915,10 @@ async fn cancelling_a_restore_tears_down_only_what_custody_created() {
         sets.get_opt("shop").await.unwrap().is_some(),
         "the StatefulSet is the user's"
     );
-    let events = events_of(&setup, "Cluster", "shop").await;
-    assert!(
-        events
-            .iter()
-            .any(|(_, reason, _)| reason == "RestoreCancelled"),
-        "{events:?}"
-    );
+    await_event(&setup, "Cluster", "shop", |(_, reason, _)| {
+        reason == "RestoreCancelled"
+    })
+    .await;
     drop(workloads);
     setup.finish().await;
 }
@@ -955,20 +966,15 @@ async fn a_job_deleted_by_someone_else_is_recreated_a_bounded_number_of_times_th
     let volume = &failed.status.as_ref().unwrap().volumes[0];
     assert_eq!(volume.reason.as_deref(), Some("JobDeleted"), "{volume:?}");
     assert_eq!(volume.attempts, 3);
-    let events = events_of(&setup, "Restore", "shop").await;
     // (Repeated Events are aggregated into one series by the recorder.)
-    assert!(
-        events
-            .iter()
-            .any(|(kind, reason, _)| kind == "Warning" && reason == "JobRecreated"),
-        "{events:?}"
-    );
-    assert!(
-        events
-            .iter()
-            .any(|(kind, reason, _)| kind == "Warning" && reason == "JobDeleted"),
-        "{events:?}"
-    );
+    await_event(&setup, "Restore", "shop", |(kind, reason, _)| {
+        kind == "Warning" && reason == "JobRecreated"
+    })
+    .await;
+    await_event(&setup, "Restore", "shop", |(kind, reason, _)| {
+        kind == "Warning" && reason == "JobDeleted"
+    })
+    .await;
     assert_held(&setup, &workloads, "JobDeleted").await;
     drop(workloads);
     setup.finish().await;
