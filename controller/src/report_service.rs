@@ -195,12 +195,25 @@ impl AgentReport for Service {
         let current = match api.get_opt(&node).await.map_err(internal)? {
             Some(agent) => agent,
             None => {
-                let object = NodeAgent::new(
+                let mut object = NodeAgent::new(
                     &node,
                     NodeAgentSpec {
                         node_name: node.clone(),
                     },
                 );
+                // Owned by its Node: when the Node goes, the garbage collector removes it.
+                let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+                if let Some(found) = nodes.get_opt(&node).await.map_err(internal)? {
+                    object.metadata.owner_references = Some(vec![
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            name: node.clone(),
+                            uid: found.metadata.uid.unwrap_or_default(),
+                            ..Default::default()
+                        },
+                    ]);
+                }
                 api.patch(
                     &node,
                     &PatchParams::apply(FIELD_MANAGER).force(),

@@ -366,10 +366,12 @@ impl PodRunner {
             namespace.to_string(),
             node.to_string(),
             claims,
-            stop.clone(),
-            run.clone(),
-            tamper.clone(),
-            started.clone(),
+            Shared {
+                stop: stop.clone(),
+                run: run.clone(),
+                tamper: tamper.clone(),
+                started: started.clone(),
+            },
         ));
         PodRunner {
             stop,
@@ -406,16 +408,27 @@ impl Drop for PodRunner {
     }
 }
 
+/// What the runner's task shares with its [`PodRunner`].
+struct Shared {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tamper: Tamper,
+    started: std::sync::Arc<Mutex<Vec<Started>>>,
+}
+
 async fn run_pods(
     client: Client,
     namespace: String,
     node: String,
     claims: std::collections::BTreeMap<String, PathBuf>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    tamper: Tamper,
-    started: std::sync::Arc<Mutex<Vec<Started>>>,
+    shared: Shared,
 ) {
+    let Shared {
+        stop,
+        run,
+        tamper,
+        started,
+    } = shared;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let mut seen = std::collections::BTreeSet::new();
     let mut running: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =

@@ -345,16 +345,13 @@ async fn await_event(
     name: &str,
     wanted: impl Fn(&(String, String, String)) -> bool,
 ) {
-    eventually(&format!("an Event on {kind} {name}"), TIMEOUT, || {
-        let found = async {
-            let events = events_of(setup, kind, name).await;
-            if events.iter().any(&wanted) {
-                Ok(())
-            } else {
-                Err(format!("{events:?}"))
-            }
-        };
-        found
+    eventually(&format!("an Event on {kind} {name}"), TIMEOUT, || async {
+        let events = events_of(setup, kind, name).await;
+        if events.iter().any(&wanted) {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
     })
     .await;
 }

@@ -239,16 +239,17 @@ mod tests {
             ready: 1,
         };
         // (name, restore spec, restore, workload) -> (phase, Restored status, Ready status, Ready reason)
-        let rows: Vec<(
-            &str,
-            Option<&str>,
+        type Row<'a> = (
+            &'a str,
+            Option<&'a str>,
             Option<RestoreFacts>,
             Workload,
             ClusterPhase,
             Option<Status>,
             Status,
-            &str,
-        )> = vec![
+            &'a str,
+        );
+        let rows: Vec<Row> = vec![
             (
                 "plain, ready",
                 None,

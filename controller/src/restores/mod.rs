@@ -135,6 +135,18 @@ impl Writer<'_> {
         Ok(Action::requeue(Duration::from_secs(retry)))
     }
 
+    /// Pending for an ordinary reason (no Event).
+    async fn wait_quietly(
+        &self,
+        reason: &'static str,
+        message: String,
+        retry: u64,
+    ) -> Result<Action> {
+        self.stop_at(RestorePhase::Pending, reason, message, false)
+            .await?;
+        Ok(Action::requeue(Duration::from_secs(retry)))
+    }
+
     /// Failed (final) with a reason and a Warning Event.
     async fn fail(&self, reason: &'static str, message: String) -> Result<Action> {
         self.stop_at(RestorePhase::Failed, reason, message, true)
@@ -392,8 +404,9 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         .await
         .map_err(read_error(format!("StatefulSet {namespace}/{set_name}")))?
     else {
+        // Usual while the user's manifests are applied one after another.
         return writer
-            .wait(
+            .wait_quietly(
                 reasons::STATEFUL_SET_NOT_FOUND,
                 format!("StatefulSet {set_name} of Cluster {cluster_name} does not exist yet"),
                 10,

@@ -153,14 +153,17 @@ fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
-fn from_secret(
-    secret: &Secret,
-) -> Option<(
-    Option<Bundle>,
-    Option<i64>,
-    Vec<String>,
-    Option<(String, String)>,
-)> {
+/// What a stored Secret holds, as far as it can be read.
+struct Stored {
+    /// Everything, when it is all there.
+    bundle: Option<Bundle>,
+    not_after: Option<i64>,
+    names: Vec<String>,
+    /// The CA certificate and key.
+    ca: Option<(String, String)>,
+}
+
+fn from_secret(secret: &Secret) -> Stored {
     let data = secret.data.clone().unwrap_or_default();
     let annotations = secret.annotations();
     let not_after = annotations
@@ -182,7 +185,12 @@ fn from_secret(
         }),
         _ => None,
     };
-    Some((bundle, not_after, names, ca))
+    Stored {
+        bundle,
+        not_after,
+        names,
+        ca,
+    }
 }
 
 fn secret_of(bundle: &Bundle, name: &str, resource_version: Option<String>) -> Secret {
@@ -235,17 +243,24 @@ pub async fn ensure(client: &Client, secret: &str, names: &[String], days: u32) 
             object: format!("Secret {secret}"),
             source,
         })?;
-        let parsed = stored.as_ref().and_then(from_secret);
+        let parsed = stored.as_ref().map(from_secret);
         let decision = renewal(
             parsed
                 .as_ref()
-                .map(|(_, not_after, names, _)| (*not_after, names.as_slice())),
+                .map(|stored| (stored.not_after, stored.names.as_slice())),
             names,
             now,
             i64::from(days.max(1)) * 86_400,
         );
         let written = match (decision, &stored, &parsed) {
-            (Renewal::Keep, _, Some((Some(bundle), ..))) => return Ok(bundle.clone()),
+            (
+                Renewal::Keep,
+                _,
+                Some(Stored {
+                    bundle: Some(bundle),
+                    ..
+                }),
+            ) => return Ok(bundle.clone()),
             (Renewal::Create, _, _) | (_, None, _) => {
                 let bundle = issue(None, names, now, days)?;
                 api.create(&PostParams::default(), &secret_of(&bundle, name, None))
@@ -253,7 +268,7 @@ pub async fn ensure(client: &Client, secret: &str, names: &[String], days: u32) 
                     .map(|_| bundle)
             }
             (_, Some(existing), parsed) => {
-                let ca = parsed.as_ref().and_then(|(_, _, _, ca)| ca.clone());
+                let ca = parsed.as_ref().and_then(|stored| stored.ca.clone());
                 let bundle = issue(
                     ca.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
                     names,
@@ -361,7 +376,8 @@ mod tests {
         let names = vec!["a.svc".to_string(), "127.0.0.1".to_string()];
         let day = 86_400;
         let life = 90 * day;
-        let rows: &[(&str, Option<(Option<i64>, &[String])>, i64, Renewal)] = &[
+        type Row<'a> = (&'a str, Option<(Option<i64>, &'a [String])>, i64, Renewal);
+        let rows: &[Row] = &[
             ("nothing stored", None, 0, Renewal::Create),
             ("fresh", Some((Some(89 * day), &names)), 0, Renewal::Keep),
             (

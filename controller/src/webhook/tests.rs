@@ -35,12 +35,13 @@ fn admission_decisions() {
     };
     let plain = cluster(false);
     let restoring = cluster(true);
-    let rows: Vec<(
-        &str,
-        Option<(&Cluster, bool)>,
-        Option<RestoreFacts>,
+    type Row<'a> = (
+        &'a str,
+        Option<(&'a Cluster, bool)>,
+        Option<RestoreFacts<'a>>,
         Option<Admission>,
-    )> = vec![
+    );
+    let rows: Vec<Row> = vec![
         (
             "no such Cluster: not custody's",
             None,

@@ -424,7 +424,7 @@ fn job(name: &str, owner_uid: &str, label_uid: &str, deleting: bool) -> Job {
                 controller: Some(true),
                 block_owner_deletion: Some(true),
             }]),
-            deletion_timestamp: deleting.then(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            deletion_timestamp: deleting.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
             ..ObjectMeta::default()
         },
         ..Job::default()
