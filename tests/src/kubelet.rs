@@ -328,6 +328,9 @@ pub async fn request_token(
 #[derive(Clone, Debug)]
 pub struct Started {
     pub pod: String,
+    /// When the runner started the pod's program, and when it exited (once it has).
+    pub at: std::time::Instant,
+    pub ended: std::sync::Arc<Mutex<Option<std::time::Instant>>>,
     /// The Backup's `status.artifact.key` at that moment, if the pod belongs to a Backup.
     pub recorded_key: Option<String>,
 }
@@ -464,8 +467,11 @@ async fn run_pods(
             }
             seen.insert(uid.clone());
             let recorded_key = backup_key(&client, &namespace, &pod).await;
+            let ended = std::sync::Arc::new(Mutex::new(None));
             started.lock().expect("not poisoned").push(Started {
                 pod: pod.name_any(),
+                at: std::time::Instant::now(),
+                ended: ended.clone(),
                 recorded_key,
             });
             let client = client.clone();
@@ -474,7 +480,10 @@ async fn run_pods(
             let tamper = tamper.clone();
             running.insert(
                 uid,
-                tokio::spawn(async move { run_pod(client, namespace, pod, claims, tamper).await }),
+                tokio::spawn(async move {
+                    run_pod(client, namespace, pod, claims, tamper).await;
+                    *ended.lock().expect("not poisoned") = Some(std::time::Instant::now());
+                }),
             );
         }
         running.retain(|_, task| !task.is_finished());

@@ -24,6 +24,8 @@ use crate::kubelet::{FakeKubelet, bound_volume, claim_path, finish_deletion, req
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InitRun {
     pub pod: String,
+    /// When the container exited.
+    pub ended: std::time::Instant,
     pub container: String,
     pub exit_code: i32,
     pub output: String,
@@ -277,6 +279,7 @@ async fn run_pod(
             let (code, output) = run_init(container, &kubelet, &volume_dirs).await;
             runs.lock().expect("not poisoned").push(InitRun {
                 pod: name.clone(),
+                ended: std::time::Instant::now(),
                 container: container.name.clone(),
                 exit_code: code,
                 output,

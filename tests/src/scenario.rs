@@ -1,0 +1,313 @@
+//! A restore scenario shared by the restore tests and the restore benchmark: a namespace with
+//! a completed Backup of Cluster `orders` (its volume a real ext4 filesystem on node a), the
+//! real controller with its admission webhook registered for the namespace, the real agent on
+//! the node (its gate on the node's own loopback address), and the fake kubelet's Job runner.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use custody_controller::api::{Backup, BackupPhase, BackupRepository, Cluster, Restore};
+use custody_proto::names;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+use crate::agent::{
+    AgentArgs, AgentProcess, CONTROLLER_NAME, ControllerProcess, report_flags, report_token,
+};
+use crate::kubelet::{FakeKubelet, LOCAL_STORAGE_CLASS, PodRunner, PodSpec, create_pod};
+use crate::pki::Pki;
+use crate::volumes::LoopVolume;
+use crate::{TestNamespace, await_condition, eventually, free_port, s3};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A namespace with a completed Backup of Cluster `orders`, a controller with its webhook, and
+/// one node (fake kubelet, real agent) ready for a restore.
+pub struct Setup {
+    pub namespace: TestNamespace,
+    pub kubelet: Arc<FakeKubelet>,
+    pub source: LoopVolume,
+    _pki: Pki,
+    pub controller: ControllerProcess,
+    pub agent: AgentProcess,
+    pub jobs: PodRunner,
+    _report_token: tempfile::NamedTempFile,
+    webhook: String,
+}
+
+impl Setup {
+    /// Deletes what the scenario made outside its namespace, then the namespace.
+    pub async fn finish(self) {
+        let configurations: Api<MutatingWebhookConfiguration> =
+            Api::all(self.namespace.client.clone());
+        let _ = configurations
+            .delete(&self.webhook, &DeleteParams::default())
+            .await;
+        self.kubelet.delete().await;
+        self.namespace.delete().await;
+    }
+}
+
+/// A loopback address of this test's own (the node's address; its agent's gate listens there).
+pub fn node_address(namespace: &str) -> String {
+    let hash = blake3::hash(namespace.as_bytes());
+    let bytes = hash.as_bytes();
+    format!(
+        "127.{}.{}.{}",
+        1 + bytes[0] % 250,
+        bytes[1],
+        1 + bytes[2] % 250
+    )
+}
+
+pub async fn create<K>(api: &Api<K>, value: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    let object: K = serde_json::from_value(value).expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create")
+}
+
+/// The scenario, with `populate` writing the source volume.
+pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Path)) -> Setup {
+    let namespace = TestNamespace::create(prefix).await;
+    let client = namespace.client.clone();
+    let ns = namespace.name.clone();
+    let url = s3::shared();
+    let bucket = s3::bucket(url, prefix).await;
+    let ip = node_address(&ns);
+    let kubelet = Arc::new(FakeKubelet::with_address(&client, &format!("{ns}-a"), &ip).await);
+
+    create::<Secret>(&namespace.api(), json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
+    }))
+    .await;
+    create::<BackupRepository>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "store"},
+            "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}},
+        }),
+    )
+    .await;
+
+    // The source: Cluster orders, its claim mounted by a running pod on the node.
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "orders"},
+            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                     "repositoryRef": {"name": "store"}},
+        }),
+    )
+    .await;
+    create::<PersistentVolumeClaim>(&namespace.api(), json!({
+        "metadata": {"name": "data-orders-0"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .await;
+    create_pod(
+        &client,
+        &ns,
+        PodSpec {
+            name: "orders-0",
+            node: &kubelet.node,
+            service_account: "orders",
+            claims: &[("data", "data-orders-0")],
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    kubelet.set_phase(&ns, "orders-0", "Running", 0).await;
+    let source = LoopVolume::new(megabytes);
+    populate(source.path());
+
+    // The controller, its webhook registered for this namespace only.
+    let pki = Pki::new(&[CONTROLLER_NAME, names::AGENT_SERVER_NAME]);
+    let webhook_port = free_port();
+    let webhook = format!("custody-{ns}");
+    create::<MutatingWebhookConfiguration>(&Api::all(client.clone()), json!({
+        "metadata": {"name": webhook},
+        "webhooks": [{
+            "name": "pods.custody.io",
+            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "objectSelector": {"matchExpressions": [{"key": "custody.io/cluster", "operator": "Exists"}]},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+        }],
+    }))
+    .await;
+    let controller = ControllerProcess::start(
+        &ns,
+        &pki,
+        &[
+            "--mover-image=custody-mover:test".to_string(),
+            "--wait-image=custody-wait:test".to_string(),
+            format!("--agent-service-account={ns}:custody-agent"),
+            format!("--gate-ca-file={}", pki.ca().display()),
+            format!("--webhook-address=127.0.0.1:{webhook_port}"),
+            format!("--webhook-configuration={webhook}"),
+            format!("--webhook-secret={ns}/custody-webhook-tls"),
+            "--webhook-names=127.0.0.1".to_string(),
+        ],
+    );
+    let token = report_token(&client, &ns, &kubelet.node).await;
+    let gate: SocketAddr = format!("{ip}:{}", names::GATE_PORT).parse().unwrap();
+    let agent = AgentProcess::start(
+        &kubelet,
+        &pki,
+        AgentArgs {
+            flags: report_flags(&controller, &pki, token.path()),
+            gate: Some(gate),
+            ..AgentArgs::default()
+        },
+    );
+    let jobs = PodRunner::start(
+        &client,
+        &ns,
+        &kubelet.node,
+        BTreeMap::from([("data-orders-0".to_string(), source.path().to_path_buf())]),
+    );
+
+    // The caBundle is the controller's to publish.
+    eventually("the webhook's caBundle", TIMEOUT, || {
+        let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        let webhook = webhook.clone();
+        async move {
+            let found = configurations
+                .get(&webhook)
+                .await
+                .map_err(|error| error.to_string())?;
+            let bundle = found
+                .webhooks
+                .unwrap_or_default()
+                .first()
+                .and_then(|hook| hook.client_config.ca_bundle.clone());
+            match bundle {
+                Some(bundle)
+                    if String::from_utf8_lossy(&bundle.0).contains("BEGIN CERTIFICATE") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    create::<Backup>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "nightly"},
+            "spec": {"clusterRef": {"name": "orders"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<Backup>(),
+        "nightly",
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
+    )
+    .await;
+
+    Setup {
+        namespace,
+        kubelet,
+        source,
+        _pki: pki,
+        controller,
+        agent,
+        jobs,
+        _report_token: token,
+        webhook,
+    }
+}
+
+/// Cluster `shop` restored from Backup `nightly`, and (once its Restore exists) its
+/// StatefulSet; the claim's PersistentVolume is `target`.
+pub async fn restore_into(setup: &Setup, target: &Path, annotations: serde_json::Value) {
+    let ns = &setup.namespace.name;
+    setup
+        .kubelet
+        .local_persistent_volume(ns, "data-shop-0", target)
+        .await;
+    create::<Cluster>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "shop", "annotations": annotations},
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                     "restore": {"backupRef": {"name": "nightly"}}},
+        }),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<Restore>(),
+        "shop",
+        "the Restore",
+        TIMEOUT,
+        |_: &Restore| true,
+    )
+    .await;
+    create::<StatefulSet>(&setup.namespace.api(), json!({
+        "metadata": {"name": "shop"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "shop",
+            "selector": {"matchLabels": {"app": "shop"}},
+            "template": {
+                "metadata": {"labels": {"app": "shop", "custody.io/cluster": "shop"}},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "db", "image": "registry.invalid/db:16",
+                                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/db"}]}],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": LOCAL_STORAGE_CLASS,
+                         "resources": {"requests": {"storage": "64Mi"}}},
+            }],
+        },
+    }))
+    .await;
+}
+
+
+/// The scenario with the tests' small database: 500 small files, a 3 MiB log, a symlink.
+pub async fn setup(prefix: &str) -> Setup {
+    setup_with(prefix, 64, |root| {
+        std::fs::create_dir_all(root.join("base/16384")).unwrap();
+        for index in 0..500 {
+            std::fs::write(
+                root.join(format!("base/16384/{index:04}")),
+                format!("row {index}\n").repeat(index % 7 + 1),
+            )
+            .unwrap();
+        }
+        std::fs::write(root.join("pg_wal"), vec![7u8; 3 << 20]).unwrap();
+        std::os::unix::fs::symlink("base/16384/0001", root.join("latest")).unwrap();
+    })
+    .await
+}
