@@ -4,6 +4,7 @@
 pub mod annotation_reconciler;
 pub mod annotations;
 pub mod api;
+pub mod artifacts;
 pub mod authn;
 pub mod backups;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod conditions;
 pub mod error;
 pub mod events;
 pub mod finalizers;
+pub mod holds;
 pub mod http;
 pub mod inject;
 pub mod metrics;

@@ -39,8 +39,11 @@ fn populate(root: &Path) {
             std::fs::create_dir_all(&dir).expect("dir");
         }
         let line = format!("row {index} of the orders table, shipped\n");
-        std::fs::write(dir.join(format!("{index}")), line.repeat(1 + (index % 8) * 1024 / line.len()))
-            .expect("small file");
+        std::fs::write(
+            dir.join(format!("{index}")),
+            line.repeat(1 + (index % 8) * 1024 / line.len()),
+        )
+        .expect("small file");
     }
 }
 
@@ -109,9 +112,16 @@ fn main() {
         let begun = Instant::now();
         restore_into(&setup, target.path(), serde_json::json!({})).await;
         let clusters = setup.namespace.api::<Cluster>();
-        await_condition(&clusters, "shop", "Running", Duration::from_secs(600), |cluster: &Cluster| {
-            cluster.status.as_ref().and_then(|status| status.phase) == Some(ClusterPhase::Running)
-        })
+        await_condition(
+            &clusters,
+            "shop",
+            "Running",
+            Duration::from_secs(600),
+            |cluster: &Cluster| {
+                cluster.status.as_ref().and_then(|status| status.phase)
+                    == Some(ClusterPhase::Running)
+            },
+        )
         .await;
         let total = begun.elapsed();
 
@@ -143,14 +153,37 @@ fn main() {
         let after_mover = released.ended - mover_ended;
         let rest = total.as_secs_f64() - mover_time.as_secs_f64() - verify;
         let mib = bytes as f64 / 1048576.0;
-        println!("restore-to-ready of {mib:.0} MiB ({SMALL_FILES} small files, {LARGE_FILES} x 16 MiB):");
-        println!("  total, Cluster created -> Running:        {}  ({:.0} MiB/s)", seconds(total), mib / total.as_secs_f64());
-        println!("  download + extract (prepareData pod):     {}  ({:.0} MiB/s)", seconds(mover_time), mib / mover_time.as_secs_f64());
-        println!("  verification on the node (agent):         {verify:.2} s  ({:.0} MiB/s)", mib / verify);
-        println!("  mover exit -> custody-wait released:      {}  (includes the verification)", seconds(after_mover));
+        println!(
+            "restore-to-ready of {mib:.0} MiB ({SMALL_FILES} small files, {LARGE_FILES} x 16 MiB):"
+        );
+        println!(
+            "  total, Cluster created -> Running:        {}  ({:.0} MiB/s)",
+            seconds(total),
+            mib / total.as_secs_f64()
+        );
+        println!(
+            "  download + extract (prepareData pod):     {}  ({:.0} MiB/s)",
+            seconds(mover_time),
+            mib / mover_time.as_secs_f64()
+        );
+        println!(
+            "  verification on the node (agent):         {verify:.2} s  ({:.0} MiB/s)",
+            mib / verify
+        );
+        println!(
+            "  mover exit -> custody-wait released:      {}  (includes the verification)",
+            seconds(after_mover)
+        );
         println!("  everything else (scheduling, reports, Job, gate, readiness): {rest:.2} s");
-        println!("baseline, same run: cp -a + sync between two ext4 volumes: {}  ({:.0} MiB/s)", seconds(baseline), mib / baseline.as_secs_f64());
-        println!("ratio restore-to-ready / plain copy: {:.2}x", total.as_secs_f64() / baseline.as_secs_f64());
+        println!(
+            "baseline, same run: cp -a + sync between two ext4 volumes: {}  ({:.0} MiB/s)",
+            seconds(baseline),
+            mib / baseline.as_secs_f64()
+        );
+        println!(
+            "ratio restore-to-ready / plain copy: {:.2}x",
+            total.as_secs_f64() / baseline.as_secs_f64()
+        );
         drop(workloads);
         setup.finish().await;
     });

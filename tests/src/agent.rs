@@ -112,6 +112,8 @@ pub struct AgentArgs<'a> {
     pub envs: Vec<(&'a str, &'a str)>,
     /// Where the gate listens (default: a free port on 127.0.0.1).
     pub gate: Option<SocketAddr>,
+    /// The agent's kubeconfig (default: the administrator's).
+    pub kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl AgentProcess {
@@ -135,7 +137,13 @@ impl AgentProcess {
         };
         command
             .arg(format!("--node-name={}", kubelet.node))
-            .arg(format!("--kubeconfig={}", control_plane().display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                args.kubeconfig
+                    .as_deref()
+                    .unwrap_or(control_plane())
+                    .display()
+            ))
             .arg(format!("--kubelet-root={}", kubelet.root().display()))
             .arg(format!("--gate-address={gate}"))
             .arg(format!("--gate-tls-cert={}", pki.cert().display()))
@@ -186,13 +194,23 @@ impl ControllerProcess {
     /// Starts a controller watching `namespace`, its report service on a free port with the
     /// certificate of `pki`, and waits until it is ready.
     pub fn start(namespace: &str, pki: &Pki, flags: &[String]) -> ControllerProcess {
+        ControllerProcess::start_as(namespace, pki, flags, control_plane())
+    }
+
+    /// Like [`ControllerProcess::start`], with the controller's own kubeconfig.
+    pub fn start_as(
+        namespace: &str,
+        pki: &Pki,
+        flags: &[String],
+        kubeconfig: &std::path::Path,
+    ) -> ControllerProcess {
         let http_port = free_port();
         let report_address: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("address");
         let mut child = Command::new(binary("custody-controller"))
             .args(["run", "--namespace", namespace])
-            .arg(format!("--kubeconfig={}", control_plane().display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--http-address=127.0.0.1:{http_port}"))
             .arg(format!("--report-address={report_address}"))
             .arg(format!("--report-tls-cert={}", pki.cert().display()))

@@ -38,12 +38,24 @@ pub struct Setup {
     pub agent: AgentProcess,
     pub jobs: PodRunner,
     _report_token: tempfile::NamedTempFile,
+    _identities: Option<(tempfile::NamedTempFile, tempfile::NamedTempFile)>,
+    agents_namespace: String,
     webhook: String,
 }
 
 impl Setup {
     /// Deletes what the scenario made outside its namespace, then the namespace.
     pub async fn finish(self) {
+        if self.agents_namespace != self.namespace.name {
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.namespace.client.clone(), &self.agents_namespace);
+            let _ = pods
+                .delete(
+                    &format!("custody-agent-{}", self.kubelet.node),
+                    &DeleteParams::default(),
+                )
+                .await;
+        }
         let configurations: Api<MutatingWebhookConfiguration> =
             Api::all(self.namespace.client.clone());
         let _ = configurations
@@ -76,8 +88,111 @@ where
         .expect("create")
 }
 
+/// Installs the ServiceAccounts and RBAC of `deploy/` (and nothing that would run a pod), and
+/// returns kubeconfigs that authenticate as the controller's and the agent's ServiceAccounts.
+pub async fn deployed_identities(
+    client: &kube::Client,
+) -> (tempfile::NamedTempFile, tempfile::NamedTempFile) {
+    let root = crate::repo_root().join("deploy");
+    let mut documents = Vec::new();
+    for file in ["namespace.yaml", "controller.yaml", "agent.yaml"] {
+        let text = std::fs::read_to_string(root.join(file)).expect("deploy manifest");
+        for document in text.split("\n---\n") {
+            let kind = document
+                .lines()
+                .find_map(|line| line.strip_prefix("kind: "))
+                .unwrap_or_default()
+                .trim();
+            if [
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&kind)
+            {
+                documents.push(document.to_string());
+            }
+        }
+    }
+    let mut child = std::process::Command::new(crate::kubectl_path())
+        .arg(format!("--kubeconfig={}", crate::control_plane().display()))
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=custody-tests",
+            "-f",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl apply");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(documents.join("\n---\n").as_bytes())
+        .expect("writing manifests");
+    assert!(
+        child.wait().expect("kubectl").success(),
+        "applying deploy/ RBAC failed"
+    );
+    let kubeconfig = |account: &'static str| {
+        let client = client.clone();
+        async move {
+            let token = crate::kubelet::request_token(
+                &client,
+                "custody-system",
+                account,
+                "https://kubernetes.default.svc",
+                None,
+            )
+            .await;
+            let mut config =
+                kube::config::Kubeconfig::read_from(crate::control_plane()).expect("kubeconfig");
+            for user in &mut config.auth_infos {
+                if let Some(auth) = user.auth_info.as_mut() {
+                    *auth = kube::config::AuthInfo {
+                        token: Some(token.clone().into()),
+                        ..kube::config::AuthInfo::default()
+                    };
+                }
+            }
+            let file = tempfile::NamedTempFile::new().expect("kubeconfig file");
+            std::fs::write(file.path(), serde_yaml::to_string(&config).expect("yaml"))
+                .expect("write");
+            file
+        }
+    };
+    (
+        kubeconfig("custody-controller").await,
+        kubeconfig("custody-agent").await,
+    )
+}
+
 /// The scenario, with `populate` writing the source volume.
 pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Path)) -> Setup {
+    setup_full(prefix, megabytes, false, populate).await
+}
+
+/// The scenario with the controller and the agent running as the ServiceAccounts of
+/// `deploy/`, with exactly the RBAC the manifests grant them (and the webhook configuration
+/// and Secret names the manifests use).
+pub async fn setup_as_deployed(prefix: &str) -> Setup {
+    setup_full(prefix, 64, true, small_database).await
+}
+
+async fn setup_full(
+    prefix: &str,
+    megabytes: u64,
+    deployed: bool,
+    populate: impl FnOnce(&Path),
+) -> Setup {
     let namespace = TestNamespace::create(prefix).await;
     let client = namespace.client.clone();
     let ns = namespace.name.clone();
@@ -137,7 +252,28 @@ pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Pat
     // The controller, its webhook registered for this namespace only.
     let pki = Pki::new(&[CONTROLLER_NAME, names::AGENT_SERVER_NAME]);
     let webhook_port = free_port();
-    let webhook = format!("custody-{ns}");
+    let identities = if deployed {
+        Some(deployed_identities(&client).await)
+    } else {
+        None
+    };
+    let (webhook, webhook_secret, agents_namespace) = if deployed {
+        (
+            "custody-restore-gate".to_string(),
+            "custody-system/custody-webhook-tls".to_string(),
+            "custody-system".to_string(),
+        )
+    } else {
+        (
+            format!("custody-{ns}"),
+            format!("{ns}/custody-webhook-tls"),
+            ns.clone(),
+        )
+    };
+    // One left behind by an interrupted run of the same name.
+    let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .delete(&webhook, &DeleteParams::default())
+        .await;
     create::<MutatingWebhookConfiguration>(&Api::all(client.clone()), json!({
         "metadata": {"name": webhook},
         "webhooks": [{
@@ -153,21 +289,25 @@ pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Pat
         }],
     }))
     .await;
-    let controller = ControllerProcess::start(
+    let controller = ControllerProcess::start_as(
         &ns,
         &pki,
         &[
             "--mover-image=custody-mover:test".to_string(),
             "--wait-image=custody-wait:test".to_string(),
-            format!("--agent-service-account={ns}:custody-agent"),
+            format!("--agent-service-account={agents_namespace}:custody-agent"),
             format!("--gate-ca-file={}", pki.ca().display()),
             format!("--webhook-address=127.0.0.1:{webhook_port}"),
             format!("--webhook-configuration={webhook}"),
-            format!("--webhook-secret={ns}/custody-webhook-tls"),
+            format!("--webhook-secret={webhook_secret}"),
             "--webhook-names=127.0.0.1".to_string(),
         ],
+        identities
+            .as_ref()
+            .map(|(controller, _)| controller.path())
+            .unwrap_or(crate::control_plane()),
     );
-    let token = report_token(&client, &ns, &kubelet.node).await;
+    let token = report_token(&client, &agents_namespace, &kubelet.node).await;
     let gate: SocketAddr = format!("{ip}:{}", names::GATE_PORT).parse().unwrap();
     let agent = AgentProcess::start(
         &kubelet,
@@ -175,6 +315,9 @@ pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Pat
         AgentArgs {
             flags: report_flags(&controller, &pki, token.path()),
             gate: Some(gate),
+            kubeconfig: identities
+                .as_ref()
+                .map(|(_, agent)| agent.path().to_path_buf()),
             ..AgentArgs::default()
         },
     );
@@ -240,6 +383,8 @@ pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Pat
         agent,
         jobs,
         _report_token: token,
+        _identities: identities,
+        agents_namespace,
         webhook,
     }
 }
@@ -294,10 +439,14 @@ pub async fn restore_into(setup: &Setup, target: &Path, annotations: serde_json:
     .await;
 }
 
-
-/// The scenario with the tests' small database: 500 small files, a 3 MiB log, a symlink.
+/// The scenario with the tests' small database.
 pub async fn setup(prefix: &str) -> Setup {
-    setup_with(prefix, 64, |root| {
+    setup_with(prefix, 64, small_database).await
+}
+
+/// The tests' small database: 500 small files, a 3 MiB log, a symlink.
+pub fn small_database(root: &Path) {
+    {
         std::fs::create_dir_all(root.join("base/16384")).unwrap();
         for index in 0..500 {
             std::fs::write(
@@ -308,6 +457,5 @@ pub async fn setup(prefix: &str) -> Setup {
         }
         std::fs::write(root.join("pg_wal"), vec![7u8; 3 << 20]).unwrap();
         std::os::unix::fs::symlink("base/16384/0001", root.join("latest")).unwrap();
-    })
-    .await
+    }
 }

@@ -255,7 +255,7 @@ async fn the_clock_offset_of_a_skewed_node_is_measured_within_the_round_trip() {
             wrapper: &["faketime", "-f", &skew],
             // Timers stay on the real monotonic clock; only wall-clock time is skewed.
             envs: vec![("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
-            gate: None,
+            ..AgentArgs::default()
         },
     );
 

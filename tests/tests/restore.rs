@@ -13,7 +13,7 @@ use custody_controller::api::{
     RestorePhase, VolumeState,
 };
 use custody_proto::names;
-use custody_tests::scenario::{Setup, create, restore_into, setup};
+use custody_tests::scenario::{Setup, create, restore_into, setup, setup_as_deployed};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::workloads::WorkloadRunner;
 use custody_tests::{await_condition, eventually, s3};
@@ -110,7 +110,42 @@ fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
 
 #[tokio::test]
 async fn a_restored_cluster_runs_only_once_every_volume_is_verified() {
-    let setup = setup("restore").await;
+    restores_and_releases(setup("restore").await).await;
+}
+
+/// The same with the controller and the agent running as `deploy/`'s ServiceAccounts, with
+/// only the RBAC the manifests grant: a missing rule fails this test.
+#[tokio::test]
+async fn the_deployed_rbac_is_enough_for_a_verified_restore() {
+    restores_and_releases(setup_as_deployed("rbac").await).await;
+}
+
+#[tokio::test]
+async fn the_deploy_manifests_are_accepted_by_the_api_server() {
+    custody_tests::control_plane();
+    // The manifests' namespace, so that the dry run can place its objects (it may exist).
+    let _ = custody_tests::kubectl(&["create", "namespace", "custody-system"]);
+    let root = custody_tests::repo_root().join("deploy");
+    let output =
+        custody_tests::kubectl(&["apply", "--dry-run=server", "-k", root.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for object in [
+        "deployment.apps/custody-controller",
+        "daemonset.apps/custody-agent",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/custody-restore-gate",
+        "clusterrole.rbac.authorization.k8s.io/custody-controller",
+        "clusterrole.rbac.authorization.k8s.io/custody-agent",
+    ] {
+        assert!(text.contains(object), "{object} missing:\n{text}");
+    }
+}
+
+async fn restores_and_releases(setup: Setup) {
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
     let target = LoopVolume::new(64);

@@ -93,6 +93,10 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact: Option<Artifact>,
 
+    /// Deleting the artifact, once the Backup is being deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<CleanupStatus>,
+
     /// `Ready`, `ArtifactDeleted` and others, per the Kubernetes API conventions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -121,6 +125,16 @@ pub struct Artifact {
     pub repository: String,
     /// Endpoint URL at the time of the backup.
     pub endpoint: String,
+    /// Region at the time of the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Path-style addressing at the time of the backup.
+    #[serde(default)]
+    pub force_path_style: bool,
+    /// The credentials Secret, in this namespace, at the time of the backup (it carries the
+    /// `custody.io/artifact-credentials` finalizer while this Backup needs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
     /// Bucket holding the artifact.
     pub bucket: String,
     /// Repository prefix the keys are under.
@@ -139,4 +153,19 @@ pub struct Artifact {
     /// BLAKE3 hash of the manifest, hex: the trust anchor a restore verifies against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_hash: Option<String>,
+}
+
+/// How deleting a Backup's artifact went so far.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupStatus {
+    /// Failed delete attempts so far; the next waits 5 s doubling per attempt, at most 5 minutes.
+    #[serde(default)]
+    pub attempts: u32,
+    /// What the last failed attempt ran into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the last attempt was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_time: Option<Time>,
 }

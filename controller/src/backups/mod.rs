@@ -2,6 +2,7 @@
 //! is mounted, after recording the exact artifact keys in the Backup's status, and records
 //! the result.
 
+pub mod cleanup;
 pub mod decide;
 
 use std::collections::BTreeMap;
@@ -184,6 +185,18 @@ pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Resu
 }
 
 async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
+    if backup.metadata.deletion_timestamp.is_some() {
+        return cleanup::run(backup, context).await;
+    }
+    {
+        let namespace = backup.namespace().unwrap_or_default();
+        let api: Api<Backup> = Api::namespaced(context.base.client.clone(), &namespace);
+        let what = format!("Backup {namespace}/{}", backup.name_any());
+        // Before anything is written anywhere: the artifact is always dealt with on deletion.
+        if crate::finalizers::add(&api, backup, crate::artifacts::FINALIZER, &what).await? {
+            return Ok(Action::await_change());
+        }
+    }
     let phase = backup.status.as_ref().and_then(|status| status.phase);
     if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
         return Ok(Action::await_change());
@@ -312,9 +325,58 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 writer.status(BackupPhase::Running, status, &ready).await?;
                 Ok(Action::requeue(Duration::from_secs(60)))
             }
-            state => finish(&writer, status, &job_name, state).await,
+            state => {
+                let action = finish(&writer, status, &job_name, state).await?;
+                let me = crate::holds::holder("Backup", &uid);
+                let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
+                crate::holds::lease::release(client, &namespace, &cluster_uid, &me).await?;
+                Ok(action)
+            }
         },
         None => {
+            if status.artifact.is_none() {
+                // Not started: a restore of the Cluster goes first.
+                let restores: Api<crate::api::Restore> =
+                    Api::namespaced(client.clone(), &namespace);
+                let restores = restores
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(read_error(format!("Restores in {namespace}")))?
+                    .items;
+                let runs: Vec<crate::holds::Run> = restores
+                    .iter()
+                    .filter(|restore| &restore.spec.cluster_ref.name == cluster_name)
+                    .map(|restore| crate::holds::Run {
+                        name: restore.metadata.name.as_deref().unwrap_or_default(),
+                        started: true,
+                        terminal: restore.metadata.deletion_timestamp.is_some()
+                            || matches!(
+                                restore.status.as_ref().and_then(|status| status.phase),
+                                Some(
+                                    crate::api::RestorePhase::Completed
+                                        | crate::api::RestorePhase::Failed
+                                )
+                            ),
+                    })
+                    .collect();
+                if let crate::holds::Hold::Wait { reason, message } =
+                    crate::holds::backup_hold(cluster_name, &runs)
+                {
+                    return writer.wait(reason, message, 5).await;
+                }
+            }
+            let me = crate::holds::holder("Backup", &uid);
+            if let Some(holder) =
+                crate::holds::lease::acquire(client, &namespace, &cluster, &me).await?
+            {
+                return writer
+                    .wait(
+                        crate::holds::CLUSTER_BUSY,
+                        format!("Cluster {cluster_name} is claimed by {holder}; the backup starts once it is free"),
+                        5,
+                    )
+                    .await;
+            }
             start(
                 &writer,
                 status,
@@ -407,6 +469,13 @@ async fn start(
         format!("{prefix}/manifest.jsonl"),
     );
     if status.artifact.is_none() {
+        // The credentials must outlive the artifact's record, even in a namespace teardown.
+        cleanup::hold_secret(
+            client,
+            namespace,
+            &repository.spec.credentials_secret_ref.name,
+        )
+        .await?;
         let agents: Api<NodeAgent> = Api::all(client.clone());
         let clock = agents
             .get_opt(&node)
@@ -427,6 +496,9 @@ async fn start(
         status.artifact = Some(Artifact {
             repository: repository_name.clone(),
             endpoint: repository.spec.endpoint.clone(),
+            region: repository.spec.region.clone(),
+            force_path_style: repository.spec.force_path_style,
+            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
             bucket: repository.spec.bucket.clone(),
             prefix: prefix.clone(),
             key: key.clone(),

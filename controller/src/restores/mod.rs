@@ -325,6 +325,8 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
             &claims,
         );
         release(&writer, &decide::releasable_pods(&reports)).await?;
+        let me = crate::holds::holder("Restore", &uid);
+        crate::holds::lease::release(client, &namespace, &cluster_uid, &me).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
@@ -336,11 +338,11 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         .await
         .map_err(read_error(format!("Backup {namespace}/{backup_name}")))?
     else {
+        // Read from the API server: a Backup that is gone is refused, never waited for.
         return writer
-            .wait(
+            .fail(
                 reasons::BACKUP_NOT_FOUND,
-                format!("Backup {backup_name} does not exist in this namespace"),
-                15,
+                format!("Backup {backup_name} does not exist in this namespace (or was deleted)"),
             )
             .await;
     };
@@ -464,6 +466,47 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         steps.push(decide::volume(&facts, &uid));
     }
 
+    let me = crate::holds::holder("Restore", &uid);
+    if steps.iter().any(|step| step.create.is_some()) {
+        let started = volumes_status.iter().any(|volume| volume.attempts > 0);
+        if !started {
+            // Not started: a running backup of the Cluster finishes first.
+            let backups = backups
+                .list(&ListParams::default())
+                .await
+                .map_err(read_error(format!("Backups in {namespace}")))?
+                .items;
+            let runs: Vec<crate::holds::Run> = backups
+                .iter()
+                .filter(|backup| &backup.spec.cluster_ref.name == cluster_name)
+                .map(|backup| {
+                    let phase = backup.status.as_ref().and_then(|status| status.phase);
+                    crate::holds::Run {
+                        name: backup.metadata.name.as_deref().unwrap_or_default(),
+                        started: phase == Some(BackupPhase::Running),
+                        terminal: backup.metadata.deletion_timestamp.is_some()
+                            || matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)),
+                    }
+                })
+                .collect();
+            if let crate::holds::Hold::Wait { reason, message } =
+                crate::holds::restore_hold(cluster_name, &runs)
+            {
+                return writer.wait(reason, message, 5).await;
+            }
+        }
+        if let Some(holder) =
+            crate::holds::lease::acquire(client, &namespace, &cluster, &me).await?
+        {
+            return writer
+                .wait(
+                    crate::holds::CLUSTER_BUSY,
+                    format!("Cluster {cluster_name} is claimed by {holder}; the restore starts once it is free"),
+                    5,
+                )
+                .await;
+        }
+    }
     for step in &steps {
         let Some(create) = &step.create else {
             continue;
@@ -621,6 +664,12 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         }
     };
     writer.status(status, &[ready, verified]).await?;
+    if matches!(
+        summary.phase,
+        RestorePhase::Failed | RestorePhase::Completed
+    ) {
+        crate::holds::lease::release(client, &namespace, &cluster_uid, &me).await?;
+    }
     match (&summary.phase, &summary.failure) {
         (RestorePhase::Failed, Some((reason, message))) => {
             writer
@@ -813,6 +862,16 @@ async fn tear_down(writer: &Writer<'_>, restores: &Api<Restore>, uid: &str) -> R
     }
     if plan.waiting {
         return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // Best effort: a claim left behind names a run that is gone, and is taken over.
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
+    if let Ok(Some(cluster)) = clusters
+        .get_opt(&writer.restore.spec.cluster_ref.name)
+        .await
+    {
+        let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
+        let me = crate::holds::holder("Restore", uid);
+        crate::holds::lease::release(client, namespace, &cluster_uid, &me).await?;
     }
     crate::finalizers::remove(restores, writer.restore, FINALIZER, &writer.what()).await?;
     tracing::info!(namespace, name = writer.name, "restore torn down");

@@ -112,6 +112,7 @@ fn recorded() -> Artifact {
         size_bytes: None,
         checksum: None,
         manifest_hash: None,
+        ..Artifact::default()
     }
 }
 

@@ -1,0 +1,415 @@
+//! Deleting a Backup's artifact, as pure decisions: whether the recorded keys are provably this
+//! Backup's own (contested against every other Backup, finished or not), what deleting the
+//! Backup does next, and how long a failed delete waits before it is tried again.
+
+use std::time::Duration;
+
+use crate::api::{Artifact, DeletionPolicy};
+
+/// Finalizer of the backup reconciler on Backups: the artifact is dealt with before the Backup
+/// goes.
+pub const FINALIZER: &str = "custody.io/artifact-cleanup";
+/// Finalizer on a repository's credentials Secret while Backups with artifacts still need it.
+pub const SECRET_FINALIZER: &str = "custody.io/artifact-credentials";
+/// `"true"` releases a Backup without deleting its artifact.
+pub const SKIP_ANNOTATION: &str = "custody.io/skip-artifact-cleanup";
+
+/// Another Backup, as the contest sees it.
+#[derive(Clone, Debug)]
+pub struct Other<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub artifact: Option<&'a Artifact>,
+}
+
+/// The outcome of contesting the recorded keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Contest {
+    /// The keys are this Backup's own: delete them.
+    Proven { keys: Vec<String> },
+    /// Not provably its own: nothing is deleted.
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+fn under(key: &str, prefix: &str) -> bool {
+    !prefix.is_empty() && key.starts_with(&format!("{}/", prefix.trim_end_matches('/')))
+}
+
+/// The keys custody wrote for this Backup are under a prefix that ends with its UID; no other
+/// Backup — finished or not, in any namespace, of the same bucket — may have recorded the same
+/// keys, a prefix that holds them, or keys under this Backup's prefix.
+pub fn contest(mine: &Artifact, uid: &str, others: &[Other<'_>]) -> Contest {
+    let keys = [mine.key.clone(), mine.manifest_key.clone()];
+    let own_prefix =
+        !uid.is_empty() && (mine.prefix == uid || mine.prefix.ends_with(&format!("/{uid}")));
+    if !own_prefix || keys.iter().any(|key| !under(key, &mine.prefix)) {
+        return Contest::Refused {
+            reason: "KeyNotProvenOwn",
+            message: format!(
+                "the recorded keys {} and {} are not under a prefix ending with this Backup's UID {uid}",
+                mine.key, mine.manifest_key
+            ),
+        };
+    }
+    for other in others {
+        if other.uid == uid {
+            continue;
+        }
+        let Some(theirs) = other.artifact else {
+            continue;
+        };
+        if theirs.bucket != mine.bucket {
+            continue;
+        }
+        let their_keys = [theirs.key.as_str(), theirs.manifest_key.as_str()];
+        let clash = keys
+            .iter()
+            .any(|key| their_keys.contains(&key.as_str()) || under(key, &theirs.prefix))
+            || their_keys.iter().any(|key| under(key, &mine.prefix));
+        if clash {
+            return Contest::Refused {
+                reason: "KeyClaimedByAnother",
+                message: format!(
+                    "Backup {}/{} (UID {}) also records keys in {} under {}; nothing is deleted",
+                    other.namespace, other.name, other.uid, mine.bucket, mine.prefix
+                ),
+            };
+        }
+    }
+    Contest::Proven {
+        keys: keys.to_vec(),
+    }
+}
+
+/// What deleting a Backup does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Not this reconciler's to do (its finalizer is gone).
+    Nothing,
+    /// A Restore that is not over reads this Backup: the deletion waits.
+    Wait { message: String },
+    /// Release the Backup without deleting anything; `warning` when that is not what the user
+    /// asked for (the keys could not be proven its own).
+    Release {
+        reason: &'static str,
+        message: String,
+        warning: bool,
+    },
+    /// Delete these keys, then release the Backup.
+    Delete { keys: Vec<String> },
+}
+
+/// Facts about a Backup being deleted.
+#[derive(Clone, Debug)]
+pub struct Deleting<'a> {
+    pub has_finalizer: bool,
+    /// The skip annotation is `"true"`.
+    pub skip: bool,
+    pub policy: DeletionPolicy,
+    pub artifact: Option<&'a Artifact>,
+    /// Restores that are not over and read this Backup.
+    pub readers: &'a [String],
+    /// The contest of the recorded keys (only asked when needed).
+    pub contest: Option<Contest>,
+}
+
+/// The order matters: a reading restore holds everything (its agent still needs the Backup's
+/// manifest hash); then the user's explicit choices; then proof.
+pub fn step(facts: &Deleting<'_>) -> Step {
+    if !facts.has_finalizer {
+        return Step::Nothing;
+    }
+    if let Some(reader) = facts.readers.first() {
+        return Step::Wait {
+            message: format!(
+                "Restore {reader} reads this Backup; it is deleted once the restore ends"
+            ),
+        };
+    }
+    if facts.skip {
+        return Step::Release {
+            reason: "ArtifactKept",
+            message: format!("{SKIP_ANNOTATION} is set: the artifact is kept"),
+            warning: false,
+        };
+    }
+    let Some(artifact) = facts.artifact else {
+        return Step::Release {
+            reason: "NoArtifact",
+            message: "no artifact was recorded: nothing to delete".to_string(),
+            warning: false,
+        };
+    };
+    if facts.policy == DeletionPolicy::Retain {
+        return Step::Release {
+            reason: "ArtifactKept",
+            message: format!("deletionPolicy Retain: {} is kept", artifact.key),
+            warning: false,
+        };
+    }
+    match &facts.contest {
+        Some(Contest::Proven { keys }) => Step::Delete { keys: keys.clone() },
+        Some(Contest::Refused { reason, message }) => Step::Release {
+            reason,
+            message: message.clone(),
+            warning: true,
+        },
+        None => Step::Release {
+            reason: "KeyNotProvenOwn",
+            message: "the keys were not contested".to_string(),
+            warning: true,
+        },
+    }
+}
+
+/// How long the `attempts`-th failed delete waits: 5 s doubling, at most 5 minutes.
+pub fn backoff(attempts: u32) -> Duration {
+    let seconds = 5u64.saturating_mul(1u64 << attempts.min(16));
+    Duration::from_secs(seconds.min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "1b2f";
+
+    fn artifact(prefix: &str) -> Artifact {
+        Artifact {
+            repository: "store".into(),
+            endpoint: "http://s3".into(),
+            bucket: "b".into(),
+            prefix: prefix.into(),
+            key: format!("{prefix}/data.tar.zst"),
+            manifest_key: format!("{prefix}/manifest.jsonl"),
+            ..Artifact::default()
+        }
+    }
+
+    fn other<'a>(uid: &'a str, artifact: Option<&'a Artifact>) -> Other<'a> {
+        Other {
+            namespace: "ns",
+            name: "other",
+            uid,
+            artifact,
+        }
+    }
+
+    #[test]
+    fn contests() {
+        let mine = artifact("custody/ns/db/1b2f");
+        let neighbour = artifact("custody/ns/db/9c9c");
+        let parent = artifact("custody/ns/db");
+        let child = artifact("custody/ns/db/1b2f/nested");
+        let mut same_keys = artifact("custody/ns/db/7a7a");
+        same_keys.key = mine.key.clone();
+        let mut other_bucket = artifact("custody/ns/db");
+        other_bucket.bucket = "elsewhere".into();
+        let mut foreign = artifact("custody/ns/db/1b2f");
+        foreign.key = "dumps/db-2026-11-30T10:00:00Z.sql".into();
+        let rows: Vec<(&str, &Artifact, Vec<Other>, Option<&str>)> = vec![
+            ("alone", &mine, vec![], None),
+            (
+                "a neighbour with its own prefix",
+                &mine,
+                vec![other("9c9c", Some(&neighbour))],
+                None,
+            ),
+            (
+                "itself in the list",
+                &mine,
+                vec![other(UID, Some(&mine))],
+                None,
+            ),
+            (
+                "another not started",
+                &mine,
+                vec![other("5d5d", None)],
+                None,
+            ),
+            (
+                "another bucket",
+                &mine,
+                vec![other("5d5d", Some(&other_bucket))],
+                None,
+            ),
+            (
+                "another's prefix holds my keys",
+                &mine,
+                vec![other("5d5d", Some(&parent))],
+                Some("KeyClaimedByAnother"),
+            ),
+            (
+                "another's keys under my prefix",
+                &mine,
+                vec![other("5d5d", Some(&child))],
+                Some("KeyClaimedByAnother"),
+            ),
+            (
+                "another recorded the same key",
+                &mine,
+                vec![other("7a7a", Some(&same_keys))],
+                Some("KeyClaimedByAnother"),
+            ),
+            (
+                "prefix without my UID",
+                &parent,
+                vec![],
+                Some("KeyNotProvenOwn"),
+            ),
+            (
+                "prefix ending in another UID",
+                &neighbour,
+                vec![],
+                Some("KeyNotProvenOwn"),
+            ),
+            (
+                "a key outside the prefix",
+                &foreign,
+                vec![],
+                Some("KeyNotProvenOwn"),
+            ),
+        ];
+        for (name, artifact, others, refused) in rows {
+            match (contest(artifact, UID, &others), refused) {
+                (Contest::Proven { keys }, None) => {
+                    assert_eq!(
+                        keys,
+                        [artifact.key.clone(), artifact.manifest_key.clone()],
+                        "{name}"
+                    );
+                }
+                (Contest::Refused { reason, .. }, Some(expected)) => {
+                    assert_eq!(reason, expected, "{name}")
+                }
+                (outcome, _) => panic!("{name}: {outcome:?}"),
+            }
+        }
+        // A UID that merely ends the same way is not this Backup's.
+        assert!(matches!(
+            contest(&artifact("custody/ns/db/x1b2f"), UID, &[]),
+            Contest::Refused { .. }
+        ));
+        // Reserved characters are keys like any other.
+        let odd = artifact("custody/ns/my db#1?x=%2F/1b2f");
+        assert!(matches!(contest(&odd, UID, &[]), Contest::Proven { .. }));
+    }
+
+    #[test]
+    fn deletion_steps() {
+        let mine = artifact("custody/ns/db/1b2f");
+        let proven = Some(Contest::Proven {
+            keys: vec![mine.key.clone(), mine.manifest_key.clone()],
+        });
+        let refused = Some(Contest::Refused {
+            reason: "KeyClaimedByAnother",
+            message: "x".into(),
+        });
+        let readers = vec!["shop".to_string()];
+        let base = Deleting {
+            has_finalizer: true,
+            skip: false,
+            policy: DeletionPolicy::Delete,
+            artifact: Some(&mine),
+            readers: &[],
+            contest: proven.clone(),
+        };
+        let rows: Vec<(&str, Deleting, &str)> = vec![
+            ("proven: delete", base.clone(), "Delete"),
+            (
+                "finalizer gone",
+                Deleting {
+                    has_finalizer: false,
+                    ..base.clone()
+                },
+                "Nothing",
+            ),
+            (
+                "a restore reads it",
+                Deleting {
+                    readers: &readers,
+                    ..base.clone()
+                },
+                "Wait",
+            ),
+            (
+                "a restore reads it, even with skip",
+                Deleting {
+                    readers: &readers,
+                    skip: true,
+                    ..base.clone()
+                },
+                "Wait",
+            ),
+            (
+                "skip annotation",
+                Deleting {
+                    skip: true,
+                    ..base.clone()
+                },
+                "ArtifactKept",
+            ),
+            (
+                "retain",
+                Deleting {
+                    policy: DeletionPolicy::Retain,
+                    ..base.clone()
+                },
+                "ArtifactKept",
+            ),
+            (
+                "nothing recorded",
+                Deleting {
+                    artifact: None,
+                    ..base.clone()
+                },
+                "NoArtifact",
+            ),
+            (
+                "contested",
+                Deleting {
+                    contest: refused.clone(),
+                    ..base.clone()
+                },
+                "KeyClaimedByAnother",
+            ),
+            (
+                "not contested",
+                Deleting {
+                    contest: None,
+                    ..base.clone()
+                },
+                "KeyNotProvenOwn",
+            ),
+        ];
+        for (name, facts, expected) in rows {
+            let got = match step(&facts) {
+                Step::Nothing => "Nothing",
+                Step::Wait { .. } => "Wait",
+                Step::Delete { .. } => "Delete",
+                Step::Release {
+                    reason, warning, ..
+                } => {
+                    assert_eq!(
+                        warning,
+                        matches!(reason, "KeyClaimedByAnother" | "KeyNotProvenOwn"),
+                        "{name}"
+                    );
+                    reason
+                }
+            };
+            assert_eq!(got, expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let seconds: Vec<u64> = (0..9).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(seconds, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff(u32::MAX).as_secs(), 300);
+    }
+}

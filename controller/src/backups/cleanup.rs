@@ -1,0 +1,461 @@
+//! Deleting a Backup: its artifact keys go only when [`crate::artifacts::contest`] proved them
+//! its own against every other Backup read from the API server; never while a Restore reads
+//! it; a failed delete keeps the Backup terminating and is tried again with a per-Backup
+//! backoff and a Warning that names the skip annotation.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+
+use super::{BackupContext, FIELD_MANAGER};
+use crate::api::{Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
+use crate::artifacts::{self, Deleting, Step};
+use crate::error::{Error, Result};
+
+fn read_error(what: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Read {
+        object: what,
+        source,
+    }
+}
+
+async fn event(
+    context: &BackupContext,
+    backup: &Backup,
+    warning: bool,
+    reason: &str,
+    note: String,
+) -> Result<()> {
+    crate::events::publish(
+        &context.base,
+        backup,
+        "Backup",
+        warning,
+        reason,
+        note,
+        "DeleteArtifact",
+    )
+    .await
+}
+
+/// Runs one step of a Backup's deletion.
+pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
+    let client = &context.base.client;
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let uid = backup.metadata.uid.clone().unwrap_or_default();
+    let has_finalizer = backup
+        .finalizers()
+        .iter()
+        .any(|f| f == artifacts::FINALIZER);
+    if !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    let artifact = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.artifact.clone());
+
+    // Restores that are not over and read this Backup, from the API server.
+    let restores: Api<Restore> = Api::namespaced(client.clone(), &namespace);
+    let readers: Vec<String> = restores
+        .list(&ListParams::default())
+        .await
+        .map_err(read_error(format!("Restores in {namespace}")))?
+        .items
+        .into_iter()
+        .filter(|restore| restore.spec.backup_ref.name == name)
+        .filter(|restore| {
+            !matches!(
+                restore.status.as_ref().and_then(|status| status.phase),
+                Some(RestorePhase::Completed | RestorePhase::Failed)
+            )
+        })
+        .filter_map(|restore| restore.metadata.name)
+        .collect();
+
+    // Every other Backup, in every namespace, finished or not, from the API server.
+    let contest = match (&artifact, readers.is_empty()) {
+        (Some(artifact), true) => {
+            let all: Api<Backup> = Api::all(client.clone());
+            let backups = all
+                .list(&ListParams::default())
+                .await
+                .map_err(read_error("Backups".to_string()))?
+                .items;
+            let others: Vec<artifacts::Other> = backups
+                .iter()
+                .map(|other| artifacts::Other {
+                    namespace: other.metadata.namespace.as_deref().unwrap_or_default(),
+                    name: other.metadata.name.as_deref().unwrap_or_default(),
+                    uid: other.metadata.uid.as_deref().unwrap_or_default(),
+                    artifact: other
+                        .status
+                        .as_ref()
+                        .and_then(|status| status.artifact.as_ref()),
+                })
+                .collect();
+            Some(artifacts::contest(artifact, &uid, &others))
+        }
+        _ => None,
+    };
+    let skip = backup
+        .annotations()
+        .get(artifacts::SKIP_ANNOTATION)
+        .is_some_and(|value| value == "true");
+    let step = artifacts::step(&Deleting {
+        has_finalizer,
+        skip,
+        policy: backup.spec.deletion_policy,
+        artifact: artifact.as_ref(),
+        readers: &readers,
+        contest,
+    });
+    match step {
+        Step::Nothing => Ok(Action::await_change()),
+        Step::Wait { message } => {
+            let first = backup
+                .status
+                .as_ref()
+                .and_then(|status| status.cleanup.as_ref())
+                .and_then(|cleanup| cleanup.last_error.as_deref())
+                != Some(message.as_str());
+            if first {
+                event(
+                    context,
+                    backup,
+                    false,
+                    "DeletionWaitsForRestore",
+                    message.clone(),
+                )
+                .await?;
+                record(context, backup, |cleanup| {
+                    cleanup.last_error = Some(message)
+                })
+                .await?;
+            }
+            Ok(Action::requeue(Duration::from_secs(5)))
+        }
+        Step::Release {
+            reason,
+            message,
+            warning,
+        } => {
+            event(context, backup, warning, reason, message).await?;
+            release(context, backup, artifact.as_ref()).await?;
+            Ok(Action::await_change())
+        }
+        Step::Delete { keys } => {
+            let artifact = artifact.expect("a Delete step has an artifact");
+            match delete(context, &namespace, &artifact, &keys).await {
+                Ok(absent) => {
+                    for key in &absent {
+                        event(
+                            context,
+                            backup,
+                            false,
+                            "ArtifactAlreadyAbsent",
+                            format!(
+                                "{key} was already gone from {} at {}",
+                                artifact.bucket, artifact.endpoint
+                            ),
+                        )
+                        .await?;
+                    }
+                    event(
+                        context,
+                        backup,
+                        false,
+                        "ArtifactDeleted",
+                        format!("deleted {} from {}", keys.join(" and "), artifact.bucket),
+                    )
+                    .await?;
+                    tracing::info!(
+                        namespace,
+                        backup = name,
+                        keys = keys.join(","),
+                        "artifact deleted"
+                    );
+                    release(context, backup, Some(&artifact)).await?;
+                    Ok(Action::await_change())
+                }
+                Err(Failure::Retry(error)) => Err(error),
+                Err(Failure::Failed(message)) => {
+                    let attempts = backup
+                        .status
+                        .as_ref()
+                        .and_then(|status| status.cleanup.as_ref())
+                        .map(|cleanup| cleanup.attempts)
+                        .unwrap_or(0);
+                    let wait = artifacts::backoff(attempts);
+                    tracing::warn!(
+                        namespace,
+                        backup = name,
+                        attempts = attempts + 1,
+                        retry_seconds = wait.as_secs(),
+                        message,
+                        "artifact delete failed"
+                    );
+                    event(
+                        context,
+                        backup,
+                        true,
+                        "ArtifactCleanupFailed",
+                        format!(
+                            "deleting {} failed (attempt {}, next in {}s): {message}. The Backup stays until it succeeds; annotate it {}=true to release it and keep the artifact",
+                            artifact.key,
+                            attempts + 1,
+                            wait.as_secs(),
+                            artifacts::SKIP_ANNOTATION
+                        ),
+                    )
+                    .await?;
+                    record(context, backup, |cleanup| {
+                        cleanup.attempts = attempts + 1;
+                        cleanup.last_error = Some(message.clone());
+                    })
+                    .await?;
+                    Ok(Action::requeue(wait))
+                }
+            }
+        }
+    }
+}
+
+/// Writes the cleanup status (attempts, last error, when).
+async fn record(
+    context: &BackupContext,
+    backup: &Backup,
+    change: impl FnOnce(&mut CleanupStatus),
+) -> Result<()> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let mut cleanup = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.cleanup.clone())
+        .unwrap_or_default();
+    change(&mut cleanup);
+    cleanup.last_attempt_time = Some(Time(Timestamp::now()));
+    let api: Api<Backup> = Api::namespaced(context.base.client.clone(), &namespace);
+    crate::status::apply(
+        &api,
+        &name,
+        &format!("{FIELD_MANAGER}-cleanup"),
+        &format!("Backup {namespace}/{name}"),
+        &serde_json::json!({"cleanup": cleanup}),
+    )
+    .await
+}
+
+enum Failure {
+    /// Reading the credentials failed for a reason that may pass (the API server): the
+    /// reconcile is retried; nothing falls back to another endpoint.
+    Retry(Error),
+    /// The delete itself failed: counted, backed off, warned about.
+    Failed(String),
+}
+
+/// Deletes `keys`; returns the keys that were already absent.
+async fn delete(
+    context: &BackupContext,
+    namespace: &str,
+    artifact: &crate::api::Artifact,
+    keys: &[String],
+) -> Result<Vec<String>, Failure> {
+    let client = &context.base.client;
+    // The repository's current endpoint and credentials when it still exists (it may have
+    // moved since the backup), with the recorded bucket and keys; the recorded ones otherwise.
+    let repositories: Api<BackupRepository> = Api::namespaced(client.clone(), namespace);
+    let repository = repositories
+        .get_opt(&artifact.repository)
+        .await
+        .map_err(|source| {
+            Failure::Retry(read_error(format!(
+                "BackupRepository {namespace}/{}",
+                artifact.repository
+            ))(source))
+        })?;
+    let (mut endpoint, secret_name) = match &repository {
+        Some(repository) => (
+            crate::repositories::endpoint_of(repository),
+            repository.spec.credentials_secret_ref.name.clone(),
+        ),
+        None => (
+            crate::s3::Endpoint {
+                url: artifact.endpoint.clone(),
+                region: artifact.region.clone().unwrap_or_default(),
+                bucket: artifact.bucket.clone(),
+                path_style: artifact.force_path_style,
+                ca_bundle: None,
+            },
+            artifact.credentials_secret.clone().unwrap_or_default(),
+        ),
+    };
+    endpoint.bucket = artifact.bucket.clone();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|source| {
+            Failure::Retry(read_error(format!("Secret {namespace}/{secret_name}"))(
+                source,
+            ))
+        })?
+        .ok_or_else(|| {
+            Failure::Failed(format!(
+                "the credentials Secret {secret_name} does not exist"
+            ))
+        })?;
+    let value = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| Failure::Failed(format!("Secret {secret_name} has no {key}")))
+    };
+    let credentials = crate::s3::Secret {
+        access_key_id: value(crate::s3::ACCESS_KEY_ID)?,
+        secret_access_key: value(crate::s3::SECRET_ACCESS_KEY)?,
+    };
+    let s3 = crate::s3::client(&endpoint, &credentials)
+        .map_err(|error| Failure::Failed(error.to_string()))?;
+    let mut absent = Vec::new();
+    for key in keys {
+        let head = tokio::time::timeout(
+            Duration::from_secs(20),
+            s3.head_object().bucket(&endpoint.bucket).key(key).send(),
+        )
+        .await
+        .map_err(|_| Failure::Failed(format!("{} did not answer within 20s", endpoint.url)))?;
+        match head {
+            Ok(_) => {}
+            Err(error)
+                if error
+                    .raw_response()
+                    .is_some_and(|raw| raw.status().as_u16() == 404) =>
+            {
+                absent.push(key.clone());
+                continue;
+            }
+            Err(error) => return Err(Failure::Failed(crate::s3::error_chain(&error))),
+        }
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            s3.delete_object().bucket(&endpoint.bucket).key(key).send(),
+        )
+        .await
+        .map_err(|_| Failure::Failed(format!("{} did not answer within 20s", endpoint.url)))?
+        .map_err(|error| Failure::Failed(crate::s3::error_chain(&error)))?;
+    }
+    Ok(absent)
+}
+
+/// Removes this reconciler's finalizer, then the credentials Secret's finalizer if no other
+/// Backup with an artifact still needs that Secret.
+async fn release(
+    context: &BackupContext,
+    backup: &Backup,
+    artifact: Option<&crate::api::Artifact>,
+) -> Result<()> {
+    let client = &context.base.client;
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);
+    crate::finalizers::remove(
+        &api,
+        backup,
+        artifacts::FINALIZER,
+        &format!("Backup {namespace}/{name}"),
+    )
+    .await?;
+    if let Some(secret) = artifact.and_then(|artifact| artifact.credentials_secret.clone()) {
+        release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
+    }
+    Ok(())
+}
+
+/// Drops the Secret's finalizer when no Backup other than `leaving` still needs it.
+pub async fn release_secret(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+    leaving: Option<&str>,
+) -> Result<()> {
+    let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
+    let needed = backups
+        .list(&ListParams::default())
+        .await
+        .map_err(read_error(format!("Backups in {namespace}")))?
+        .items
+        .into_iter()
+        .filter(|other| other.metadata.uid.as_deref() != leaving)
+        .filter(|other| other.finalizers().iter().any(|f| f == artifacts::FINALIZER))
+        .any(|other| {
+            other
+                .status
+                .and_then(|status| status.artifact)
+                .and_then(|artifact| artifact.credentials_secret)
+                .as_deref()
+                == Some(secret)
+        });
+    if needed {
+        return Ok(());
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    if let Some(found) = secrets
+        .get_opt(secret)
+        .await
+        .map_err(read_error(format!("Secret {namespace}/{secret}")))?
+    {
+        crate::finalizers::remove(
+            &secrets,
+            &found,
+            artifacts::SECRET_FINALIZER,
+            &format!("Secret {namespace}/{secret}"),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Puts the Secret's finalizer on before a Backup records an artifact that needs it.
+pub async fn hold_secret(client: &kube::Client, namespace: &str, secret: &str) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let what = format!("Secret {namespace}/{secret}");
+    let Some(found) = secrets
+        .get_opt(secret)
+        .await
+        .map_err(read_error(what.clone()))?
+    else {
+        return Ok(());
+    };
+    if found.meta().deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    if crate::finalizers::add(&secrets, &found, artifacts::SECRET_FINALIZER, &what).await? {
+        // Confirm it is on (a concurrent change may have won the write).
+        let again = secrets
+            .get_opt(secret)
+            .await
+            .map_err(read_error(what.clone()))?;
+        if !again.is_some_and(|again| {
+            again
+                .finalizers()
+                .iter()
+                .any(|f| f == artifacts::SECRET_FINALIZER)
+        }) {
+            return Err(Error::Webhook(format!(
+                "{what} changed while its finalizer was added; trying again"
+            )));
+        }
+    }
+    Ok(())
+}

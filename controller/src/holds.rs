@@ -1,0 +1,358 @@
+//! Backups and restores of one Cluster never overlap. Two checks and one claim, as pure
+//! functions:
+//!
+//! - a Backup that has not started waits while a Restore that is not terminal targets its
+//!   Cluster (`RestoreInProgress`); a Restore that has not started waits while a Backup of its
+//!   Cluster runs (`BackupInProgress`); a run already going is never interrupted;
+//! - whichever starts first takes the Cluster's claim, a coordination Lease named after the
+//!   Cluster's UID, read and written without a cache: two runs that both passed their check at
+//!   the same moment cannot both take it.
+
+/// Lease name prefix; the Cluster's UID follows.
+pub const LEASE_PREFIX: &str = "custody-run-";
+/// Reasons of the waiting runs' `Ready=False`.
+pub const RESTORE_IN_PROGRESS: &str = "RestoreInProgress";
+pub const BACKUP_IN_PROGRESS: &str = "BackupInProgress";
+pub const CLUSTER_BUSY: &str = "ClusterBusy";
+
+/// The Lease that claims a Cluster for one run at a time.
+pub fn lease_name(cluster_uid: &str) -> String {
+    format!("{LEASE_PREFIX}{cluster_uid}")
+}
+
+/// The holder identity of a run in the Lease: `Backup/<uid>` or `Restore/<uid>`.
+pub fn holder(kind: &str, uid: &str) -> String {
+    format!("{kind}/{uid}")
+}
+
+/// Another run of the same Cluster, as the checks see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run<'a> {
+    pub name: &'a str,
+    /// Started: its Job exists or its status says it runs.
+    pub started: bool,
+    /// Completed or Failed (or being deleted).
+    pub terminal: bool,
+}
+
+/// Whether a run must wait, and for whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hold {
+    Free,
+    Wait {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// A Backup that has not started waits for every Restore of its Cluster that is not terminal,
+/// started or not (a restore in progress owns the volumes: its pods are gated and the data is
+/// incomplete).
+pub fn backup_hold(cluster: &str, restores: &[Run<'_>]) -> Hold {
+    match restores.iter().find(|restore| !restore.terminal) {
+        Some(restore) => Hold::Wait {
+            reason: RESTORE_IN_PROGRESS,
+            message: format!(
+                "Restore {} of Cluster {cluster} is in progress; the backup starts once it ends",
+                restore.name
+            ),
+        },
+        None => Hold::Free,
+    }
+}
+
+/// A Restore that has not started waits for every started Backup of its Cluster that is not
+/// terminal (a Backup that has not started yields to the restore instead).
+pub fn restore_hold(cluster: &str, backups: &[Run<'_>]) -> Hold {
+    match backups
+        .iter()
+        .find(|backup| backup.started && !backup.terminal)
+    {
+        Some(backup) => Hold::Wait {
+            reason: BACKUP_IN_PROGRESS,
+            message: format!(
+                "Backup {} of Cluster {cluster} is running; the restore starts once it ends",
+                backup.name
+            ),
+        },
+        None => Hold::Free,
+    }
+}
+
+/// What to do with the Cluster's Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// No Lease: create it with this run as holder.
+    Create,
+    /// This run holds it.
+    Held,
+    /// The holder's run is over (terminal or gone): take it over (an update guarded by the
+    /// Lease's resourceVersion).
+    TakeOver,
+    /// Another live run holds it.
+    Wait { holder: String },
+}
+
+/// `current`: the Lease's holder, if the Lease exists; `holder_live`: whether the run it names
+/// still exists and is not terminal.
+pub fn claim(current: Option<&str>, me: &str, holder_live: bool) -> Claim {
+    match current {
+        None => Claim::Create,
+        Some(holder) if holder == me => Claim::Held,
+        Some(_) if !holder_live => Claim::TakeOver,
+        Some(holder) => Claim::Wait {
+            holder: holder.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(name: &str, started: bool, terminal: bool) -> Run<'_> {
+        Run {
+            name,
+            started,
+            terminal,
+        }
+    }
+
+    #[test]
+    fn a_backup_waits_for_any_restore_that_is_not_over() {
+        let rows: &[(&str, Vec<Run>, bool)] = &[
+            ("no restore", vec![], false),
+            ("restore not started", vec![run("r", false, false)], true),
+            ("restore running", vec![run("r", true, false)], true),
+            ("restore over", vec![run("r", true, true)], false),
+            (
+                "one over, one running",
+                vec![run("a", true, true), run("b", true, false)],
+                true,
+            ),
+        ];
+        for (name, restores, waits) in rows {
+            let hold = backup_hold("db", restores);
+            assert_eq!(
+                matches!(hold, Hold::Wait { .. }),
+                *waits,
+                "{name}: {hold:?}"
+            );
+            if let Hold::Wait { reason, message } = hold {
+                assert_eq!(reason, RESTORE_IN_PROGRESS);
+                assert!(message.contains("Restore "), "{message}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_restore_waits_only_for_a_running_backup() {
+        let rows: &[(&str, Vec<Run>, bool)] = &[
+            ("no backup", vec![], false),
+            (
+                "backup not started: it yields",
+                vec![run("b", false, false)],
+                false,
+            ),
+            ("backup running", vec![run("b", true, false)], true),
+            ("backup over", vec![run("b", true, true)], false),
+        ];
+        for (name, backups, waits) in rows {
+            let hold = restore_hold("db", backups);
+            assert_eq!(
+                matches!(hold, Hold::Wait { .. }),
+                *waits,
+                "{name}: {hold:?}"
+            );
+            if let Hold::Wait { reason, .. } = hold {
+                assert_eq!(reason, BACKUP_IN_PROGRESS);
+            }
+        }
+    }
+
+    #[test]
+    fn one_claim_at_a_time() {
+        let me = holder("Backup", "u1");
+        assert_eq!(claim(None, &me, false), Claim::Create);
+        assert_eq!(claim(Some(&me), &me, true), Claim::Held);
+        assert_eq!(claim(Some("Restore/u2"), &me, false), Claim::TakeOver);
+        assert_eq!(
+            claim(Some("Restore/u2"), &me, true),
+            Claim::Wait {
+                holder: "Restore/u2".into()
+            }
+        );
+        assert_eq!(lease_name("abc"), "custody-run-abc");
+    }
+}
+
+/// The Lease, read and written without a cache.
+pub mod lease {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+    use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+    use kube::{Client, ResourceExt};
+
+    use super::{Claim, claim, lease_name};
+    use crate::api::{Backup, BackupPhase, Restore, RestorePhase};
+    use crate::error::{Error, Result};
+
+    /// Whether the run a holder identity names still exists and is not over, read from the
+    /// API server.
+    async fn holder_live(client: &Client, namespace: &str, holder: &str) -> Result<bool> {
+        let Some((kind, uid)) = holder.split_once('/') else {
+            return Ok(false);
+        };
+        let read = |source| Error::Read {
+            object: format!("{kind}s in {namespace}"),
+            source,
+        };
+        Ok(match kind {
+            "Backup" => Api::<Backup>::namespaced(client.clone(), namespace)
+                .list(&Default::default())
+                .await
+                .map_err(read)?
+                .items
+                .into_iter()
+                .find(|backup| backup.metadata.uid.as_deref() == Some(uid))
+                .is_some_and(|backup| {
+                    backup.metadata.deletion_timestamp.is_none()
+                        && !matches!(
+                            backup.status.and_then(|status| status.phase),
+                            Some(BackupPhase::Completed | BackupPhase::Failed)
+                        )
+                }),
+            "Restore" => Api::<Restore>::namespaced(client.clone(), namespace)
+                .list(&Default::default())
+                .await
+                .map_err(read)?
+                .items
+                .into_iter()
+                .find(|restore| restore.metadata.uid.as_deref() == Some(uid))
+                .is_some_and(|restore| {
+                    restore.metadata.deletion_timestamp.is_none()
+                        && !matches!(
+                            restore.status.and_then(|status| status.phase),
+                            Some(RestorePhase::Completed | RestorePhase::Failed)
+                        )
+                }),
+            _ => false,
+        })
+    }
+
+    fn now() -> MicroTime {
+        MicroTime(k8s_openapi::jiff::Timestamp::now())
+    }
+
+    /// Takes the Cluster's claim for `me`. Returns `None` when taken (or already held), or the
+    /// holder that keeps it.
+    pub async fn acquire(
+        client: &Client,
+        namespace: &str,
+        cluster: &crate::api::Cluster,
+        me: &str,
+    ) -> Result<Option<String>> {
+        let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
+        let name = lease_name(&cluster_uid);
+        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let current = api.get_opt(&name).await.map_err(|source| Error::Read {
+            object: format!("Lease {namespace}/{name}"),
+            source,
+        })?;
+        let holder = current
+            .as_ref()
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.holder_identity.clone());
+        let live = match &holder {
+            Some(holder) if holder != me => holder_live(client, namespace, holder).await?,
+            _ => false,
+        };
+        let write_error = |source| Error::Create {
+            object: format!("Lease {namespace}/{name}"),
+            source,
+        };
+        match claim(holder.as_deref(), me, live) {
+            Claim::Held => Ok(None),
+            Claim::Wait { holder } => Ok(Some(holder)),
+            Claim::Create => {
+                let mut lease = Lease::default();
+                lease.metadata.name = Some(name.clone());
+                lease.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: "custody.io/v1alpha1".into(),
+                    kind: "Cluster".into(),
+                    name: cluster.name_any(),
+                    uid: cluster_uid.clone(),
+                    ..OwnerReference::default()
+                }]);
+                lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    holder_identity: Some(me.to_string()),
+                    acquire_time: Some(now()),
+                    ..Default::default()
+                });
+                match api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(None),
+                    // Someone else created it first: they hold it.
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        Ok(Some("another run (just now)".to_string()))
+                    }
+                    Err(source) => Err(write_error(source)),
+                }
+            }
+            Claim::TakeOver => {
+                let mut lease = current.expect("a holder means a Lease");
+                let spec = lease.spec.get_or_insert_default();
+                spec.holder_identity = Some(me.to_string());
+                spec.acquire_time = Some(now());
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                // The resourceVersion read above guards the update.
+                match api.replace(&name, &PostParams::default(), &lease).await {
+                    Ok(_) => Ok(None),
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        Ok(Some("another run (just now)".to_string()))
+                    }
+                    Err(source) => Err(write_error(source)),
+                }
+            }
+        }
+    }
+
+    /// Gives the claim back if `me` holds it.
+    pub async fn release(
+        client: &Client,
+        namespace: &str,
+        cluster_uid: &str,
+        me: &str,
+    ) -> Result<()> {
+        let name = lease_name(cluster_uid);
+        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let Some(lease) = api.get_opt(&name).await.map_err(|source| Error::Read {
+            object: format!("Lease {namespace}/{name}"),
+            source,
+        })?
+        else {
+            return Ok(());
+        };
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.as_deref());
+        if holder != Some(me) {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: lease.metadata.uid.clone(),
+                resource_version: lease.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(source) => Err(Error::Delete {
+                object: format!("Lease {namespace}/{name}"),
+                source,
+            }),
+        }
+    }
+}
