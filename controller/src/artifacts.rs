@@ -172,6 +172,18 @@ pub fn backoff(attempts: u32) -> Duration {
     Duration::from_secs(seconds.min(300))
 }
 
+/// How long a Backup whose delete failed `attempts` times, last at `last_attempt` (Unix
+/// seconds), still waits at `now`: its own status carries the backoff, so a change to the
+/// Backup (its own status written, an annotation) never brings the next attempt forward.
+pub fn wait_before_retry(attempts: u32, last_attempt: Option<i64>, now: i64) -> Option<Duration> {
+    let last = last_attempt?;
+    if attempts == 0 {
+        return None;
+    }
+    let due = last.saturating_add(backoff(attempts - 1).as_secs() as i64);
+    (due > now).then(|| Duration::from_secs((due - now) as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +416,30 @@ mod tests {
             };
             assert_eq!(got, expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_failed_delete_waits_out_its_backoff() {
+        assert_eq!(wait_before_retry(0, Some(100), 100), None, "never failed");
+        assert_eq!(wait_before_retry(1, None, 100), None, "no time recorded");
+        assert_eq!(
+            wait_before_retry(1, Some(100), 100),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            wait_before_retry(1, Some(100), 104),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(wait_before_retry(1, Some(100), 105), None);
+        assert_eq!(
+            wait_before_retry(3, Some(100), 110),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            wait_before_retry(20, Some(100), 399),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(wait_before_retry(20, Some(100), 400), None);
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub fn without(current: &[String], finalizer: &str) -> Option<Vec<String>> {
     )
 }
 
-async fn write<K>(api: &Api<K>, object: &K, finalizers: Vec<String>, what: &str) -> Result<()>
+/// Returns whether the write happened (`false`: the object changed meanwhile).
+async fn write<K>(api: &Api<K>, object: &K, finalizers: Vec<String>, what: &str) -> Result<bool>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
@@ -53,11 +54,11 @@ where
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         // Changed meanwhile: the change wakes the reconciler again, which reads it afresh.
         Err(kube::Error::Api(status)) if status.code == 409 => {
             tracing::debug!(object = what, "finalizers changed meanwhile; will retry");
-            Ok(())
+            Ok(false)
         }
         Err(source) => Err(Error::Patch {
             object: format!("finalizers of {what}"),
@@ -66,25 +67,28 @@ where
     }
 }
 
-/// Adds `finalizer` to `object` unless it is there. Returns whether it wrote.
+/// Adds `finalizer` to `object` unless it is there. Returns `true` when the object was (or
+/// was meanwhile) changed: the caller stops here and continues on the next event, with the
+/// finalizer known to be on.
 pub async fn add<K>(api: &Api<K>, object: &K, finalizer: &str, what: &str) -> Result<bool>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
     match with(object.finalizers(), finalizer) {
-        Some(next) => write(api, object, next, what).await.map(|()| true),
+        Some(next) => write(api, object, next, what).await.map(|_| true),
         None => Ok(false),
     }
 }
 
-/// Removes `finalizer` from `object` if it is there. Returns whether it wrote.
+/// Removes `finalizer` from `object` if it is there. Returns `true` when it is gone (removed
+/// now, or not there), `false` when the object changed meanwhile and nothing was written.
 pub async fn remove<K>(api: &Api<K>, object: &K, finalizer: &str, what: &str) -> Result<bool>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
     match without(object.finalizers(), finalizer) {
-        Some(next) => write(api, object, next, what).await.map(|()| true),
-        None => Ok(false),
+        Some(next) => write(api, object, next, what).await,
+        None => Ok(true),
     }
 }
 

@@ -24,6 +24,8 @@ fn read_error(what: String) -> impl FnOnce(kube::Error) -> Error {
     }
 }
 
+/// Publishes an Event; best effort, as a namespace being deleted refuses new Events and the
+/// cleanup must still finish there.
 async fn event(
     context: &BackupContext,
     backup: &Backup,
@@ -31,16 +33,20 @@ async fn event(
     reason: &str,
     note: String,
 ) -> Result<()> {
-    crate::events::publish(
+    if let Err(error) = crate::events::publish(
         &context.base,
         backup,
         "Backup",
         warning,
         reason,
-        note,
+        note.clone(),
         "DeleteArtifact",
     )
     .await
+    {
+        tracing::info!(backup = backup.name_any(), reason, note, %error, "event not published");
+    }
+    Ok(())
 }
 
 /// Runs one step of a Backup's deletion.
@@ -151,6 +157,21 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             Ok(Action::await_change())
         }
         Step::Delete { keys } => {
+            let cleanup = backup
+                .status
+                .as_ref()
+                .and_then(|status| status.cleanup.clone())
+                .unwrap_or_default();
+            if let Some(wait) = artifacts::wait_before_retry(
+                cleanup.attempts,
+                cleanup
+                    .last_attempt_time
+                    .as_ref()
+                    .map(|time| time.0.as_second()),
+                Timestamp::now().as_second(),
+            ) {
+                return Ok(Action::requeue(wait));
+            }
             let artifact = artifact.expect("a Delete step has an artifact");
             match delete(context, &namespace, &artifact, &keys).await {
                 Ok(absent) => {
@@ -369,13 +390,17 @@ async fn release(
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
     let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);
-    crate::finalizers::remove(
+    let released = crate::finalizers::remove(
         &api,
         backup,
         artifacts::FINALIZER,
         &format!("Backup {namespace}/{name}"),
     )
     .await?;
+    if !released {
+        // Changed meanwhile: the next reconcile decides again, and the Secret stays held.
+        return Ok(());
+    }
     if let Some(secret) = artifact.and_then(|artifact| artifact.credentials_secret.clone()) {
         release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
     }

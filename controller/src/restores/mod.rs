@@ -346,7 +346,10 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
             )
             .await;
     };
-    if backup.metadata.deletion_timestamp.is_some() {
+    // A restore that has started goes on: the Backup's deletion waits for it. One that has not
+    // started never begins reading a Backup on its way out.
+    let started = volumes_status.iter().any(|volume| volume.attempts > 0);
+    if backup.metadata.deletion_timestamp.is_some() && !started {
         return writer
             .fail(
                 reasons::BACKUP_BEING_DELETED,
@@ -427,6 +430,32 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
 
     publish_gate_ca(context, &namespace).await?;
 
+    if !volumes_status.iter().any(|volume| volume.attempts > 0) {
+        // Not started: a running backup of the Cluster finishes first.
+        let backups = backups
+            .list(&ListParams::default())
+            .await
+            .map_err(read_error(format!("Backups in {namespace}")))?
+            .items;
+        let runs: Vec<crate::holds::Run> = backups
+            .iter()
+            .filter(|backup| &backup.spec.cluster_ref.name == cluster_name)
+            .map(|backup| {
+                let phase = backup.status.as_ref().and_then(|status| status.phase);
+                crate::holds::Run {
+                    name: backup.metadata.name.as_deref().unwrap_or_default(),
+                    started: phase == Some(BackupPhase::Running),
+                    terminal: backup.metadata.deletion_timestamp.is_some()
+                        || matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)),
+                }
+            })
+            .collect();
+        if let crate::holds::Hold::Wait { reason, message } =
+            crate::holds::restore_hold(cluster_name, &runs)
+        {
+            return writer.wait(reason, message, 5).await;
+        }
+    }
     let reports = decide::reports_for(
         reported_by_node
             .iter()
@@ -468,33 +497,6 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
 
     let me = crate::holds::holder("Restore", &uid);
     if steps.iter().any(|step| step.create.is_some()) {
-        let started = volumes_status.iter().any(|volume| volume.attempts > 0);
-        if !started {
-            // Not started: a running backup of the Cluster finishes first.
-            let backups = backups
-                .list(&ListParams::default())
-                .await
-                .map_err(read_error(format!("Backups in {namespace}")))?
-                .items;
-            let runs: Vec<crate::holds::Run> = backups
-                .iter()
-                .filter(|backup| &backup.spec.cluster_ref.name == cluster_name)
-                .map(|backup| {
-                    let phase = backup.status.as_ref().and_then(|status| status.phase);
-                    crate::holds::Run {
-                        name: backup.metadata.name.as_deref().unwrap_or_default(),
-                        started: phase == Some(BackupPhase::Running),
-                        terminal: backup.metadata.deletion_timestamp.is_some()
-                            || matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)),
-                    }
-                })
-                .collect();
-            if let crate::holds::Hold::Wait { reason, message } =
-                crate::holds::restore_hold(cluster_name, &runs)
-            {
-                return writer.wait(reason, message, 5).await;
-            }
-        }
         if let Some(holder) =
             crate::holds::lease::acquire(client, &namespace, &cluster, &me).await?
         {

@@ -1,0 +1,583 @@
+//! Backups and restores of one Cluster kept apart, and deleting a Backup's artifact only with
+//! proof: the real controller, API server, S3 servers (shared MinIO, and a private one the test
+//! stops and starts), real mover and agent.
+
+use std::time::{Duration, Instant};
+
+use custody_controller::api::{
+    Backup, BackupPhase, BackupRepository, Cluster, ClusterPhase, HasConditions, Restore,
+    RestorePhase,
+};
+use custody_tests::s3::{self, PrivateS3};
+use custody_tests::scenario::{Setup, create, restore_into, setup};
+use custody_tests::volumes::LoopVolume;
+use custody_tests::workloads::WorkloadRunner;
+use custody_tests::{await_condition, eventually};
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn phase(backup: &Backup) -> Option<BackupPhase> {
+    backup.status.as_ref().and_then(|status| status.phase)
+}
+
+async fn backup(setup: &Setup, name: &str, cluster: &str, repository: Option<&str>) -> Backup {
+    let mut spec = json!({"clusterRef": {"name": cluster}});
+    if let Some(repository) = repository {
+        spec["repositoryRef"] = json!({"name": repository});
+    }
+    create::<Backup>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": name}, "spec": spec}),
+    )
+    .await
+}
+
+async fn completed(setup: &Setup, name: &str) -> Backup {
+    await_condition(
+        &setup.namespace.api::<Backup>(),
+        name,
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| phase(backup) == Some(BackupPhase::Completed),
+    )
+    .await
+}
+
+async fn gone(setup: &Setup, name: &str) {
+    let backups = setup.namespace.api::<Backup>();
+    eventually(&format!("Backup {name} gone"), TIMEOUT, || {
+        let backups = backups.clone();
+        async move {
+            match backups
+                .get_opt(name)
+                .await
+                .map_err(|error| error.to_string())?
+            {
+                None => Ok(()),
+                Some(backup) => Err(format!(
+                    "{:?} {:?}",
+                    backup.finalizers(),
+                    backup.status.as_ref().and_then(|s| s.cleanup.as_ref())
+                )),
+            }
+        }
+    })
+    .await;
+}
+
+async fn await_event(setup: &Setup, object: &str, reason: &str, contains: &str) -> String {
+    let events: Api<Event> = setup.namespace.api();
+    eventually(&format!("Event {reason} on {object}"), TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            let listed = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|error| error.to_string())?;
+            listed
+                .items
+                .into_iter()
+                .filter(|event| event.involved_object.name.as_deref() == Some(object))
+                .filter(|event| event.reason.as_deref() == Some(reason))
+                .filter_map(|event| event.message)
+                .find(|message| message.contains(contains))
+                .ok_or_else(|| "not yet".to_string())
+        }
+    })
+    .await
+}
+
+fn bucket_of(repository: &BackupRepository) -> String {
+    repository.spec.bucket.clone()
+}
+
+#[tokio::test]
+async fn deleting_a_backup_deletes_exactly_its_own_keys_even_under_reserved_characters() {
+    let setup = setup("keys").await;
+    let store = setup
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap();
+    let bucket = bucket_of(&store);
+    // A repository whose prefix needs escaping in a URL.
+    create::<BackupRepository>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "odd"},
+            "spec": {"endpoint": s3::shared(), "bucket": bucket, "prefix": "team a/#1?x=%2F&y", "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<BackupRepository>(),
+        "odd",
+        "Ready",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            repository
+                .conditions()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        },
+    )
+    .await;
+    // Two runs of one Cluster in one prefix, the older first.
+    backup(&setup, "older", "orders", Some("odd")).await;
+    let older = completed(&setup, "older")
+        .await
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    backup(&setup, "newer", "orders", Some("odd")).await;
+    let newer = completed(&setup, "newer")
+        .await
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    assert!(older.key.starts_with("team a/#1?x=%2F&y/"), "{}", older.key);
+    // Something in the same prefix no Backup recorded.
+    let stray = older.prefix.rsplit_once('/').unwrap().0.to_string() + "/not-a-backup/data.tar.zst";
+    s3::put(s3::shared(), &bucket, &stray, b"someone's dump".to_vec()).await;
+    let before = s3::keys(s3::shared(), &bucket, "").await;
+    for key in [
+        &older.key,
+        &older.manifest_key,
+        &newer.key,
+        &newer.manifest_key,
+        &stray,
+    ] {
+        assert!(before.contains(key), "{key} missing before: {before:?}");
+    }
+
+    setup
+        .namespace
+        .api::<Backup>()
+        .delete("older", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&setup, "older").await;
+    let after = s3::keys(s3::shared(), &bucket, "").await;
+    let mut removed: Vec<String> = before
+        .iter()
+        .filter(|key| !after.contains(key))
+        .cloned()
+        .collect();
+    removed.sort();
+    let mut expected = vec![older.key.clone(), older.manifest_key.clone()];
+    expected.sort();
+    assert_eq!(removed, expected, "exactly the older run's keys");
+    await_event(&setup, "older", "ArtifactDeleted", &older.key).await;
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn a_failed_delete_is_retried_visibly_until_s3_is_back_and_the_skip_annotation_keeps_the_artifact()
+ {
+    let setup = setup("retry").await;
+    let mut server = PrivateS3::start();
+    let bucket = s3::bucket(&server.url, "retry").await;
+    create::<BackupRepository>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "private"},
+            "spec": {"endpoint": server.url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<BackupRepository>(),
+        "private",
+        "Ready",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            repository
+                .conditions()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        },
+    )
+    .await;
+    backup(&setup, "flaky", "orders", Some("private")).await;
+    let flaky = completed(&setup, "flaky")
+        .await
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    backup(&setup, "kept", "orders", Some("private")).await;
+    let kept = completed(&setup, "kept")
+        .await
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+
+    server.kill();
+    let backups = setup.namespace.api::<Backup>();
+    backups
+        .delete("flaky", &DeleteParams::default())
+        .await
+        .unwrap();
+    let warning = await_event(
+        &setup,
+        "flaky",
+        "ArtifactCleanupFailed",
+        "custody.io/skip-artifact-cleanup=true",
+    )
+    .await;
+    assert!(warning.contains(&flaky.key), "{warning}");
+    let terminating = await_condition(
+        &backups,
+        "flaky",
+        "a recorded failure",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup
+                .status
+                .as_ref()
+                .and_then(|s| s.cleanup.as_ref())
+                .is_some_and(|c| c.attempts >= 1 && c.last_error.is_some())
+        },
+    )
+    .await;
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+
+    // The skip annotation releases a Backup at once and keeps its artifact.
+    backups
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    backups
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"custody.io/skip-artifact-cleanup": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    gone(&setup, "kept").await;
+
+    server.resume();
+    let back = Instant::now();
+    gone(&setup, "flaky").await;
+    eprintln!("flaky released {:?} after S3 came back", back.elapsed());
+    let keys = s3::keys(&server.url, &bucket, "").await;
+    assert!(
+        !keys.contains(&flaky.key) && !keys.contains(&flaky.manifest_key),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&kept.key) && keys.contains(&kept.manifest_key),
+        "kept: {keys:?}"
+    );
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn a_restore_holds_the_deletion_of_its_backup_and_a_restore_refuses_a_backup_being_deleted() {
+    let setup = setup("readers").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let nightly = setup
+        .namespace
+        .api::<Backup>()
+        .get("nightly")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    let store = setup
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap();
+    setup.jobs.set_running(false);
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let restores = setup.namespace.api::<Restore>();
+    await_condition(
+        &restores,
+        "shop",
+        "Running",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Running)
+        },
+    )
+    .await;
+
+    let backups = setup.namespace.api::<Backup>();
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    await_event(&setup, "nightly", "DeletionWaitsForRestore", "Restore shop").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        backups.get_opt("nightly").await.unwrap().is_some(),
+        "held by the restore"
+    );
+    assert!(
+        s3::keys(s3::shared(), &store.spec.bucket, "")
+            .await
+            .contains(&nightly.key)
+    );
+
+    // A new restore of the Backup on its way out is refused.
+    create::<Cluster>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "late"},
+               "spec": {"statefulSetRef": {"name": "late"}, "volumeClaimTemplates": ["data"],
+                        "restore": {"backupRef": {"name": "nightly"}}}}),
+    )
+    .await;
+    let late = await_condition(&restores, "late", "Failed", TIMEOUT, |restore: &Restore| {
+        restore.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Failed)
+    })
+    .await;
+    let ready = late
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "BackupBeingDeleted");
+
+    // The restore completes; then the Backup and its keys go.
+    setup.jobs.set_running(true);
+    await_condition(
+        &restores,
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    gone(&setup, "nightly").await;
+    let keys = s3::keys(s3::shared(), &store.spec.bucket, "").await;
+    assert!(!keys.contains(&nightly.key), "{keys:?}");
+    drop(workloads);
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn backups_and_restores_of_one_cluster_never_overlap() {
+    let setup = setup("holds").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    setup.jobs.set_running(false);
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let restores = setup.namespace.api::<Restore>();
+    await_condition(
+        &restores,
+        "shop",
+        "Running",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Running)
+        },
+    )
+    .await;
+
+    // Backups of the Cluster under restore wait, naming the Restore.
+    for name in ["shop-a", "shop-b", "shop-c"] {
+        backup(&setup, name, "shop", Some("store")).await;
+    }
+    let backups = setup.namespace.api::<Backup>();
+    for name in ["shop-a", "shop-b", "shop-c"] {
+        let waiting = await_condition(
+            &backups,
+            name,
+            "RestoreInProgress",
+            TIMEOUT,
+            |backup: &Backup| {
+                backup
+                    .conditions()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "RestoreInProgress")
+            },
+        )
+        .await;
+        assert_eq!(phase(&waiting), Some(BackupPhase::Pending));
+        let ready = waiting
+            .conditions()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert!(ready.message.contains("Restore shop"), "{ready:?}");
+    }
+
+    // The restore runs; then every Backup, one at a time.
+    setup.jobs.set_running(true);
+    await_condition(
+        &setup.namespace.api::<Cluster>(),
+        "shop",
+        "Running",
+        TIMEOUT,
+        |cluster: &Cluster| {
+            cluster.status.as_ref().and_then(|s| s.phase) == Some(ClusterPhase::Running)
+        },
+    )
+    .await;
+    for name in ["shop-a", "shop-b", "shop-c"] {
+        let done = completed(&setup, name).await;
+        assert!(
+            done.conditions()
+                .iter()
+                .all(|c| c.reason != "RestoreInProgress")
+        );
+    }
+
+    // While a backup of the Cluster runs, a new Restore of it waits.
+    setup.jobs.set_running(false);
+    backup(&setup, "shop-d", "shop", Some("store")).await;
+    await_condition(&backups, "shop-d", "Running", TIMEOUT, |backup: &Backup| {
+        phase(backup) == Some(BackupPhase::Running)
+    })
+    .await;
+    create::<Restore>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Restore", "metadata": {"name": "again"},
+               "spec": {"clusterRef": {"name": "shop"}, "backupRef": {"name": "shop-a"}}}),
+    )
+    .await;
+    let again = await_condition(
+        &restores,
+        "again",
+        "BackupInProgress",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore
+                .conditions()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "BackupInProgress")
+        },
+    )
+    .await;
+    assert!(
+        again
+            .conditions()
+            .iter()
+            .any(|c| c.message.contains("Backup shop-d"))
+    );
+    setup.jobs.set_running(true);
+    completed(&setup, "shop-d").await;
+    restores
+        .delete("again", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // The pods of the restore and of the four backups ran one after another.
+    let mut intervals: Vec<(String, Instant, Instant)> = setup
+        .jobs
+        .started()
+        .into_iter()
+        .filter(|started| {
+            started.pod.starts_with("data-shop-0-restore-") || started.pod.starts_with("shop-")
+        })
+        .map(|started| {
+            let ended = started.ended.lock().unwrap().expect("ended");
+            (started.pod.clone(), started.at, ended)
+        })
+        .collect();
+    intervals.sort_by_key(|(_, at, _)| *at);
+    assert_eq!(intervals.len(), 5, "{intervals:?}");
+    for pair in intervals.windows(2) {
+        assert!(
+            pair[0].2 <= pair[1].1,
+            "{} overlaps {}",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+    drop(workloads);
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_goes() {
+    let setup = setup("teardown").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let nightly = setup
+        .namespace
+        .api::<Backup>()
+        .get("nightly")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    let bucket = setup
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap()
+        .spec
+        .bucket;
+    let secret = setup
+        .namespace
+        .api::<k8s_openapi::api::core::v1::Secret>()
+        .get("s3")
+        .await
+        .unwrap();
+    assert!(
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == "custody.io/artifact-credentials"),
+        "{:?}",
+        secret.finalizers()
+    );
+    // The kubelet confirms the deletion of the namespace's pods.
+    let _workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the namespace gone", Duration::from_secs(180), || {
+        let namespaces = namespaces.clone();
+        let ns = ns.clone();
+        async move {
+            match namespaces
+                .get_opt(&ns)
+                .await
+                .map_err(|error| error.to_string())?
+            {
+                None => Ok(()),
+                Some(namespace) => Err(format!("{:?}", namespace.status)),
+            }
+        }
+    })
+    .await;
+    let keys = s3::keys(s3::shared(), &bucket, "").await;
+    assert!(
+        !keys.contains(&nightly.key) && !keys.contains(&nightly.manifest_key),
+        "{keys:?}"
+    );
+    setup.finish().await;
+}
