@@ -496,18 +496,17 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
     }
 
     let me = crate::holds::holder("Restore", &uid);
-    if steps.iter().any(|step| step.create.is_some()) {
-        if let Some(holder) =
+    if steps.iter().any(|step| step.create.is_some())
+        && let Some(holder) =
             crate::holds::lease::acquire(client, &namespace, &cluster, &me).await?
-        {
-            return writer
-                .wait(
-                    crate::holds::CLUSTER_BUSY,
-                    format!("Cluster {cluster_name} is claimed by {holder}; the restore starts once it is free"),
-                    5,
-                )
-                .await;
-        }
+    {
+        return writer
+            .wait(
+                crate::holds::CLUSTER_BUSY,
+                format!("Cluster {cluster_name} is claimed by {holder}; the restore starts once it is free"),
+                5,
+            )
+            .await;
     }
     for step in &steps {
         let Some(create) = &step.create else {
