@@ -85,6 +85,39 @@ pub fn contest(mine: &Artifact, uid: &str, others: &[Other<'_>]) -> Contest {
     }
 }
 
+/// The contest of a dump attributed to a command backup: the attribution is made again with
+/// the runs as they are now (another run of the prefix, finished or not, that could have
+/// written the dump, or that recorded it, refuses it).
+pub fn contest_attributed(
+    mine: &Artifact,
+    run: &crate::attribution::Run,
+    others: &[crate::attribution::OtherRun],
+) -> Contest {
+    let Some(evidence) = &mine.attribution else {
+        return Contest::Refused {
+            reason: "KeyNotProvenOwn",
+            message: format!("{} was never attributed to this Backup", mine.key),
+        };
+    };
+    let candidate = crate::attribution::Candidate {
+        key: mine.key.clone(),
+        last_modified: evidence.last_modified_nanos,
+    };
+    match crate::attribution::attribute(run, &[candidate], others) {
+        Ok(found) if found.key == mine.key => Contest::Proven {
+            keys: vec![mine.key.clone()],
+        },
+        Ok(found) => Contest::Refused {
+            reason: "KeyNotProvenOwn",
+            message: format!("attribution now points at {}, not {}", found.key, mine.key),
+        },
+        Err(refusal) => Contest::Refused {
+            reason: refusal.reason,
+            message: refusal.message,
+        },
+    }
+}
+
 /// What deleting a Backup does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

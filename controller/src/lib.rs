@@ -5,6 +5,7 @@ pub mod annotation_reconciler;
 pub mod annotations;
 pub mod api;
 pub mod artifacts;
+pub mod attribution;
 pub mod authn;
 pub mod backups;
 pub mod cli;

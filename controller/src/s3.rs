@@ -115,3 +115,40 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
     }
     env
 }
+
+/// The access key and secret in a repository's credentials Secret. `Err(None)`: the API
+/// server could not be read (try again later); `Err(Some(message))`: the Secret is missing or
+/// incomplete.
+pub async fn credentials(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Secret, Option<String>> {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let secret = match secrets.get_opt(name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return Err(Some(format!(
+                "the credentials Secret {name} does not exist"
+            )));
+        }
+        Err(error) => {
+            tracing::warn!(secret = name, %error, "reading credentials");
+            return Err(None);
+        }
+    };
+    let value = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| Some(format!("Secret {name} has no {key}")))
+    };
+    Ok(Secret {
+        access_key_id: value(ACCESS_KEY_ID)?,
+        secret_access_key: value(SECRET_ACCESS_KEY)?,
+    })
+}

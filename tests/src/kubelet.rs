@@ -573,7 +573,7 @@ async fn run_pod(
         argument.to_string()
     };
     let program = container.command.clone().unwrap_or_default();
-    let binary = crate::binary(program.first().map(String::as_str).unwrap_or("missing"));
+    let binary = crate::program(program.first().map(String::as_str).unwrap_or("missing"));
     let args: Vec<String> = program
         .iter()
         .skip(1)

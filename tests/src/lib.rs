@@ -255,6 +255,21 @@ pub fn binary(name: &str) -> PathBuf {
         })
 }
 
+/// The program a pod's command names, as the kubelet would run it: an absolute path as it is,
+/// a workspace binary when there is one of that name, otherwise the name (found on `PATH`).
+pub fn program(name: &str) -> PathBuf {
+    let path = Path::new(name);
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable directory");
+    [dir.join(name), dir.parent().expect("target dir").join(name)]
+        .into_iter()
+        .find(|candidate| candidate.exists())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// A child process killed when dropped, so a failing test leaves nothing running.
 pub struct ChildGuard(pub Option<Child>);
 

@@ -41,9 +41,30 @@ pub struct Setup {
     _identities: Option<(tempfile::NamedTempFile, tempfile::NamedTempFile)>,
     agents_namespace: String,
     webhook: String,
+    gate: SocketAddr,
 }
 
 impl Setup {
+    /// Stops the node's agent and starts it again under `wrapper` (such as
+    /// `faketime -f +30s`) with `envs`, reporting as before.
+    pub fn restart_agent(&mut self, wrapper: &[&str], envs: Vec<(&str, &str)>) {
+        self.agent.child.terminate(Duration::from_secs(10));
+        self.agent = AgentProcess::start(
+            &self.kubelet,
+            &self._pki,
+            AgentArgs {
+                flags: report_flags(&self.controller, &self._pki, self._report_token.path()),
+                gate: Some(self.gate),
+                wrapper,
+                envs,
+                kubeconfig: self
+                    ._identities
+                    .as_ref()
+                    .map(|(_, agent)| agent.path().to_path_buf()),
+            },
+        );
+    }
+
     /// Deletes what the scenario made outside its namespace, then the namespace.
     pub async fn finish(self) {
         if self.agents_namespace != self.namespace.name {
@@ -386,6 +407,7 @@ async fn setup_full(
         _identities: identities,
         agents_namespace,
         webhook,
+        gate,
     }
 }
 

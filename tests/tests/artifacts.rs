@@ -581,3 +581,149 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
     );
     setup.finish().await;
 }
+
+/// The node's measured offset, once the agent's reports carry one near `expected` seconds.
+async fn measured_offset(setup: &Setup, expected: i64) -> i64 {
+    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
+    let agent = await_condition(
+        &agents,
+        &setup.kubelet.node,
+        "the skewed offset",
+        TIMEOUT,
+        |agent: &custody_controller::api::NodeAgent| {
+            agent
+                .status
+                .as_ref()
+                .and_then(|status| status.clock_offset_nanoseconds)
+                .is_some_and(|offset| (offset / 1_000_000_000 - expected).abs() <= 1)
+        },
+    )
+    .await;
+    agent.status.unwrap().clock_offset_nanoseconds.unwrap()
+}
+
+async fn command_backup(setup: &Setup, name: &str, skew: &str) -> Backup {
+    let dump = custody_tests::binary("dump-to-s3");
+    create::<Backup>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": name},
+               "spec": {"clusterRef": {"name": "orders"},
+                        "command": {"image": "registry.invalid/pg-dump:17", "prefix": "pg-dumps",
+                                    "command": ["faketime", "-f", skew, dump.to_str().unwrap(), "/data"]}}}),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<Backup>(),
+        name,
+        "finished",
+        TIMEOUT,
+        |backup: &Backup| {
+            matches!(
+                phase(backup),
+                Some(BackupPhase::Completed | BackupPhase::Failed)
+            )
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_measured() {
+    let mut setup = setup("attribute").await;
+    let store = setup
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap();
+    let bucket = store.spec.bucket.clone();
+    // Yesterday's dump of another run, in the same shared prefix.
+    s3::put(
+        s3::shared(),
+        &bucket,
+        "custody/pg-dumps/db-20261129T101500Z.dump",
+        b"old".to_vec(),
+    )
+    .await;
+
+    for (skew, seconds) in [("+30s", 30), ("-30s", -30)] {
+        setup.restart_agent(
+            &["faketime", "-f", skew],
+            vec![("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+        );
+        let offset = measured_offset(&setup, seconds).await;
+        let name = format!("dump{seconds}");
+        let done = command_backup(&setup, &name, skew).await;
+        assert_eq!(
+            phase(&done),
+            Some(BackupPhase::Completed),
+            "{:?}",
+            done.status
+        );
+        let status = done.status.unwrap();
+        assert_eq!(
+            status.node_clock.as_ref().unwrap().offset_nanoseconds,
+            offset
+        );
+        let artifact = status.artifact.unwrap();
+        assert!(
+            artifact.key.starts_with("custody/pg-dumps/db-"),
+            "{}",
+            artifact.key
+        );
+        assert_ne!(artifact.key, "custody/pg-dumps/db-20261129T101500Z.dump");
+        let evidence = artifact.attribution.unwrap();
+        assert!(evidence.window_start_nanos <= evidence.corrected_name_time_nanos);
+        assert!(evidence.corrected_name_time_nanos <= evidence.window_end_nanos);
+        // The name carries the skewed node time; corrected, it lies within the run.
+        let named = custody_controller::attribution::name_time(&artifact.key).unwrap();
+        assert!(
+            ((named - evidence.corrected_name_time_nanos) / 1_000_000_000 - seconds).abs() <= 1
+        );
+    }
+
+    // Without a measured offset nothing is recorded, and the Warning says why.
+    setup.agent.child.terminate(Duration::from_secs(10));
+    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
+    agents
+        .delete(&setup.kubelet.node, &DeleteParams::default())
+        .await
+        .unwrap();
+    let refused = command_backup(&setup, "unmeasured", "+30s").await;
+    assert_eq!(phase(&refused), Some(BackupPhase::Failed));
+    let ready = refused
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "NoClockOffset", "{ready:?}");
+    assert!(refused.status.as_ref().unwrap().artifact.is_none());
+    await_event(&setup, "unmeasured", "NoClockOffset", "clock offset").await;
+
+    // Deleting an attributed Backup deletes its dump only.
+    let keys_before = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
+    let first = setup
+        .namespace
+        .api::<Backup>()
+        .get("dump30")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    setup
+        .namespace
+        .api::<Backup>()
+        .delete("dump30", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&setup, "dump30").await;
+    let keys_after = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
+    let removed: Vec<&String> = keys_before
+        .iter()
+        .filter(|key| !keys_after.contains(key))
+        .collect();
+    assert_eq!(removed, [&first.key], "{keys_before:?} -> {keys_after:?}");
+    setup.finish().await;
+}

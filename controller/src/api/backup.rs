@@ -39,6 +39,32 @@ pub struct BackupSpec {
     /// removes exactly the keys recorded in its status, `Retain` keeps them.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// Back up with a command of your own instead of custody's mover: it runs in a Job on the
+    /// node where the volume is mounted (the volume read-only at `/data`) and writes one dump
+    /// under `prefix` in the repository, named with a UTC timestamp. custody then attributes
+    /// the dump to this Backup by the name's time (corrected by the node's measured clock
+    /// offset) and the object's `LastModified`; such a Backup cannot be restored by custody.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<CommandBackup>,
+}
+
+/// A user's backup command.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandBackup {
+    /// Image that runs the command.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// The command and its arguments. It finds the repository in `CUSTODY_S3_ENDPOINT`,
+    /// `CUSTODY_S3_BUCKET`, `CUSTODY_S3_PREFIX`, `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`, and names its dump with a timestamp such as
+    /// `20261130T101500Z` or `2026-11-30T10:15:00Z`.
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+    /// Key prefix under the repository's prefix, shared by the runs of this command.
+    #[schemars(length(min = 1, max = 512))]
+    pub prefix: String,
 }
 
 /// What deleting a Backup does to its artifact.
@@ -153,6 +179,25 @@ pub struct Artifact {
     /// BLAKE3 hash of the manifest, hex: the trust anchor a restore verifies against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_hash: Option<String>,
+
+    /// For a command backup: why this dump is this Backup's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<AttributionEvidence>,
+}
+
+/// The evidence that a dump in a shared prefix was written by one Backup.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttributionEvidence {
+    /// The time in the dump's name, corrected by the node's clock offset, in Unix nanoseconds
+    /// by the controller's clock.
+    pub corrected_name_time_nanos: i64,
+    /// The object's `LastModified`, Unix nanoseconds.
+    pub last_modified_nanos: i64,
+    /// The window the dump had to fall in: the Backup's run, widened by the measured
+    /// uncertainty, Unix nanoseconds.
+    pub window_start_nanos: i64,
+    pub window_end_nanos: i64,
 }
 
 /// How deleting a Backup's artifact went so far.

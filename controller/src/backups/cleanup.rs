@@ -106,7 +106,35 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                         .and_then(|status| status.artifact.as_ref()),
                 })
                 .collect();
-            Some(artifacts::contest(artifact, &uid, &others))
+            if artifact.attribution.is_some() {
+                // A command's dump: attributed again against the runs as they are now.
+                let same_namespace: Vec<Backup> = backups
+                    .iter()
+                    .filter(|other| other.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                    .cloned()
+                    .collect();
+                let status = backup.status.clone().unwrap_or_default();
+                let end = status
+                    .completion_time
+                    .as_ref()
+                    .map(|time| time.0.as_nanosecond() as i64)
+                    .unwrap_or_else(|| Timestamp::now().as_nanosecond() as i64);
+                let prefix = backup
+                    .spec
+                    .command
+                    .as_ref()
+                    .map(|command| command.prefix.clone())
+                    .unwrap_or_default();
+                let runs =
+                    super::decide::other_runs(&same_namespace, &uid, &artifact.repository, &prefix);
+                Some(artifacts::contest_attributed(
+                    artifact,
+                    &super::decide::run_of(&status, end),
+                    &runs,
+                ))
+            } else {
+                Some(artifacts::contest(artifact, &uid, &others))
+            }
         }
         _ => None,
     };

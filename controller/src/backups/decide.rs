@@ -28,6 +28,18 @@ pub fn artifact_prefix(
     }
 }
 
+/// Where a backup command writes: `<repository prefix>/<command prefix>`, without stray
+/// slashes.
+pub fn command_prefix(repository_prefix: &str, command_prefix: &str) -> String {
+    let base = repository_prefix.trim_matches('/');
+    let own = command_prefix.trim_matches('/');
+    if base.is_empty() {
+        own.to_string()
+    } else {
+        format!("{base}/{own}")
+    }
+}
+
 /// The claim a Backup of a Cluster reads: the first volume claim template of the
 /// StatefulSet's first pod (`<template>-<statefulset>-0`).
 pub fn claim_name(template: &str, stateful_set: &str) -> String {
@@ -212,3 +224,73 @@ pub fn failure_reason(reported: &str) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+
+/// The other runs of a backup command's prefix, as the attribution sees them.
+pub fn other_runs(
+    backups: &[crate::api::Backup],
+    uid: &str,
+    repository: &str,
+    command_prefix: &str,
+) -> Vec<crate::attribution::OtherRun> {
+    backups
+        .iter()
+        .filter(|backup| backup.metadata.uid.as_deref() != Some(uid))
+        .filter(|backup| {
+            backup.spec.command.as_ref().is_some_and(|command| {
+                command.prefix.trim_matches('/') == command_prefix.trim_matches('/')
+            })
+        })
+        .filter(|backup| {
+            backup
+                .spec
+                .repository_ref
+                .as_ref()
+                .map(|r| r.name.as_str())
+                .unwrap_or(repository)
+                == repository
+        })
+        .filter_map(|backup| {
+            let status = backup.status.as_ref()?;
+            let start = status.start_time.as_ref()?.0.as_nanosecond() as i64;
+            Some(crate::attribution::OtherRun {
+                name: backup.metadata.name.clone().unwrap_or_default(),
+                start,
+                end: status
+                    .completion_time
+                    .as_ref()
+                    .map(|time| time.0.as_nanosecond() as i64),
+                key: status
+                    .artifact
+                    .as_ref()
+                    .map(|artifact| artifact.key.clone()),
+                offset: status
+                    .node_clock
+                    .as_ref()
+                    .map(|clock| crate::attribution::Offset {
+                        offset: clock.offset_nanoseconds,
+                        round_trip: clock.round_trip_nanoseconds,
+                    }),
+            })
+        })
+        .collect()
+}
+
+/// This run, as the attribution sees it: from its recorded start to `end`, with the clock
+/// offset measured on its node.
+pub fn run_of(status: &crate::api::BackupStatus, end: i64) -> crate::attribution::Run {
+    crate::attribution::Run {
+        start: status
+            .start_time
+            .as_ref()
+            .map(|time| time.0.as_nanosecond() as i64)
+            .unwrap_or(end),
+        end,
+        offset: status
+            .node_clock
+            .as_ref()
+            .map(|clock| crate::attribution::Offset {
+                offset: clock.offset_nanoseconds,
+                round_trip: clock.round_trip_nanoseconds,
+            }),
+    }
+}

@@ -326,7 +326,12 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 Ok(Action::requeue(Duration::from_secs(60)))
             }
             state => {
-                let action = finish(&writer, status, &job_name, state).await?;
+                let action = match &backup.spec.command {
+                    None => finish(&writer, status, &job_name, state).await?,
+                    Some(command) => {
+                        finish_command(&writer, status, state, &repository, &command.prefix).await?
+                    }
+                };
                 let me = crate::holds::holder("Backup", &uid);
                 let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
                 crate::holds::lease::release(client, &namespace, &cluster_uid, &me).await?;
@@ -334,7 +339,7 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             }
         },
         None => {
-            if status.artifact.is_none() {
+            if status.start_time.is_none() {
                 // Not started: a restore of the Cluster goes first.
                 let restores: Api<crate::api::Restore> =
                     Api::namespaced(client.clone(), &namespace);
@@ -456,19 +461,20 @@ async fn start(
     };
 
     // The keys first: recorded before anything is uploaded, so that the key is provably this
-    // Backup's even if the controller stops right after.
+    // Backup's even if the controller stops right after. (A command's dump has a name only
+    // the command knows: it is attributed after the run.)
     let repository_name = repository.name_any();
-    let prefix = decide::artifact_prefix(
-        repository.spec.prefix.as_deref().unwrap_or_default(),
-        namespace,
-        &cluster.name_any(),
-        uid,
-    );
+    let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
+    let command = writer.backup.spec.command.clone();
+    let prefix = match &command {
+        None => decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), uid),
+        Some(command) => decide::command_prefix(repository_prefix, &command.prefix),
+    };
     let (key, manifest_key) = (
         format!("{prefix}/data.tar.zst"),
         format!("{prefix}/manifest.jsonl"),
     );
-    if status.artifact.is_none() {
+    if status.start_time.is_none() {
         // The credentials must outlive the artifact's record, even in a namespace teardown.
         cleanup::hold_secret(
             client,
@@ -493,29 +499,33 @@ async fn start(
         status.node_name = Some(node.clone());
         status.start_time = Some(Time(Timestamp::now()));
         status.node_clock = clock;
-        status.artifact = Some(Artifact {
-            repository: repository_name.clone(),
-            endpoint: repository.spec.endpoint.clone(),
-            region: repository.spec.region.clone(),
-            force_path_style: repository.spec.force_path_style,
-            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
-            bucket: repository.spec.bucket.clone(),
-            prefix: prefix.clone(),
-            key: key.clone(),
-            manifest_key: manifest_key.clone(),
-            size_bytes: None,
-            checksum: None,
-            manifest_hash: None,
-        });
+        if command.is_none() {
+            status.artifact = Some(Artifact {
+                repository: repository_name.clone(),
+                endpoint: repository.spec.endpoint.clone(),
+                region: repository.spec.region.clone(),
+                force_path_style: repository.spec.force_path_style,
+                credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+                bucket: repository.spec.bucket.clone(),
+                prefix: prefix.clone(),
+                key: key.clone(),
+                manifest_key: manifest_key.clone(),
+                ..Artifact::default()
+            });
+        }
         let ready = waiting(
             reasons::RUNNING,
-            format!("backing up claim {claim} on node {node} to {key}"),
+            match &command {
+                None => format!("backing up claim {claim} on node {node} to {key}"),
+                Some(_) => {
+                    format!("running the backup command on node {node}, writing under {prefix}/")
+                }
+            },
         );
         writer
             .status(BackupPhase::Running, status.clone(), &ready)
             .await?;
     }
-    let recorded = status.artifact.clone().unwrap_or_default();
     let node = status.node_name.clone().unwrap_or(node);
 
     let job = job_spec(JobInputs {
@@ -526,9 +536,14 @@ async fn start(
         claim_uid: pvc.metadata.uid.as_deref().unwrap_or_default(),
         node: &node,
         repository,
-        prefix: &recorded.prefix,
+        prefix: &prefix,
         image: &writer.context.mover_image,
     });
+    let recorded_key = if command.is_some() {
+        format!("{prefix}/")
+    } else {
+        key.clone()
+    };
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     match jobs.create(&PostParams::default(), &job).await {
         Ok(_) => {}
@@ -544,10 +559,7 @@ async fn start(
         .event(
             false,
             "BackupStarted",
-            format!(
-                "Job {job_name} backs up claim {claim} on node {node} to {}",
-                recorded.key
-            ),
+            format!("Job {job_name} backs up claim {claim} on node {node} to {recorded_key}"),
         )
         .await?;
     Ok(Action::requeue(Duration::from_secs(60)))
@@ -624,6 +636,127 @@ async fn finish(
     Ok(Action::await_change())
 }
 
+/// After a command backup's Job: which dump under the shared prefix is this run's, by two
+/// clocks ([`crate::attribution`]); recorded only when exactly one fits.
+async fn finish_command(
+    writer: &Writer<'_>,
+    mut status: BackupStatus,
+    state: JobState,
+    repository: &BackupRepository,
+    command_prefix: &str,
+) -> Result<Action> {
+    let client = &writer.context.base.client;
+    let namespace = &writer.namespace;
+    let now = Timestamp::now();
+    status.completion_time = Some(Time(now));
+    let fail = |reason: &'static str, message: String| (reason, message);
+    let outcome: Result<Artifact, (&'static str, String)> = async {
+        if let JobState::Failed { message } = &state {
+            return Err(fail("JobFailed", message.clone()));
+        }
+        let prefix = decide::command_prefix(
+            repository.spec.prefix.as_deref().unwrap_or_default(),
+            command_prefix,
+        );
+        let secret_name = &repository.spec.credentials_secret_ref.name;
+        let credentials = match crate::s3::credentials(client, namespace, secret_name).await {
+            Ok(credentials) => credentials,
+            Err(Some(message)) => return Err(fail("CredentialsMissing", message)),
+            Err(None) => return Err(fail("Retry", String::new())),
+        };
+        let endpoint = crate::repositories::endpoint_of(repository);
+        let s3 = crate::s3::client(&endpoint, &credentials)
+            .map_err(|error| fail("InvalidRepository", error.to_string()))?;
+        let mut candidates = Vec::new();
+        let mut sizes = BTreeMap::new();
+        let mut token = None;
+        loop {
+            let page = s3
+                .list_objects_v2()
+                .bucket(&endpoint.bucket)
+                .prefix(format!("{prefix}/"))
+                .set_continuation_token(token.clone())
+                .send()
+                .await
+                .map_err(|error| fail("ListFailed", crate::s3::error_chain(&error)))?;
+            for object in page.contents() {
+                let (Some(key), Some(modified)) = (object.key(), object.last_modified()) else {
+                    continue;
+                };
+                let nanos = modified.secs() * 1_000_000_000 + i64::from(modified.subsec_nanos());
+                sizes.insert(key.to_string(), object.size().unwrap_or_default());
+                candidates.push(crate::attribution::Candidate {
+                    key: key.to_string(),
+                    last_modified: nanos,
+                });
+            }
+            token = page.next_continuation_token().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        // Every other run of this command prefix, finished or not, from the API server.
+        let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
+        let others = backups
+            .list(&ListParams::default())
+            .await
+            .map_err(|_| fail("Retry", String::new()))?
+            .items;
+        let uid = writer.backup.metadata.uid.clone().unwrap_or_default();
+        let others = decide::other_runs(&others, &uid, &repository.name_any(), command_prefix);
+        let run = decide::run_of(&status, now.as_nanosecond() as i64);
+        let found = crate::attribution::attribute(&run, &candidates, &others)
+            .map_err(|refusal| fail(refusal.reason, refusal.message))?;
+        Ok(Artifact {
+            repository: repository.name_any(),
+            endpoint: repository.spec.endpoint.clone(),
+            region: repository.spec.region.clone(),
+            force_path_style: repository.spec.force_path_style,
+            credentials_secret: Some(secret_name.clone()),
+            bucket: repository.spec.bucket.clone(),
+            prefix,
+            size_bytes: sizes.get(&found.key).copied(),
+            key: found.key.clone(),
+            manifest_key: String::new(),
+            attribution: Some(crate::api::AttributionEvidence {
+                corrected_name_time_nanos: found.corrected,
+                last_modified_nanos: found.last_modified,
+                window_start_nanos: found.window.0,
+                window_end_nanos: found.window.1,
+            }),
+            ..Artifact::default()
+        })
+    }
+    .await;
+    match outcome {
+        Err(("Retry", _)) => Ok(Action::requeue(Duration::from_secs(5))),
+        Ok(artifact) => {
+            let message = format!(
+                "the dump {} is this run's: its name's time, corrected by the node's clock offset, and its LastModified fall within the run",
+                artifact.key
+            );
+            status.artifact = Some(artifact);
+            let ready = Desired {
+                type_: types::READY,
+                status: Status::True,
+                reason: reasons::COMPLETED,
+                message: message.clone(),
+            };
+            writer
+                .status(BackupPhase::Completed, status, &ready)
+                .await?;
+            writer.event(false, "DumpAttributed", message).await?;
+            Ok(Action::await_change())
+        }
+        Err((reason, message)) => {
+            let ready = waiting(reason, message.clone());
+            writer.status(BackupPhase::Failed, status, &ready).await?;
+            writer.event(true, reason, message).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
 struct JobInputs<'a> {
     name: &'a str,
     backup: &'a Backup,
@@ -655,6 +788,37 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
         owner.block_owner_deletion = Some(true);
         owner
     });
+    let container = match &inputs.backup.spec.command {
+        None => serde_json::json!({
+            "name": "mover",
+            "image": inputs.image,
+            "command": ["custody-mover"],
+            "args": [
+                "backup",
+                "--source", SOURCE_PATH,
+                "--prefix", inputs.prefix,
+                "--backup-uid", uid,
+                "--cluster-uid", inputs.cluster_uid,
+                "--result-file", "/dev/termination-log",
+            ],
+            "env": env,
+            "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+            // Reads every file whatever its owner; never writes the volume.
+            "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+        }),
+        Some(command) => {
+            let mut env = env;
+            env.push(serde_json::json!({"name": "CUSTODY_S3_PREFIX", "value": inputs.prefix}));
+            serde_json::json!({
+                "name": "backup",
+                "image": command.image,
+                "command": command.command,
+                "env": env,
+                "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+                "securityContext": {"allowPrivilegeEscalation": false},
+            })
+        }
+    };
     serde_json::from_value(serde_json::json!({
         "metadata": {
             "name": inputs.name,
@@ -668,23 +832,7 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
                 "spec": {
                     "nodeName": inputs.node,
                     "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "mover",
-                        "image": inputs.image,
-                        "command": ["custody-mover"],
-                        "args": [
-                            "backup",
-                            "--source", SOURCE_PATH,
-                            "--prefix", inputs.prefix,
-                            "--backup-uid", uid,
-                            "--cluster-uid", inputs.cluster_uid,
-                            "--result-file", "/dev/termination-log",
-                        ],
-                        "env": env,
-                        "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
-                        // Reads every file whatever its owner; never writes the volume.
-                        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
-                    }],
+                    "containers": [container],
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.claim, "readOnly": true}}],
                 },
             },

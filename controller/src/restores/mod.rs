@@ -362,6 +362,14 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         (Some(BackupPhase::Completed), Some(artifact)) if artifact.manifest_hash.is_some() => {
             artifact
         }
+        (Some(BackupPhase::Completed), _) if backup.spec.command.is_some() => {
+            return writer
+                .fail(
+                    reasons::BACKUP_NOT_COMPLETED,
+                    format!("Backup {backup_name} was taken by a command of its own: it has no manifest to restore and verify against"),
+                )
+                .await;
+        }
         (Some(BackupPhase::Failed), _) => {
             return writer
                 .fail(
