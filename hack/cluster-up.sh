@@ -21,10 +21,17 @@ exec 9>"$CLUSTER_DIR/.lock"
 flock 9
 
 if running etcd && running kube-apiserver && running kube-controller-manager \
-  && running kube-scheduler && healthy; then
-  log "control plane already running (API server https://127.0.0.1:$APISERVER_PORT)"
-  echo "$KUBECONFIG_PATH"
-  exit 0
+  && running kube-scheduler; then
+  # Running: a busy API server may answer slowly; it is not started over for that.
+  for _ in $(seq 60); do
+    if healthy; then
+      log "control plane already running (API server https://127.0.0.1:$APISERVER_PORT)"
+      echo "$KUBECONFIG_PATH"
+      exit 0
+    fi
+    sleep 1
+  done
+  log "control plane running but not healthy for 60 s: starting over"
 fi
 # Something is missing or stale: start over from a clean state.
 stop_all

@@ -116,6 +116,10 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_WEBHOOK_CERT_DAYS", default_value = "90")]
     pub webhook_cert_days: u32,
 
+    /// How often each replica re-reads the webhook's certificate Secret and renews it when due.
+    #[arg(long, env = "CUSTODY_WEBHOOK_CHECK_SECONDS", default_value = "3600")]
+    pub webhook_check_seconds: u64,
+
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
     pub agent_timeout_seconds: u64,

@@ -110,6 +110,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
                 secret: options.webhook_secret.clone(),
                 names: options.webhook_names.clone(),
                 days: options.webhook_cert_days,
+                check: std::time::Duration::from_secs(options.webhook_check_seconds.max(1)),
             },
             stopped(),
         )

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -116,6 +117,12 @@ pub struct AgentArgs<'a> {
     pub kubeconfig: Option<std::path::PathBuf>,
 }
 
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl AgentProcess {
     /// Starts an agent for `kubelet`'s node with the gate certificate of `pki`, and waits until
     /// its pod watch is in sync.
@@ -153,6 +160,9 @@ impl AgentProcess {
             .args(&args.flags)
             .envs(args.envs.iter().copied())
             .env("RUST_LOG", "info,custody_agent=debug")
+            // A group of its own, so that stopping it stops a wrapper's child too
+            // (see AgentProcess::stop).
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = command.spawn().expect("starting custody-agent");
@@ -172,6 +182,29 @@ impl AgentProcess {
             Duration::from_secs(20),
         );
         process
+    }
+
+    /// Stops the agent and whatever runs it (a wrapper such as faketime and its child): its
+    /// whole process group, which it leads.
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.0.as_mut() {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill")
+                .args(["-s", "TERM", "--", &group])
+                .status();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &group])
+                .status();
+            let _ = child.wait();
+        }
+        self.child.0 = None;
     }
 
     /// The agent's `/metrics` text.

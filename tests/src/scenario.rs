@@ -48,7 +48,17 @@ impl Setup {
     /// Stops the node's agent and starts it again under `wrapper` (such as
     /// `faketime -f +30s`) with `envs`, reporting as before.
     pub fn restart_agent(&mut self, wrapper: &[&str], envs: Vec<(&str, &str)>) {
-        self.agent.child.terminate(Duration::from_secs(10));
+        self.agent.stop();
+        // Wait until the gate's address is free again (the old process and its wrapper gone).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpListener::bind(self.gate).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the gate address {} stays in use after the old agent stopped",
+                self.gate
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         self.agent = AgentProcess::start(
             &self.kubelet,
             &self._pki,
@@ -322,6 +332,7 @@ async fn setup_full(
             format!("--webhook-configuration={webhook}"),
             format!("--webhook-secret={webhook_secret}"),
             "--webhook-names=127.0.0.1".to_string(),
+            "--webhook-check-seconds=1".to_string(),
         ],
         identities
             .as_ref()

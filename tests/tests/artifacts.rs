@@ -683,7 +683,7 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
     }
 
     // Without a measured offset nothing is recorded, and the Warning says why.
-    setup.agent.child.terminate(Duration::from_secs(10));
+    setup.agent.stop();
     let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
     agents
         .delete(&setup.kubelet.node, &DeleteParams::default())

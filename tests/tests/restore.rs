@@ -708,7 +708,8 @@ async fn a_job_deleted_by_someone_else_is_recreated_a_bounded_number_of_times_th
         })
         .await;
         assert!(name.ends_with(&format!("-{attempt}")), "{name}");
-        jobs.delete(&name, &DeleteParams::foreground())
+        // As `kubectl delete job` does: the Job goes at once, its pods after.
+        jobs.delete(&name, &DeleteParams::background())
             .await
             .unwrap();
         deleted.push(name);
@@ -728,5 +729,73 @@ async fn a_job_deleted_by_someone_else_is_recreated_a_bounded_number_of_times_th
     .await;
     assert_held(&setup, &workloads, "JobDeleted").await;
     drop(workloads);
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn the_webhook_certificate_is_renewed_under_the_same_ca_and_the_api_server_still_trusts_it() {
+    let setup = setup("rotate").await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = setup.namespace.api();
+    let data = |secret: &k8s_openapi::api::core::v1::Secret, key: &str| {
+        secret.data.as_ref().unwrap()[key].0.clone()
+    };
+    let before = secrets.get("custody-webhook-tls").await.unwrap();
+    // Due for renewal: it expires now.
+    let now = k8s_openapi::jiff::Timestamp::now().as_second().to_string();
+    secrets
+        .patch(
+            "custody-webhook-tls",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"custody.io/not-after": now}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let after = eventually("a renewed certificate", TIMEOUT, || {
+        let secrets = secrets.clone();
+        let old = data(&before, "tls.crt");
+        async move {
+            let current = secrets
+                .get("custody-webhook-tls")
+                .await
+                .map_err(|e| e.to_string())?;
+            if current.data.as_ref().unwrap()["tls.crt"].0 != old {
+                Ok(current)
+            } else {
+                Err("unchanged".to_string())
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        data(&after, "ca.crt"),
+        data(&before, "ca.crt"),
+        "the CA stays"
+    );
+    assert_ne!(
+        data(&after, "tls.key"),
+        data(&before, "tls.key"),
+        "a new key"
+    );
+    setup
+        .controller
+        .logs
+        .await_line("webhook certificate rotated", TIMEOUT);
+    // The API server calls the webhook (failurePolicy Fail) and trusts the new certificate.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pod = custody_tests::kubelet::create_pod(
+        &setup.namespace.client,
+        &setup.namespace.name,
+        custody_tests::kubelet::PodSpec {
+            name: "orders-1",
+            node: &setup.kubelet.node,
+            service_account: "orders",
+            labels: json!({"custody.io/cluster": "orders"}),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(pod.metadata.uid.is_some());
     setup.finish().await;
 }

@@ -100,7 +100,14 @@ impl Writer<'_> {
                 )
             })
             .collect();
-        if status == current {
+        // Conditions other writers own (AnnotationsRecognized) are theirs; compare only ours.
+        let mut compare = current.clone();
+        compare.conditions.retain(|condition| {
+            wanted
+                .iter()
+                .any(|desired| desired.type_ == condition.type_)
+        });
+        if status == compare {
             return Ok(false);
         }
         let api: Api<Restore> = Api::namespaced(self.context.base.client.clone(), &self.namespace);
@@ -110,6 +117,18 @@ impl Writer<'_> {
             name = self.name,
             phase = ?status.phase,
             progress = status.progress.as_deref().unwrap_or_default(),
+            volumes = status
+                .volumes
+                .iter()
+                .map(|volume| format!(
+                    "{}={:?}#{}: {}",
+                    volume.claim_name,
+                    volume.state,
+                    volume.attempts,
+                    volume.message.as_deref().unwrap_or_default()
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
             "restore status"
         );
         Ok(true)
@@ -206,7 +225,14 @@ pub async fn reconcile(restore: Arc<Restore>, context: Arc<RestoreContext>) -> R
         .get_or_create(&labels)
         .inc();
     let started = Instant::now();
-    let result = run(&restore, &context).await;
+    // Decisions are made on the object as the API server has it now, not as the watch cache
+    // last saw it: a status written a moment ago (a started volume, a recorded key) must not
+    // be rolled back by a write based on an older copy.
+    let result = match fresh(&restore, &context.base.client).await {
+        Ok(Some(current)) => run(&current, &context).await,
+        Ok(None) => Ok(Action::await_change()),
+        Err(error) => Err(error),
+    };
     context
         .base
         .metrics
@@ -1019,6 +1045,18 @@ pub fn controller(
             }
         })
         .boxed()
+}
+
+/// The Restore as the API server has it now (`None` when it is gone).
+async fn fresh(restore: &Restore, client: &kube::Client) -> Result<Option<Restore>> {
+    let namespace = restore.namespace().unwrap_or_default();
+    let api: Api<Restore> = Api::namespaced(client.clone(), &namespace);
+    api.get_opt(&restore.name_any())
+        .await
+        .map_err(|source| Error::Read {
+            object: format!("Restore {namespace}/{}", restore.name_any()),
+            source,
+        })
 }
 
 #[cfg(test)]

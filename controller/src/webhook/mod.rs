@@ -280,6 +280,8 @@ pub struct Settings {
     pub secret: String,
     pub names: Vec<String>,
     pub days: u32,
+    /// How often the certificate is checked for renewal.
+    pub check: Duration,
 }
 
 /// Issues (or reads) the certificate, publishes the CA, serves until `stopped`, and checks for
@@ -314,7 +316,7 @@ pub async fn run(
         async move {
             let mut served = bundle;
             loop {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
+                tokio::time::sleep(settings.check).await;
                 match certs::ensure(&client, &settings.secret, &settings.names, settings.days).await
                 {
                     Ok(bundle) if bundle != served => match certified_key(&bundle) {
