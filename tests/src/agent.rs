@@ -191,6 +191,7 @@ impl AgentProcess {
             let group = format!("-{}", child.id());
             let _ = Command::new("kill")
                 .args(["-s", "TERM", "--", &group])
+                .stderr(Stdio::null())
                 .status();
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while std::time::Instant::now() < deadline {
@@ -201,6 +202,7 @@ impl AgentProcess {
             }
             let _ = Command::new("kill")
                 .args(["-s", "KILL", "--", &group])
+                .stderr(Stdio::null())
                 .status();
             let _ = child.wait();
         }
