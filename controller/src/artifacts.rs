@@ -103,13 +103,10 @@ pub fn contest_attributed(
         key: mine.key.clone(),
         last_modified: evidence.last_modified_nanos,
     };
+    // With one candidate, an attribution can only name that candidate.
     match crate::attribution::attribute(run, &[candidate], others) {
-        Ok(found) if found.key == mine.key => Contest::Proven {
+        Ok(_) => Contest::Proven {
             keys: vec![mine.key.clone()],
-        },
-        Ok(found) => Contest::Refused {
-            reason: "KeyNotProvenOwn",
-            message: format!("attribution now points at {}, not {}", found.key, mine.key),
         },
         Err(refusal) => Contest::Refused {
             reason: refusal.reason,
@@ -449,6 +446,91 @@ mod tests {
             };
             assert_eq!(got, expected, "{name}");
         }
+    }
+
+    #[test]
+    fn an_attributed_dump_is_contested_again() {
+        use crate::api::AttributionEvidence;
+        use crate::attribution::{Offset, OtherRun, Run};
+        const S: i64 = 1_000_000_000;
+        let t = 1_796_000_000 * S;
+        let run = Run {
+            start: t,
+            end: t + 20 * S,
+            offset: Some(Offset {
+                offset: 30 * S,
+                round_trip: 1_000_000,
+            }),
+        };
+        let mut mine = artifact("custody/pg-dumps");
+        // Named by a node 30 s ahead, 5 s into the run.
+        mine.key = "custody/pg-dumps/db-20261130T005355Z.dump".into();
+        mine.manifest_key = String::new();
+        mine.attribution = Some(AttributionEvidence {
+            corrected_name_time_nanos: t + 5 * S,
+            last_modified_nanos: t + 6 * S,
+            window_start_nanos: t - S,
+            window_end_nanos: t + 21 * S,
+        });
+        let other = |start: i64, end: i64, key: Option<&str>| OtherRun {
+            name: "other".into(),
+            start,
+            end: Some(end),
+            key: key.map(str::to_string),
+            offset: None,
+        };
+        let unattributed = Artifact {
+            attribution: None,
+            ..mine.clone()
+        };
+        let rows: Vec<(&str, &Artifact, Vec<OtherRun>, Option<&str>)> = vec![
+            ("alone", &mine, vec![], None),
+            (
+                "an earlier run",
+                &mine,
+                vec![other(t - 100 * S, t - 50 * S, Some("custody/pg-dumps/old"))],
+                None,
+            ),
+            (
+                "a run at the same time",
+                &mine,
+                vec![other(t + 2 * S, t + 9 * S, None)],
+                Some("OverlappingRun"),
+            ),
+            (
+                "recorded by another",
+                &mine,
+                vec![other(t - 100 * S, t - 50 * S, Some(mine.key.as_str()))],
+                Some("DumpClaimedByAnother"),
+            ),
+            (
+                "never attributed",
+                &unattributed,
+                vec![],
+                Some("KeyNotProvenOwn"),
+            ),
+        ];
+        for (name, artifact, others, refused) in rows {
+            match (contest_attributed(artifact, &run, &others), refused) {
+                (Contest::Proven { keys }, None) => assert_eq!(keys, [mine.key.clone()], "{name}"),
+                (Contest::Refused { reason, .. }, Some(expected)) => {
+                    assert_eq!(reason, expected, "{name}")
+                }
+                (outcome, _) => panic!("{name}: {outcome:?}"),
+            }
+        }
+        // Without the node's offset the dump cannot be contested into proof.
+        let unmeasured = Run {
+            offset: None,
+            ..run
+        };
+        assert!(matches!(
+            contest_attributed(&mine, &unmeasured, &[]),
+            Contest::Refused {
+                reason: "NoClockOffset",
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -183,6 +183,8 @@ mod tests {
             }
         );
         assert_eq!(lease_name("abc"), "custody-run-abc");
+        assert_eq!(holder("Backup", "u1"), "Backup/u1");
+        assert_ne!(holder("Backup", "u1"), holder("Restore", "u1"));
     }
 }
 
