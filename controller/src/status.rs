@@ -38,3 +38,22 @@ where
     })?;
     Ok(())
 }
+
+/// `object` as the API server has it now (`None` when it is gone), read past the watch cache:
+/// a reconciler decides on this, so that a status written a moment ago is not rolled back by a
+/// write based on an older copy.
+pub async fn fresh<K>(object: &K, client: &kube::Client) -> Result<Option<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    let name = object.meta().name.clone().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    api.get_opt(&name).await.map_err(|source| Error::Read {
+        object: format!("{} {namespace}/{name}", K::kind(&())),
+        source,
+    })
+}

@@ -177,7 +177,7 @@ pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Resu
     // Decisions are made on the object as the API server has it now, not as the watch cache
     // last saw it: a status written a moment ago (a started volume, a recorded key) must not
     // be rolled back by a write based on an older copy.
-    let result = match fresh(&backup, &context.base.client).await {
+    let result = match crate::status::fresh(&*backup, &context.base.client).await {
         Ok(Some(current)) => run(&current, &context).await,
         Ok(None) => Ok(Action::await_change()),
         Err(error) => Err(error),
@@ -885,16 +885,4 @@ pub fn controller(
             }
         })
         .boxed()
-}
-
-/// The Backup as the API server has it now (`None` when it is gone).
-async fn fresh(backup: &Backup, client: &kube::Client) -> Result<Option<Backup>> {
-    let namespace = backup.namespace().unwrap_or_default();
-    let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);
-    api.get_opt(&backup.name_any())
-        .await
-        .map_err(|source| Error::Read {
-            object: format!("Backup {namespace}/{}", backup.name_any()),
-            source,
-        })
 }

@@ -228,7 +228,7 @@ pub async fn reconcile(restore: Arc<Restore>, context: Arc<RestoreContext>) -> R
     // Decisions are made on the object as the API server has it now, not as the watch cache
     // last saw it: a status written a moment ago (a started volume, a recorded key) must not
     // be rolled back by a write based on an older copy.
-    let result = match fresh(&restore, &context.base.client).await {
+    let result = match crate::status::fresh(&*restore, &context.base.client).await {
         Ok(Some(current)) => run(&current, &context).await,
         Ok(None) => Ok(Action::await_change()),
         Err(error) => Err(error),
@@ -1045,18 +1045,6 @@ pub fn controller(
             }
         })
         .boxed()
-}
-
-/// The Restore as the API server has it now (`None` when it is gone).
-async fn fresh(restore: &Restore, client: &kube::Client) -> Result<Option<Restore>> {
-    let namespace = restore.namespace().unwrap_or_default();
-    let api: Api<Restore> = Api::namespaced(client.clone(), &namespace);
-    api.get_opt(&restore.name_any())
-        .await
-        .map_err(|source| Error::Read {
-            object: format!("Restore {namespace}/{}", restore.name_any()),
-            source,
-        })
 }
 
 #[cfg(test)]
