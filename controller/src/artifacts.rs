@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use crate::api::{Artifact, DeletionPolicy};
+use crate::api::{Artifact, BackupRepository, DeletionPolicy};
+use crate::s3::Endpoint;
 
 /// Finalizer of the backup reconciler on Backups: the artifact is dealt with before the Backup
 /// goes.
@@ -21,6 +22,54 @@ pub struct Other<'a> {
     pub name: &'a str,
     pub uid: &'a str,
     pub artifact: Option<&'a Artifact>,
+}
+
+impl Artifact {
+    /// An artifact in `repository` as it is now: where it is and how to reach it, recorded so
+    /// that deleting it later does not depend on the repository surviving. Keys are the
+    /// caller's.
+    pub fn located_in(repository: &BackupRepository) -> Artifact {
+        Artifact {
+            repository: repository.metadata.name.clone().unwrap_or_default(),
+            endpoint: repository.spec.endpoint.clone(),
+            region: repository.spec.region.clone(),
+            force_path_style: repository.spec.force_path_style,
+            ca_bundle: repository.spec.ca_bundle.clone(),
+            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+            bucket: repository.spec.bucket.clone(),
+            ..Artifact::default()
+        }
+    }
+}
+
+/// Where to delete `artifact` and with which credentials Secret: the repository's current
+/// endpoint, CA and Secret while it exists (it may have moved since the backup), the recorded
+/// ones once it is gone; always the recorded bucket.
+pub fn delete_endpoint(
+    artifact: &Artifact,
+    repository: Option<&BackupRepository>,
+) -> (Endpoint, String) {
+    let (mut endpoint, secret) = match repository {
+        Some(repository) => (
+            crate::repositories::endpoint_of(repository),
+            repository.spec.credentials_secret_ref.name.clone(),
+        ),
+        None => (
+            Endpoint {
+                url: artifact.endpoint.clone(),
+                region: artifact.region.clone().unwrap_or_default(),
+                bucket: String::new(),
+                path_style: artifact.force_path_style,
+                ca_bundle: artifact
+                    .ca_bundle
+                    .as_ref()
+                    .map(|pem| pem.as_bytes().to_vec()),
+            },
+            artifact.credentials_secret.clone().unwrap_or_default(),
+        ),
+    };
+    endpoint.bucket = artifact.bucket.clone();
+    (endpoint, secret)
 }
 
 /// The outcome of contesting the recorded keys.
@@ -238,6 +287,62 @@ mod tests {
             name: "other",
             uid,
             artifact,
+        }
+    }
+
+    #[test]
+    fn deletes_go_to_the_current_endpoint_while_the_repository_exists() {
+        let repository = |endpoint: &str, bucket: &str, ca: Option<&str>, secret: &str| {
+            BackupRepository::new(
+                "store",
+                serde_json::from_value(serde_json::json!({
+                    "endpoint": endpoint, "bucket": bucket, "caBundle": ca, "region": "eu-1",
+                    "forcePathStyle": true, "credentialsSecretRef": {"name": secret},
+                }))
+                .unwrap(),
+            )
+        };
+        let then = repository("https://old:9000", "b", Some("OLD CA"), "old-keys");
+        let recorded = Artifact {
+            prefix: "p/1b2f".into(),
+            key: "p/1b2f/data.tar.zst".into(),
+            manifest_key: "p/1b2f/manifest.jsonl".into(),
+            ..Artifact::located_in(&then)
+        };
+        assert_eq!(recorded.ca_bundle.as_deref(), Some("OLD CA"));
+        assert_eq!(recorded.credentials_secret.as_deref(), Some("old-keys"));
+        let moved = repository("https://new:9000", "renamed", Some("NEW CA"), "new-keys");
+        // (repository now, url, bucket, CA, Secret)
+        let rows = [
+            (
+                Some(&then),
+                "https://old:9000",
+                "b",
+                Some("OLD CA"),
+                "old-keys",
+            ),
+            (
+                Some(&moved),
+                "https://new:9000",
+                "b",
+                Some("NEW CA"),
+                "new-keys",
+            ),
+            (None, "https://old:9000", "b", Some("OLD CA"), "old-keys"),
+        ];
+        for (now, url, bucket, ca, secret) in rows {
+            let (endpoint, secret_name) = delete_endpoint(&recorded, now);
+            let row = format!("{now:?}");
+            assert_eq!(endpoint.url, url, "{row}");
+            assert_eq!(endpoint.bucket, bucket, "the recorded bucket: {row}");
+            assert_eq!(
+                endpoint.ca_bundle.as_deref(),
+                ca.map(str::as_bytes),
+                "{row}"
+            );
+            assert_eq!(endpoint.region, "eu-1", "{row}");
+            assert!(endpoint.path_style, "{row}");
+            assert_eq!(secret_name, secret, "{row}");
         }
     }
 

@@ -48,3 +48,121 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
             source,
         })
 }
+
+/// How long a published Event is remembered: the same Event again within this time becomes
+/// the next count of its series instead of a new object.
+const SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(6 * 60);
+
+/// Publishes `events.k8s.io/v1` Events. An Event repeated with the same type, reason, action,
+/// object **and note** within [`SERIES_TTL`] is counted in the first one's series; one whose
+/// note differs is a new Event. (kube-runtime's recorder leaves the note out of the series
+/// key, so a retry that fails for a new reason would keep showing the first reason.)
+pub struct Recorder {
+    client: kube::Client,
+    reporter: kube::runtime::events::Reporter,
+    published: tokio::sync::Mutex<std::collections::HashMap<SeriesKey, EventsV1>>,
+}
+
+type EventsV1 = k8s_openapi::api::events::v1::Event;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    warning: bool,
+    reason: String,
+    action: String,
+    note: Option<String>,
+    uid: Option<String>,
+    kind: Option<String>,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Recorder {
+    pub fn new(client: kube::Client, reporter: kube::runtime::events::Reporter) -> Recorder {
+        Recorder {
+            client,
+            reporter,
+            published: Default::default(),
+        }
+    }
+
+    /// Creates the Event, or counts it in its series.
+    pub async fn publish(
+        &self,
+        event: &Event,
+        regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    ) -> std::result::Result<(), kube::Error> {
+        use k8s_openapi::api::events::v1::EventSeries;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        use kube::api::{Api, Patch, PatchParams, PostParams};
+
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let key = SeriesKey {
+            warning: matches!(event.type_, EventType::Warning),
+            reason: event.reason.clone(),
+            action: event.action.clone(),
+            note: event.note.clone(),
+            uid: regarding.uid.clone(),
+            kind: regarding.kind.clone(),
+            namespace: regarding.namespace.clone(),
+            name: regarding.name.clone(),
+        };
+        let mut published = self.published.lock().await;
+        published.retain(|_, earlier| {
+            let last = earlier
+                .series
+                .as_ref()
+                .map(|series| series.last_observed_time.0)
+                .or(earlier.event_time.as_ref().map(|time| time.0));
+            last.is_some_and(|last| last + SERIES_TTL > now)
+        });
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let events: Api<EventsV1> = Api::namespaced(self.client.clone(), namespace);
+        let written = match published.get(&key) {
+            Some(earlier) => {
+                let count = earlier.series.as_ref().map_or(2, |series| series.count + 1);
+                let patch = serde_json::json!({
+                    "series": EventSeries { count, last_observed_time: MicroTime(now) },
+                });
+                events
+                    .patch(
+                        earlier.metadata.name.as_deref().unwrap_or_default(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?
+            }
+            None => {
+                let instance = self
+                    .reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone());
+                let fresh = EventsV1 {
+                    metadata: kube::api::ObjectMeta {
+                        namespace: Some(namespace.to_string()),
+                        name: Some(format!(
+                            "{}.{:x}",
+                            regarding.name.as_deref().unwrap_or("custody"),
+                            now.as_nanosecond()
+                        )),
+                        ..Default::default()
+                    },
+                    event_time: Some(MicroTime(now)),
+                    type_: Some(if key.warning { "Warning" } else { "Normal" }.to_string()),
+                    reason: Some(event.reason.clone()),
+                    action: Some(event.action.clone()),
+                    note: event.note.clone(),
+                    regarding: Some(regarding.clone()),
+                    related: event.secondary.clone(),
+                    reporting_controller: Some(self.reporter.controller.clone()),
+                    reporting_instance: Some(instance),
+                    ..Default::default()
+                };
+                events.create(&PostParams::default(), &fresh).await?
+            }
+        };
+        published.insert(key, written);
+        Ok(())
+    }
+}

@@ -97,6 +97,31 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
+/// An S3 call's error for a person: the HTTP status and the server's error code and message
+/// when the server answered (the SDK's own text for a 503 is "service error: unhandled
+/// error"), the chain of causes when it did not (connection refused, a TLS alert, a timeout).
+pub fn sdk_error<E>(
+    error: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> String
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
+{
+    use aws_sdk_s3::error::ProvideErrorMetadata;
+    match error.raw_response() {
+        Some(response) => {
+            let mut message = format!("the server answered HTTP {}", response.status().as_u16());
+            if let Some(code) = error.code() {
+                message.push_str(&format!(" {code}"));
+            }
+            if let Some(text) = error.message().filter(|text| !text.is_empty()) {
+                message.push_str(&format!(": {text}"));
+            }
+            message
+        }
+        None => error_chain(error),
+    }
+}
+
 /// The environment of a `custody-mover` container for `repository`: endpoint, bucket, region,
 /// addressing, CA, and the credentials as references to the repository's Secret (never
 /// copied into the Job).

@@ -66,8 +66,15 @@ pub fn endpoint(url: &str, bucket: &str) -> Endpoint {
         region: "us-east-1".into(),
         bucket: bucket.to_string(),
         path_style: true,
-        ca_bundle: None,
+        ca_bundle: trusted().lock().expect("CAs").get(url).cloned(),
     }
+}
+
+/// The CA bundles of the TLS servers this process started, by URL.
+fn trusted() -> &'static std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>> {
+    static CAS: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>> =
+        OnceLock::new();
+    CAS.get_or_init(Default::default)
 }
 
 /// A client for the server at `url`.
@@ -128,6 +135,8 @@ pub struct PrivateS3 {
     pub url: String,
     port: u16,
     data: tempfile::TempDir,
+    /// Serving certificate and key, for HTTPS, and the CA that signed them.
+    tls: Option<(tempfile::TempDir, PathBuf)>,
     process: Option<ChildGuard>,
 }
 
@@ -138,10 +147,47 @@ impl PrivateS3 {
             url: format!("http://127.0.0.1:{port}"),
             port,
             data: tempfile::tempdir().expect("data directory"),
+            tls: None,
             process: None,
         };
         server.resume();
         server
+    }
+
+    /// A server on HTTPS with `pki`'s serving certificate (valid for 127.0.0.1); clients of
+    /// this module trust its CA.
+    pub fn start_tls(pki: &crate::pki::Pki) -> PrivateS3 {
+        let port = free_port();
+        let certs = tempfile::tempdir().expect("certs directory");
+        std::fs::copy(pki.cert(), certs.path().join("public.crt")).expect("certificate");
+        std::fs::copy(pki.key(), certs.path().join("private.key")).expect("key");
+        let url = format!("https://127.0.0.1:{port}");
+        trusted().lock().expect("CAs").insert(
+            url.clone(),
+            std::fs::read(pki.ca()).expect("CA certificate"),
+        );
+        let mut server = PrivateS3 {
+            url,
+            port,
+            data: tempfile::tempdir().expect("data directory"),
+            tls: Some((certs, pki.ca())),
+            process: None,
+        };
+        server.resume();
+        server
+    }
+
+    fn ready(&self) -> bool {
+        match &self.tls {
+            None => crate::agent::http_get(self.port, "/minio/health/ready")
+                .is_some_and(|(code, _)| code == 200),
+            Some((_, ca)) => Command::new("curl")
+                .args(["-sf", "-o", "/dev/null", "--cacert"])
+                .arg(ca)
+                .arg(format!("{}/minio/health/ready", self.url))
+                .status()
+                .is_ok_and(|status| status.success()),
+        }
     }
 
     /// Starts the server (again) on the same port and data.
@@ -154,6 +200,12 @@ impl PrivateS3 {
             ])
             .arg(format!("127.0.0.1:{}", self.port))
             .args(["--console-address", &format!("127.0.0.1:{}", free_port())])
+            .args(self.tls.iter().flat_map(|(certs, _)| {
+                [
+                    std::ffi::OsStr::new("--certs-dir"),
+                    certs.path().as_os_str(),
+                ]
+            }))
             .env("MINIO_ROOT_USER", ACCESS_KEY)
             .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
             .env("MINIO_BROWSER", "off")
@@ -166,9 +218,7 @@ impl PrivateS3 {
         let deadline = Instant::now() + Duration::from_secs(30);
         let health = format!("127.0.0.1:{}", self.port);
         loop {
-            let ready = crate::agent::http_get(self.port, "/minio/health/ready")
-                .is_some_and(|(code, _)| code == 200);
-            if ready {
+            if self.ready() {
                 return;
             }
             assert!(Instant::now() < deadline, "MinIO on {health} not ready");
@@ -179,5 +229,105 @@ impl PrivateS3 {
     /// Kills the server.
     pub fn kill(&mut self) {
         self.process = None;
+    }
+}
+
+/// What a [`FaultyLink`] does to the requests it relays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Relays every byte both ways.
+    None,
+    /// Answers every request `503 Service Unavailable` with an S3 error body, as an overloaded
+    /// server does.
+    Unavailable,
+    /// Accepts the connection and never answers, as a hung server does.
+    Stall,
+}
+
+/// A TCP relay in front of a real S3 server that injects server errors and stalls. Each
+/// connection is treated by the fault in force when it was accepted.
+pub struct FaultyLink {
+    pub url: String,
+    fault: std::sync::Arc<std::sync::Mutex<Fault>>,
+}
+
+impl FaultyLink {
+    /// Relays to `upstream` (`http://host:port`).
+    pub fn start(upstream: &str) -> FaultyLink {
+        let upstream = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        let fault = std::sync::Arc::new(std::sync::Mutex::new(Fault::None));
+        let shared = fault.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let now = *shared.lock().expect("fault");
+                let upstream = upstream.clone();
+                let shared = shared.clone();
+                std::thread::spawn(move || relay(client, &upstream, now, &shared));
+            }
+        });
+        FaultyLink {
+            url: format!("http://127.0.0.1:{port}"),
+            fault,
+        }
+    }
+
+    pub fn set(&self, fault: Fault) {
+        *self.fault.lock().expect("fault") = fault;
+    }
+}
+
+fn relay(
+    mut client: std::net::TcpStream,
+    upstream: &str,
+    fault: Fault,
+    current: &std::sync::Mutex<Fault>,
+) {
+    use std::io::{Read, Write};
+    match fault {
+        Fault::None => {
+            let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
+                return;
+            };
+            let (Ok(mut client_reader), Ok(mut server_writer)) =
+                (client.try_clone(), server.try_clone())
+            else {
+                return;
+            };
+            let upload = std::thread::spawn(move || {
+                let _ = std::io::copy(&mut client_reader, &mut server_writer);
+                let _ = server_writer.shutdown(std::net::Shutdown::Write);
+            });
+            let _ = std::io::copy(&mut server, &mut client);
+            let _ = client.shutdown(std::net::Shutdown::Write);
+            let _ = upload.join();
+        }
+        Fault::Unavailable => {
+            // Read the request head, then answer as an overloaded S3 server.
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1024];
+            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+                match client.read(&mut byte) {
+                    Ok(0) | Err(_) => return,
+                    Ok(read) => head.extend_from_slice(&byte[..read]),
+                }
+            }
+            let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ServiceUnavailable</Code><Message>injected by the test relay</Message></Error>";
+            let _ = write!(
+                client,
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+        Fault::Stall => {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while *current.lock().expect("fault") == Fault::Stall && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 }

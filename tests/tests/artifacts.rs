@@ -8,7 +8,7 @@ use custody_controller::api::{
     Backup, BackupPhase, BackupRepository, Cluster, ClusterPhase, HasConditions, Restore,
     RestorePhase,
 };
-use custody_tests::s3::{self, PrivateS3};
+use custody_tests::s3::{self, Fault, FaultyLink, PrivateS3};
 use custody_tests::scenario::{Setup, create, restore_into, setup};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::workloads::WorkloadRunner;
@@ -95,6 +95,48 @@ fn bucket_of(repository: &BackupRepository) -> String {
     repository.spec.bucket.clone()
 }
 
+/// Creates a BackupRepository with the test Secret `s3` and waits until it is Ready.
+async fn ready_repository(setup: &Setup, name: &str, spec: serde_json::Value) {
+    let mut spec = spec;
+    spec["forcePathStyle"] = json!(true);
+    spec["credentialsSecretRef"] = json!({"name": "s3"});
+    create::<BackupRepository>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": name}, "spec": spec,
+        }),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<BackupRepository>(),
+        name,
+        "Ready",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            repository
+                .conditions()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        },
+    )
+    .await;
+}
+
+/// Backs up `cluster` as `name` and returns the artifact once Completed.
+async fn completed_artifact(
+    setup: &Setup,
+    name: &str,
+    repository: &str,
+) -> custody_controller::api::Artifact {
+    backup(setup, name, "orders", Some(repository)).await;
+    completed(setup, name)
+        .await
+        .status
+        .and_then(|status| status.artifact)
+        .expect("an artifact")
+}
+
 #[tokio::test]
 async fn deleting_a_backup_deletes_exactly_its_own_keys_even_under_reserved_characters() {
     let setup = setup("keys").await;
@@ -106,44 +148,15 @@ async fn deleting_a_backup_deletes_exactly_its_own_keys_even_under_reserved_char
         .unwrap();
     let bucket = bucket_of(&store);
     // A repository whose prefix needs escaping in a URL.
-    create::<BackupRepository>(
-        &setup.namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
-            "metadata": {"name": "odd"},
-            "spec": {"endpoint": s3::shared(), "bucket": bucket, "prefix": "team a/#1?x=%2F&y", "forcePathStyle": true,
-                     "credentialsSecretRef": {"name": "s3"}},
-        }),
-    )
-    .await;
-    await_condition(
-        &setup.namespace.api::<BackupRepository>(),
+    ready_repository(
+        &setup,
         "odd",
-        "Ready",
-        TIMEOUT,
-        |repository: &BackupRepository| {
-            repository
-                .conditions()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        },
+        json!({"endpoint": s3::shared(), "bucket": bucket, "prefix": "team a/#1?x=%2F&y"}),
     )
     .await;
     // Two runs of one Cluster in one prefix, the older first.
-    backup(&setup, "older", "orders", Some("odd")).await;
-    let older = completed(&setup, "older")
-        .await
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
-    backup(&setup, "newer", "orders", Some("odd")).await;
-    let newer = completed(&setup, "newer")
-        .await
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let older = completed_artifact(&setup, "older", "odd").await;
+    let newer = completed_artifact(&setup, "newer", "odd").await;
     assert!(older.key.starts_with("team a/#1?x=%2F&y/"), "{}", older.key);
     // Something in the same prefix no Backup recorded.
     let stray = older.prefix.rsplit_once('/').unwrap().0.to_string() + "/not-a-backup/data.tar.zst";
@@ -186,43 +199,14 @@ async fn a_failed_delete_is_retried_visibly_until_s3_is_back_and_the_skip_annota
     let setup = setup("retry").await;
     let mut server = PrivateS3::start();
     let bucket = s3::bucket(&server.url, "retry").await;
-    create::<BackupRepository>(
-        &setup.namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
-            "metadata": {"name": "private"},
-            "spec": {"endpoint": server.url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
-                     "credentialsSecretRef": {"name": "s3"}},
-        }),
-    )
-    .await;
-    await_condition(
-        &setup.namespace.api::<BackupRepository>(),
+    ready_repository(
+        &setup,
         "private",
-        "Ready",
-        TIMEOUT,
-        |repository: &BackupRepository| {
-            repository
-                .conditions()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        },
+        json!({"endpoint": server.url, "bucket": bucket, "prefix": "custody"}),
     )
     .await;
-    backup(&setup, "flaky", "orders", Some("private")).await;
-    let flaky = completed(&setup, "flaky")
-        .await
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
-    backup(&setup, "kept", "orders", Some("private")).await;
-    let kept = completed(&setup, "kept")
-        .await
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let flaky = completed_artifact(&setup, "flaky", "private").await;
+    let kept = completed_artifact(&setup, "kept", "private").await;
 
     server.kill();
     let backups = setup.namespace.api::<Backup>();
@@ -577,6 +561,230 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
     let keys = s3::keys(s3::shared(), &bucket, "").await;
     assert!(
         !keys.contains(&nightly.key) && !keys.contains(&nightly.manifest_key),
+        "{keys:?}"
+    );
+    setup.finish().await;
+}
+
+/// The `cleanup` status of a Backup once `ready` holds for it.
+async fn cleanup_when(
+    setup: &Setup,
+    name: &str,
+    what: &str,
+    ready: impl Fn(&custody_controller::api::CleanupStatus) -> bool,
+) -> custody_controller::api::CleanupStatus {
+    await_condition(
+        &setup.namespace.api::<Backup>(),
+        name,
+        what,
+        TIMEOUT,
+        |backup: &Backup| {
+            backup
+                .status
+                .as_ref()
+                .and_then(|status| status.cleanup.as_ref())
+                .is_some_and(&ready)
+        },
+    )
+    .await
+    .status
+    .and_then(|status| status.cleanup)
+    .expect("cleanup status")
+}
+
+#[tokio::test]
+async fn server_errors_and_stalls_back_off_visibly_and_a_moved_endpoint_is_used() {
+    let setup = setup("faults").await;
+    let server = PrivateS3::start();
+    let link = FaultyLink::start(&server.url);
+    let bucket = s3::bucket(&server.url, "faults").await;
+    ready_repository(
+        &setup,
+        "relayed",
+        json!({"endpoint": link.url, "bucket": bucket, "prefix": "custody"}),
+    )
+    .await;
+    let stalled = completed_artifact(&setup, "stalled", "relayed").await;
+    let moved = completed_artifact(&setup, "moved", "relayed").await;
+    let backups = setup.namespace.api::<Backup>();
+
+    // A server that accepts and never answers: the delete gives up, the Backup stays.
+    link.set(Fault::Stall);
+    backups
+        .delete("stalled", &DeleteParams::default())
+        .await
+        .unwrap();
+    let warning = await_event(
+        &setup,
+        "stalled",
+        "ArtifactCleanupFailed",
+        "did not answer within",
+    )
+    .await;
+    assert!(
+        warning.contains(&stalled.key) && warning.contains("custody.io/skip-artifact-cleanup=true"),
+        "{warning}"
+    );
+
+    // A server answering 503: each attempt fails, and they come further apart.
+    link.set(Fault::Unavailable);
+    let second = cleanup_when(&setup, "stalled", "the second attempt", |c| c.attempts == 2).await;
+    assert!(
+        second
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("503") || error.contains("ServiceUnavailable")),
+        "{second:?}"
+    );
+    await_event(
+        &setup,
+        "stalled",
+        "ArtifactCleanupFailed",
+        "attempt 2, next in 10s",
+    )
+    .await;
+    let third = cleanup_when(&setup, "stalled", "the third attempt", |c| c.attempts == 3).await;
+    let gap = third.last_attempt_time.unwrap().0.as_second()
+        - second.last_attempt_time.unwrap().0.as_second();
+    assert!(
+        (9..=14).contains(&gap),
+        "attempts 2 and 3 {gap}s apart, expected 10s"
+    );
+    let kept = s3::keys(&server.url, &bucket, "").await;
+    assert!(
+        kept.contains(&stalled.key),
+        "nothing deleted while failing: {kept:?}"
+    );
+    assert!(
+        backups
+            .get("stalled")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+
+    // The server is back: the next attempt deletes and releases.
+    link.set(Fault::None);
+    gone(&setup, "stalled").await;
+    let keys = s3::keys(&server.url, &bucket, "").await;
+    assert!(
+        !keys.contains(&stalled.key) && !keys.contains(&stalled.manifest_key),
+        "{keys:?}"
+    );
+
+    // The repository moves to the server's own address and the old one hangs: the delete uses
+    // the current endpoint with the recorded bucket and keys. A key someone already removed
+    // is reported, not failed on.
+    link.set(Fault::Stall);
+    setup
+        .namespace
+        .api::<BackupRepository>()
+        .patch(
+            "relayed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"endpoint": server.url}})),
+        )
+        .await
+        .unwrap();
+    s3::client(&server.url)
+        .delete_object()
+        .bucket(&bucket)
+        .key(&moved.manifest_key)
+        .send()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    backups
+        .delete("moved", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&setup, "moved").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "released in {:?}, so the hanging old endpoint was not used",
+        started.elapsed()
+    );
+    let absent = await_event(
+        &setup,
+        "moved",
+        "ArtifactAlreadyAbsent",
+        &moved.manifest_key,
+    )
+    .await;
+    assert!(absent.contains(&server.url), "{absent}");
+    let deleted = await_event(&setup, "moved", "ArtifactDeleted", &moved.key).await;
+    assert!(
+        deleted.contains(&server.url) && !deleted.contains(&moved.manifest_key),
+        "{deleted}"
+    );
+    let keys = s3::keys(&server.url, &bucket, "").await;
+    assert!(!keys.contains(&moved.key), "{keys:?}");
+    link.set(Fault::None);
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn a_repository_behind_a_private_ca_backs_up_and_its_artifact_is_deleted_after_the_repository_is_gone()
+ {
+    let setup = setup("private-ca").await;
+    let pki = custody_tests::pki::Pki::new(&["localhost"]);
+    let server = PrivateS3::start_tls(&pki);
+    let bucket = s3::bucket(&server.url, "tls").await;
+    let ca = std::fs::read_to_string(pki.ca()).unwrap();
+    // Without the CA the server is not trusted, and the repository says so.
+    create::<BackupRepository>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "untrusted"},
+            "spec": {"endpoint": server.url, "bucket": bucket, "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &setup.namespace.api::<BackupRepository>(),
+        "untrusted",
+        "TLSError",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            repository
+                .conditions()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "TLSError")
+        },
+    )
+    .await;
+    ready_repository(
+        &setup,
+        "trusted",
+        json!({"endpoint": server.url, "bucket": bucket, "prefix": "custody", "caBundle": ca}),
+    )
+    .await;
+    let artifact = completed_artifact(&setup, "secure", "trusted").await;
+    assert_eq!(artifact.ca_bundle.as_deref(), Some(ca.as_str()));
+    let keys = s3::keys(&server.url, &bucket, "").await;
+    assert!(keys.contains(&artifact.key), "{keys:?}");
+
+    // The repository goes first; the Backup's own record still reaches the server.
+    setup
+        .namespace
+        .api::<BackupRepository>()
+        .delete("trusted", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup
+        .namespace
+        .api::<Backup>()
+        .delete("secure", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&setup, "secure").await;
+    let keys = s3::keys(&server.url, &bucket, "").await;
+    assert!(
+        !keys.contains(&artifact.key) && !keys.contains(&artifact.manifest_key),
         "{keys:?}"
     );
     setup.finish().await;

@@ -360,7 +360,7 @@ async fn download_to_file(
         .key(key)
         .send()
         .await
-        .map_err(|error| failed(s3::error_chain(&error)))?;
+        .map_err(|error| failed(s3::sdk_error(&error)))?;
     let mut file = tempfile::NamedTempFile::new().map_err(local("a temporary file"))?;
     let mut body = object.body;
     while let Some(chunk) = body

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use custody_controller::s3::error_chain;
+use custody_controller::s3::sdk_error;
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
@@ -106,7 +106,7 @@ pub async fn multipart(
         .await
         .map_err(|error| UploadError::Start {
             key: key.to_string(),
-            message: error_chain(&error),
+            message: sdk_error(&error),
         })?;
     let upload_id = created.upload_id().unwrap_or_default().to_string();
     let result = upload_parts(client, bucket, key, &upload_id, &mut chunks).await;
@@ -146,7 +146,7 @@ async fn abort(client: &aws_sdk_s3::Client, bucket: &str, key: &str, upload_id: 
             }
             Err(error) => eprintln!(
                 "custody-mover: aborting the multipart upload of {key}: {}",
-                error_chain(&error)
+                sdk_error(&error)
             ),
         }
     }
@@ -191,7 +191,7 @@ async fn upload_parts(
             let uploaded = request.send().await.map_err(|error| UploadError::Part {
                 key,
                 part: number,
-                message: error_chain(&error),
+                message: sdk_error(&error),
             })?;
             Ok::<_, UploadError>(
                 CompletedPart::builder()
@@ -222,7 +222,7 @@ async fn upload_parts(
         .await
         .map_err(|error| UploadError::Complete {
             key: key.to_string(),
-            message: error_chain(&error),
+            message: sdk_error(&error),
         })?;
     Ok(())
 }
@@ -286,7 +286,7 @@ pub async fn download(
             let _ = sender
                 .send(Err(io::Error::other(format!(
                     "downloading {key}: {}",
-                    error_chain(&error)
+                    sdk_error(&error)
                 ))))
                 .await;
             return;

@@ -161,6 +161,10 @@ pub struct Artifact {
     /// `custody.io/artifact-credentials` finalizer while this Backup needs it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    /// The repository's PEM CA bundle at the time of the backup, so the artifact can still be
+    /// deleted over TLS after the repository is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
     /// Bucket holding the artifact.
     pub bucket: String,
     /// Repository prefix the keys are under.

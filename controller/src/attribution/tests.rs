@@ -40,6 +40,31 @@ fn names_carry_times() {
     assert_eq!(name_time("db-latest.sql"), None);
     assert_eq!(name_time("db-20261330T005320Z.sql"), None, "month 13");
     assert_eq!(name_time("20261130T0053Z"), None, "too short");
+    // Every separator counts, in both forms.
+    for wrong in [
+        "db-20261130T005320X",
+        "db-20261130X005320Z",
+        "db-2026-11-30T00:53:20X",
+        "db-2026_11-30T00:53:20Z",
+        "db-2026-11_30T00:53:20Z",
+        "db-2026-11-30X00:53:20Z",
+        "db-2026-11-30T00_53:20Z",
+        "db-2026-11-30T00:53_20Z",
+    ] {
+        assert_eq!(name_time(wrong), None, "{wrong}");
+    }
+}
+
+#[test]
+fn a_refusal_names_the_window() {
+    let refusal = attribute(&run(Some(0)), &[dump(T + 100 * SECOND, T)], &[]).unwrap_err();
+    assert_eq!(refusal.reason, "NoDumpInWindow");
+    assert!(
+        refusal.message.contains("2026-11-30T00:53:18.9995Z")
+            && refusal.message.contains("2026-11-30T00:53:41.0005Z"),
+        "{}",
+        refusal.message
+    );
 }
 
 #[test]
@@ -54,6 +79,25 @@ fn attribution_decisions() {
             offset: 0,
             round_trip: MS,
         }),
+    };
+    // Another run on a node whose clock was `offset` ahead.
+    let skewed = |name: &str, start: Nanos, end: Nanos, offset: Nanos| OtherRun {
+        name: name.into(),
+        start,
+        end: Some(end),
+        key: None,
+        offset: Some(Offset {
+            offset,
+            round_trip: MS,
+        }),
+    };
+    // This run, measured with a 4 s round trip: the window widens by 3 s.
+    let slow = || Run {
+        offset: Some(Offset {
+            offset: 0,
+            round_trip: 4 * s,
+        }),
+        ..run(Some(0))
     };
     let ours = dump(T + 5 * s, T + 6 * s);
     let yesterday = dump(T - 86_400 * s, T - 86_399 * s);
@@ -170,6 +214,76 @@ fn attribution_decisions() {
             vec![dump(T - s, T + s)],
             vec![],
             Ok(T - s),
+        ),
+        (
+            "LastModified the server tolerance before the start",
+            run(Some(0)),
+            vec![dump(T + s, T - 2 * s)],
+            vec![],
+            Ok(T + s),
+        ),
+        (
+            "LastModified just beyond the server tolerance",
+            run(Some(0)),
+            vec![dump(T + s, T - 2 * s - 1)],
+            vec![],
+            Err("NoDumpInWindow"),
+        ),
+        (
+            "LastModified after the end, within the tolerance",
+            run(Some(0)),
+            vec![dump(T + 19 * s, T + 22 * s)],
+            vec![],
+            Ok(T + 19 * s),
+        ),
+        (
+            "name a second after the end",
+            run(Some(0)),
+            vec![dump(T + 21 * s, T + 21 * s)],
+            vec![],
+            Ok(T + 21 * s),
+        ),
+        (
+            "a slow round trip widens by half of it",
+            slow(),
+            vec![dump(T - 3 * s, T + s)],
+            vec![],
+            Ok(T - 3 * s),
+        ),
+        (
+            "and no further",
+            slow(),
+            vec![dump(T - 4 * s, T + s)],
+            vec![],
+            Err("NoDumpInWindow"),
+        ),
+        (
+            "another run's node, 30 s ahead, named it in that run",
+            run(Some(0)),
+            vec![ours.clone()],
+            vec![skewed("b", T - 40 * s, T - 20 * s, 30 * s)],
+            Err("OverlappingRun"),
+        ),
+        (
+            "another run wrote it by LastModified only: it started just before",
+            run(Some(0)),
+            vec![ours.clone()],
+            vec![skewed("b", T + 5 * s, T + 15 * s, 100 * s)],
+            Err("OverlappingRun"),
+        ),
+        (
+            "another run wrote it by LastModified only: it ended just before",
+            run(Some(0)),
+            vec![ours.clone()],
+            vec![skewed("b", T - 10 * s, T + 5 * s, 100 * s)],
+            Err("OverlappingRun"),
+        ),
+        (
+            "another run started after the dump was written",
+            run(Some(0)),
+            vec![ours.clone()],
+            vec![skewed("b", T + 10 * s, T + 15 * s, 100 * s)],
+            Ok(T + 5 * s),
         ),
         (
             "beyond the edge",

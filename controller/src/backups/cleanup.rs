@@ -202,7 +202,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             }
             let artifact = artifact.expect("a Delete step has an artifact");
             match delete(context, &namespace, &artifact, &keys).await {
-                Ok(absent) => {
+                Ok(Deleted { endpoint, absent }) => {
                     for key in &absent {
                         event(
                             context,
@@ -210,20 +210,31 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                             false,
                             "ArtifactAlreadyAbsent",
                             format!(
-                                "{key} was already gone from {} at {}",
-                                artifact.bucket, artifact.endpoint
+                                "{key} was already gone from bucket {} at {endpoint}",
+                                artifact.bucket
                             ),
                         )
                         .await?;
                     }
-                    event(
-                        context,
-                        backup,
-                        false,
-                        "ArtifactDeleted",
-                        format!("deleted {} from {}", keys.join(" and "), artifact.bucket),
-                    )
-                    .await?;
+                    let deleted: Vec<&str> = keys
+                        .iter()
+                        .filter(|key| !absent.contains(key))
+                        .map(String::as_str)
+                        .collect();
+                    if !deleted.is_empty() {
+                        event(
+                            context,
+                            backup,
+                            false,
+                            "ArtifactDeleted",
+                            format!(
+                                "deleted {} from bucket {} at {endpoint}",
+                                deleted.join(" and "),
+                                artifact.bucket
+                            ),
+                        )
+                        .await?;
+                    }
                     tracing::info!(
                         namespace,
                         backup = name,
@@ -310,16 +321,22 @@ enum Failure {
     Failed(String),
 }
 
-/// Deletes `keys`; returns the keys that were already absent.
+/// What a delete did.
+struct Deleted {
+    /// The endpoint URL it used.
+    endpoint: String,
+    /// The keys that were already gone.
+    absent: Vec<String>,
+}
+
+/// Deletes `keys`.
 async fn delete(
     context: &BackupContext,
     namespace: &str,
     artifact: &crate::api::Artifact,
     keys: &[String],
-) -> Result<Vec<String>, Failure> {
+) -> Result<Deleted, Failure> {
     let client = &context.base.client;
-    // The repository's current endpoint and credentials when it still exists (it may have
-    // moved since the backup), with the recorded bucket and keys; the recorded ones otherwise.
     let repositories: Api<BackupRepository> = Api::namespaced(client.clone(), namespace);
     let repository = repositories
         .get_opt(&artifact.repository)
@@ -330,23 +347,7 @@ async fn delete(
                 artifact.repository
             ))(source))
         })?;
-    let (mut endpoint, secret_name) = match &repository {
-        Some(repository) => (
-            crate::repositories::endpoint_of(repository),
-            repository.spec.credentials_secret_ref.name.clone(),
-        ),
-        None => (
-            crate::s3::Endpoint {
-                url: artifact.endpoint.clone(),
-                region: artifact.region.clone().unwrap_or_default(),
-                bucket: artifact.bucket.clone(),
-                path_style: artifact.force_path_style,
-                ca_bundle: None,
-            },
-            artifact.credentials_secret.clone().unwrap_or_default(),
-        ),
-    };
-    endpoint.bucket = artifact.bucket.clone();
+    let (endpoint, secret_name) = artifacts::delete_endpoint(artifact, repository.as_ref());
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let secret = secrets
         .get_opt(&secret_name)
@@ -394,7 +395,7 @@ async fn delete(
                 absent.push(key.clone());
                 continue;
             }
-            Err(error) => return Err(Failure::Failed(crate::s3::error_chain(&error))),
+            Err(error) => return Err(Failure::Failed(crate::s3::sdk_error(&error))),
         }
         tokio::time::timeout(
             Duration::from_secs(20),
@@ -402,9 +403,12 @@ async fn delete(
         )
         .await
         .map_err(|_| Failure::Failed(format!("{} did not answer within 20s", endpoint.url)))?
-        .map_err(|error| Failure::Failed(crate::s3::error_chain(&error)))?;
+        .map_err(|error| Failure::Failed(crate::s3::sdk_error(&error)))?;
     }
-    Ok(absent)
+    Ok(Deleted {
+        endpoint: endpoint.url,
+        absent,
+    })
 }
 
 /// Removes this reconciler's finalizer, then the credentials Secret's finalizer if no other

@@ -470,7 +470,6 @@ async fn start(
     // The keys first: recorded before anything is uploaded, so that the key is provably this
     // Backup's even if the controller stops right after. (A command's dump has a name only
     // the command knows: it is attributed after the run.)
-    let repository_name = repository.name_any();
     let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
     let command = writer.backup.spec.command.clone();
     let prefix = match &command {
@@ -508,16 +507,10 @@ async fn start(
         status.node_clock = clock;
         if command.is_none() {
             status.artifact = Some(Artifact {
-                repository: repository_name.clone(),
-                endpoint: repository.spec.endpoint.clone(),
-                region: repository.spec.region.clone(),
-                force_path_style: repository.spec.force_path_style,
-                credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
-                bucket: repository.spec.bucket.clone(),
                 prefix: prefix.clone(),
                 key: key.clone(),
                 manifest_key: manifest_key.clone(),
-                ..Artifact::default()
+                ..Artifact::located_in(repository)
             });
         }
         let ready = waiting(
@@ -685,7 +678,7 @@ async fn finish_command(
                 .set_continuation_token(token.clone())
                 .send()
                 .await
-                .map_err(|error| fail("ListFailed", crate::s3::error_chain(&error)))?;
+                .map_err(|error| fail("ListFailed", crate::s3::sdk_error(&error)))?;
             for object in page.contents() {
                 let (Some(key), Some(modified)) = (object.key(), object.last_modified()) else {
                     continue;
@@ -715,12 +708,6 @@ async fn finish_command(
         let found = crate::attribution::attribute(&run, &candidates, &others)
             .map_err(|refusal| fail(refusal.reason, refusal.message))?;
         Ok(Artifact {
-            repository: repository.name_any(),
-            endpoint: repository.spec.endpoint.clone(),
-            region: repository.spec.region.clone(),
-            force_path_style: repository.spec.force_path_style,
-            credentials_secret: Some(secret_name.clone()),
-            bucket: repository.spec.bucket.clone(),
             prefix,
             size_bytes: sizes.get(&found.key).copied(),
             key: found.key.clone(),
@@ -731,7 +718,7 @@ async fn finish_command(
                 window_start_nanos: found.window.0,
                 window_end_nanos: found.window.1,
             }),
-            ..Artifact::default()
+            ..Artifact::located_in(repository)
         })
     }
     .await;
