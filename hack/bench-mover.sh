@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Backup and restore of the same ~2 GiB mixed data set to the same local S3 server (MinIO) with
-# custody-mover and with restic (Debian's package), in one run; custody's restore figure
-# includes its verification. Prints seconds, MiB/s, peak RSS and ratios (restic time /
-# custody time: above 1 means custody is faster). kopia is not built: the Go module proxy
-# refuses github.com/kopia/kopia here.
+# custody-mover, restic (Debian's package) and kopia (built from the Go module proxy by
+# hack/build-kopia.sh), in one run; custody's restore figure includes its verification.
+# Prints seconds, MiB/s, peak RSS and ratios (other tool's time / custody's time: above 1
+# means custody is faster).
 #
 #   hack/bench-mover.sh [SMALL_FILES] [LARGE_MIB_TOTAL]     # defaults 40000 and 1536
 set -euo pipefail
@@ -18,6 +18,7 @@ command -v restic >/dev/null || { log "installing restic"; apt-get install -y -q
 endpoint=$("$here/s3-up.sh" | tail -1)
 cargo build --locked --release -p custody-agent --bin custody-mover --quiet
 mover=target/release/custody-mover
+kopia=$("$here/build-kopia.sh" | tail -1)
 export AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY
 export RESTIC_PASSWORD=custody-bench
 
@@ -54,6 +55,7 @@ log "data set: $total_mib MiB"
 run=$(date +%s)
 "$here/s3-mb.py" "$endpoint" "bench-custody-$run"
 "$here/s3-mb.py" "$endpoint" "bench-restic-$run"
+"$here/s3-mb.py" "$endpoint" "bench-kopia-$run"
 
 # timed LABEL COMMAND...: prints "LABEL seconds peak_rss_mib"
 timed() {
@@ -98,6 +100,21 @@ restic_durable() { restic -r "$repo" restore latest --verify --target "$work/res
 export -f restic_durable; export repo
 results+=("$(timed restic-restore-verify-sync bash -c restic_durable)")
 
+# kopia: a fresh repository and cache for the backup; the restore starts from an empty cache
+# too, as on a fresh node.
+export KOPIA_PASSWORD=custody-bench KOPIA_CHECK_FOR_UPDATES=false
+kopia_flags=(--config-file "$work/kopia.config" --log-dir "$work/kopia-logs")
+"$kopia" "${kopia_flags[@]}" repository create s3 --cache-directory "$work/kopia-cache" --bucket "bench-kopia-$run" \
+  --endpoint "${endpoint#http://}" --disable-tls --access-key "$AWS_ACCESS_KEY_ID" \
+  --secret-access-key "$AWS_SECRET_ACCESS_KEY" >/dev/null 2>&1
+results+=("$(timed kopia-backup "$kopia" "${kopia_flags[@]}" snapshot create "$work/data")")
+root=$("$kopia" "${kopia_flags[@]}" snapshot list "$work/data" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["rootEntry"]["obj"])')
+"$kopia" "${kopia_flags[@]}" cache clear >/dev/null
+results+=("$(timed kopia-restore "$kopia" "${kopia_flags[@]}" snapshot restore "$root" "$work/kopia-restore")")
+# Again with the cache the first restore filled: kopia's best case.
+rm -rf "$work/kopia-restore"
+results+=("$(timed kopia-restore-cached "$kopia" "${kopia_flags[@]}" snapshot restore "$root" "$work/kopia-restore")")
+
 echo
 echo "data set: $total_mib MiB ($small_files small files + $large_mib MiB in 64 MiB files, half random)"
 printf '%-24s %10s %10s %14s\n' tool seconds MiB/s "peak RSS MiB"
@@ -110,3 +127,6 @@ printf 'backup:  restic/custody time %.2fx (target >= 1.5x)\n' "$(echo "$(get re
 printf 'restore: restic (no verify)/custody (restore+verify) time %.2fx (target >= 1.5x)\n' "$(echo "$(get restic-restore) / $(get custody-restore-verify)" | bc -l)"
 printf 'restore: restic --verify/custody (restore+verify) time %.2fx\n' "$(echo "$(get restic-restore-verify) / $(get custody-restore-verify)" | bc -l)"
 printf 'restore: restic --verify + sync/custody (restore+sync+verify) time %.2fx (same durability)\n' "$(echo "$(get restic-restore-verify-sync) / $(get custody-restore-verify)" | bc -l)"
+printf 'backup:  kopia/custody time %.2fx (target >= 1x)\n' "$(echo "$(get kopia-backup) / $(get custody-backup)" | bc -l)"
+printf 'restore: kopia (no verify)/custody (restore+verify) time %.2fx (target >= 1x)\n' "$(echo "$(get kopia-restore) / $(get custody-restore-verify)" | bc -l)"
+printf 'restore: kopia with its cache filled/custody (restore+verify) time %.2fx\n' "$(echo "$(get kopia-restore-cached) / $(get custody-restore-verify)" | bc -l)"

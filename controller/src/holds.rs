@@ -218,11 +218,13 @@ pub mod lease {
                 .into_iter()
                 .find(|backup| backup.metadata.uid.as_deref() == Some(uid))
                 .is_some_and(|backup| {
-                    backup.metadata.deletion_timestamp.is_none()
-                        && !matches!(
+                    running(
+                        backup.metadata.deletion_timestamp.is_some(),
+                        matches!(
                             backup.status.and_then(|status| status.phase),
                             Some(BackupPhase::Completed | BackupPhase::Failed)
-                        )
+                        ),
+                    )
                 }),
             "Restore" => Api::<Restore>::namespaced(client.clone(), namespace)
                 .list(&Default::default())
@@ -232,11 +234,13 @@ pub mod lease {
                 .into_iter()
                 .find(|restore| restore.metadata.uid.as_deref() == Some(uid))
                 .is_some_and(|restore| {
-                    restore.metadata.deletion_timestamp.is_none()
-                        && !matches!(
+                    running(
+                        restore.metadata.deletion_timestamp.is_some(),
+                        matches!(
                             restore.status.and_then(|status| status.phase),
                             Some(RestorePhase::Completed | RestorePhase::Failed)
-                        )
+                        ),
+                    )
                 }),
             _ => false,
         })
@@ -244,6 +248,52 @@ pub mod lease {
 
     fn now() -> MicroTime {
         MicroTime(k8s_openapi::jiff::Timestamp::now())
+    }
+
+    /// A holder's run keeps the claim while it is neither being deleted nor over.
+    fn running(deleting: bool, over: bool) -> bool {
+        !deleting && !over
+    }
+
+    /// A new Lease `name` for the Cluster, held by `me` since `at`, owned by the Cluster so
+    /// that it goes with it.
+    fn created(name: &str, cluster: &crate::api::Cluster, me: &str, at: MicroTime) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.to_string());
+        lease.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "custody.io/v1alpha1".into(),
+            kind: "Cluster".into(),
+            name: cluster.name_any(),
+            uid: cluster.metadata.uid.clone().unwrap_or_default(),
+            ..OwnerReference::default()
+        }]);
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(me.to_string()),
+            acquire_time: Some(at),
+            ..Default::default()
+        });
+        lease
+    }
+
+    /// `lease` handed to `me` at `at` (its resourceVersion, kept, guards the replace).
+    fn taken_over(mut lease: Lease, me: &str, at: MicroTime) -> Lease {
+        let spec = lease.spec.get_or_insert_default();
+        spec.holder_identity = Some(me.to_string());
+        spec.acquire_time = Some(at);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        lease
+    }
+
+    /// Deletes exactly the Lease that was read: not one created again meanwhile, nor one
+    /// another run took over since.
+    fn exactly(lease: &Lease) -> DeleteParams {
+        DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: lease.metadata.uid.clone(),
+                resource_version: lease.resource_version(),
+            }),
+            ..DeleteParams::default()
+        }
     }
 
     /// Takes the Cluster's claim for `me`. Returns `None` when taken (or already held), or the
@@ -277,20 +327,7 @@ pub mod lease {
             Claim::Held => Ok(None),
             Claim::Wait { holder } => Ok(Some(holder)),
             Claim::Create => {
-                let mut lease = Lease::default();
-                lease.metadata.name = Some(name.clone());
-                lease.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: "custody.io/v1alpha1".into(),
-                    kind: "Cluster".into(),
-                    name: cluster.name_any(),
-                    uid: cluster_uid.clone(),
-                    ..OwnerReference::default()
-                }]);
-                lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                    holder_identity: Some(me.to_string()),
-                    acquire_time: Some(now()),
-                    ..Default::default()
-                });
+                let lease = created(&name, cluster, me, now());
                 match api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(None),
                     // Someone else created it first: they hold it.
@@ -301,12 +338,7 @@ pub mod lease {
                 }
             }
             Claim::TakeOver => {
-                let mut lease = current.expect("a holder means a Lease");
-                let spec = lease.spec.get_or_insert_default();
-                spec.holder_identity = Some(me.to_string());
-                spec.acquire_time = Some(now());
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                // The resourceVersion read above guards the update.
+                let lease = taken_over(current.expect("a holder means a Lease"), me, now());
                 match api.replace(&name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(None),
                     Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -341,20 +373,76 @@ pub mod lease {
         if holder != Some(me) {
             return Ok(());
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: lease.metadata.uid.clone(),
-                resource_version: lease.resource_version(),
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
+        match api.delete(&name, &exactly(&lease)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
             Err(source) => Err(Error::Delete {
                 object: format!("Lease {namespace}/{name}"),
                 source,
             }),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn at(second: i64) -> MicroTime {
+            MicroTime(k8s_openapi::jiff::Timestamp::from_second(second).unwrap())
+        }
+
+        #[test]
+        fn a_run_holds_while_neither_deleted_nor_over() {
+            // (being deleted, over, still running)
+            for (deleting, over, expected) in [
+                (false, false, true),
+                (true, false, false),
+                (false, true, false),
+                (true, true, false),
+            ] {
+                assert_eq!(running(deleting, over), expected, "{deleting} {over}");
+            }
+        }
+
+        #[test]
+        fn leases_name_their_holder_and_owner_and_deletes_are_exact() {
+            let mut cluster = crate::api::Cluster::new(
+                "orders",
+                serde_json::from_value(serde_json::json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]}))
+                    .unwrap(),
+            );
+            cluster.metadata.uid = Some("c-1".into());
+            let lease = created("custody-run-c-1", &cluster, "Backup/b-1", at(100));
+            assert_eq!(lease.metadata.name.as_deref(), Some("custody-run-c-1"));
+            let owner = &lease.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+                ("Cluster", "orders", "c-1")
+            );
+            let spec = lease.spec.clone().unwrap();
+            assert_eq!(spec.holder_identity.as_deref(), Some("Backup/b-1"));
+            assert_eq!(spec.acquire_time, Some(at(100)));
+
+            let mut stored = lease;
+            stored.metadata.uid = Some("l-1".into());
+            stored.metadata.resource_version = Some("42".into());
+            let moved = taken_over(stored.clone(), "Restore/r-1", at(200));
+            let spec = moved.spec.clone().unwrap();
+            assert_eq!(spec.holder_identity.as_deref(), Some("Restore/r-1"));
+            assert_eq!(spec.acquire_time, Some(at(200)));
+            assert_eq!(spec.lease_transitions, Some(1));
+            assert_eq!(
+                taken_over(moved.clone(), "Backup/b-2", at(300))
+                    .spec
+                    .unwrap()
+                    .lease_transitions,
+                Some(2)
+            );
+            assert_eq!(moved.metadata.resource_version.as_deref(), Some("42"));
+
+            let guard = exactly(&stored).preconditions.unwrap();
+            assert_eq!(guard.uid.as_deref(), Some("l-1"));
+            assert_eq!(guard.resource_version.as_deref(), Some("42"));
         }
     }
 }

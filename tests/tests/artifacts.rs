@@ -920,6 +920,15 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
         .unwrap()
         .artifact
         .unwrap();
+    // The user's own retention prunes the older run's dump first: deleting the older Backup
+    // then reports it gone and never takes the newer run's dump in its place.
+    s3::client(s3::shared())
+        .delete_object()
+        .bucket(&bucket)
+        .key(&first.key)
+        .send()
+        .await
+        .unwrap();
     setup
         .namespace
         .api::<Backup>()
@@ -927,11 +936,38 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
         .await
         .unwrap();
     gone(&setup, "dump30").await;
+    await_event(&setup, "dump30", "ArtifactAlreadyAbsent", &first.key).await;
     let keys_after = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
     let removed: Vec<&String> = keys_before
         .iter()
         .filter(|key| !keys_after.contains(key))
         .collect();
     assert_eq!(removed, [&first.key], "{keys_before:?} -> {keys_after:?}");
+
+    // Deleting the newer one deletes its dump only.
+    let second = setup
+        .namespace
+        .api::<Backup>()
+        .get("dump-30")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    setup
+        .namespace
+        .api::<Backup>()
+        .delete("dump-30", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&setup, "dump-30").await;
+    let keys_last = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
+    let removed: Vec<&String> = keys_after
+        .iter()
+        .filter(|key| !keys_last.contains(key))
+        .collect();
+    assert_eq!(removed, [&second.key], "{keys_after:?} -> {keys_last:?}");
+    assert!(keys_last.contains(&"custody/pg-dumps/db-20261129T101500Z.dump".to_string()));
     setup.finish().await;
 }
