@@ -890,24 +890,6 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
         );
     }
 
-    // Without a measured offset nothing is recorded, and the Warning says why.
-    setup.agent.stop();
-    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
-    agents
-        .delete(&setup.kubelet.node, &DeleteParams::default())
-        .await
-        .unwrap();
-    let refused = command_backup(&setup, "unmeasured", "+30s").await;
-    assert_eq!(phase(&refused), Some(BackupPhase::Failed));
-    let ready = refused
-        .conditions()
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
-    assert_eq!(ready.reason, "NoClockOffset", "{ready:?}");
-    assert!(refused.status.as_ref().unwrap().artifact.is_none());
-    await_event(&setup, "unmeasured", "NoClockOffset", "clock offset").await;
-
     // Deleting an attributed Backup deletes its dump only.
     let keys_before = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
     let first = setup
@@ -969,5 +951,23 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
         .collect();
     assert_eq!(removed, [&second.key], "{keys_after:?} -> {keys_last:?}");
     assert!(keys_last.contains(&"custody/pg-dumps/db-20261129T101500Z.dump".to_string()));
+
+    // Without a measured offset nothing is recorded, and the Warning says why.
+    setup.agent.stop();
+    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
+    agents
+        .delete(&setup.kubelet.node, &DeleteParams::default())
+        .await
+        .unwrap();
+    let refused = command_backup(&setup, "unmeasured", "+30s").await;
+    assert_eq!(phase(&refused), Some(BackupPhase::Failed));
+    let ready = refused
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "NoClockOffset", "{ready:?}");
+    assert!(refused.status.as_ref().unwrap().artifact.is_none());
+    await_event(&setup, "unmeasured", "NoClockOffset", "clock offset").await;
     setup.finish().await;
 }
