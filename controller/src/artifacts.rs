@@ -311,6 +311,16 @@ mod tests {
         };
         assert_eq!(recorded.ca_bundle.as_deref(), Some("OLD CA"));
         assert_eq!(recorded.credentials_secret.as_deref(), Some("old-keys"));
+        assert_eq!(
+            (
+                recorded.repository.as_str(),
+                recorded.endpoint.as_str(),
+                recorded.region.as_deref(),
+                recorded.force_path_style,
+                recorded.bucket.as_str()
+            ),
+            ("store", "https://old:9000", Some("eu-1"), true, "b")
+        );
         let moved = repository("https://new:9000", "renamed", Some("NEW CA"), "new-keys");
         // (repository now, url, bucket, CA, Secret)
         let rows = [

@@ -200,50 +200,67 @@ pub mod lease {
     use crate::error::{Error, Result};
 
     /// Whether the run a holder identity names still exists and is not over, read from the
-    /// API server.
+    /// API server (only the kind the identity names is listed).
     async fn holder_live(client: &Client, namespace: &str, holder: &str) -> Result<bool> {
+        let read = |kind: &str| {
+            let object = format!("{kind}s in {namespace}");
+            move |source| Error::Read { object, source }
+        };
+        let (backups, restores) = match holder.split_once('/') {
+            Some(("Backup", _)) => (
+                Api::<Backup>::namespaced(client.clone(), namespace)
+                    .list(&Default::default())
+                    .await
+                    .map_err(read("Backup"))?
+                    .items,
+                Vec::new(),
+            ),
+            Some(("Restore", _)) => (
+                Vec::new(),
+                Api::<Restore>::namespaced(client.clone(), namespace)
+                    .list(&Default::default())
+                    .await
+                    .map_err(read("Restore"))?
+                    .items,
+            ),
+            _ => (Vec::new(), Vec::new()),
+        };
+        Ok(live_among(holder, &backups, &restores))
+    }
+
+    /// Whether `holder` (`Backup/<uid>` or `Restore/<uid>`) names a run among these that is
+    /// neither being deleted nor over.
+    fn live_among(holder: &str, backups: &[Backup], restores: &[Restore]) -> bool {
         let Some((kind, uid)) = holder.split_once('/') else {
-            return Ok(false);
+            return false;
         };
-        let read = |source| Error::Read {
-            object: format!("{kind}s in {namespace}"),
-            source,
-        };
-        Ok(match kind {
-            "Backup" => Api::<Backup>::namespaced(client.clone(), namespace)
-                .list(&Default::default())
-                .await
-                .map_err(read)?
-                .items
-                .into_iter()
+        match kind {
+            "Backup" => backups
+                .iter()
                 .find(|backup| backup.metadata.uid.as_deref() == Some(uid))
                 .is_some_and(|backup| {
                     running(
                         backup.metadata.deletion_timestamp.is_some(),
                         matches!(
-                            backup.status.and_then(|status| status.phase),
+                            backup.status.as_ref().and_then(|status| status.phase),
                             Some(BackupPhase::Completed | BackupPhase::Failed)
                         ),
                     )
                 }),
-            "Restore" => Api::<Restore>::namespaced(client.clone(), namespace)
-                .list(&Default::default())
-                .await
-                .map_err(read)?
-                .items
-                .into_iter()
+            "Restore" => restores
+                .iter()
                 .find(|restore| restore.metadata.uid.as_deref() == Some(uid))
                 .is_some_and(|restore| {
                     running(
                         restore.metadata.deletion_timestamp.is_some(),
                         matches!(
-                            restore.status.and_then(|status| status.phase),
+                            restore.status.as_ref().and_then(|status| status.phase),
                             Some(RestorePhase::Completed | RestorePhase::Failed)
                         ),
                     )
                 }),
             _ => false,
-        })
+        }
     }
 
     fn now() -> MicroTime {
@@ -389,6 +406,69 @@ pub mod lease {
 
         fn at(second: i64) -> MicroTime {
             MicroTime(k8s_openapi::jiff::Timestamp::from_second(second).unwrap())
+        }
+
+        #[test]
+        fn a_holder_is_live_only_while_its_own_run_goes_on() {
+            let backup = |uid: &str, phase: Option<&str>, deleting: bool| {
+                let mut backup: Backup = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+                    "metadata": {"name": uid, "uid": uid},
+                    "spec": {"clusterRef": {"name": "orders"}},
+                    "status": phase.map(|phase| serde_json::json!({"phase": phase})),
+                }))
+                .unwrap();
+                if deleting {
+                    backup.metadata.deletion_timestamp =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
+                }
+                backup
+            };
+            let restore = |uid: &str, phase: Option<&str>| -> Restore {
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+                    "metadata": {"name": uid, "uid": uid},
+                    "spec": {"clusterRef": {"name": "orders"}, "backupRef": {"name": "b"}},
+                    "status": phase.map(|phase| serde_json::json!({"phase": phase})),
+                }))
+                .unwrap()
+            };
+            let backups = [
+                backup("b-run", Some("Running"), false),
+                backup("b-new", None, false),
+                backup("b-done", Some("Completed"), false),
+                backup("b-failed", Some("Failed"), false),
+                backup("b-deleting", Some("Running"), true),
+                backup("shared", Some("Completed"), false),
+            ];
+            let restores = [
+                restore("r-run", Some("Running")),
+                restore("r-done", Some("Completed")),
+                restore("shared", Some("Running")),
+            ];
+            // (holder, live)
+            let rows = [
+                ("Backup/b-run", true),
+                ("Backup/b-new", true),
+                ("Backup/b-done", false),
+                ("Backup/b-failed", false),
+                ("Backup/b-deleting", false),
+                ("Backup/b-gone", false),
+                ("Restore/r-run", true),
+                ("Restore/r-done", false),
+                ("Restore/r-gone", false),
+                ("Backup/r-run", false),
+                ("Restore/b-run", false),
+                ("Backup/shared", false),
+                ("Restore/shared", true),
+                ("b-run", false),
+                ("Job/b-run", false),
+            ];
+            for (holder, live) in rows {
+                assert_eq!(live_among(holder, &backups, &restores), live, "{holder}");
+            }
         }
 
         #[test]
