@@ -69,6 +69,41 @@ async fn gone(setup: &Setup, name: &str) {
     .await;
 }
 
+/// The artifact a Backup recorded.
+async fn artifact_of(setup: &Setup, name: &str) -> custody_controller::api::Artifact {
+    setup
+        .namespace
+        .api::<Backup>()
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|status| status.artifact)
+        .unwrap_or_else(|| panic!("Backup {name} has no artifact"))
+}
+
+/// Deletes a Backup and waits until it is gone.
+async fn delete_and_wait(setup: &Setup, name: &str) {
+    setup
+        .namespace
+        .api::<Backup>()
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(setup, name).await;
+}
+
+/// The keys in `before` that are not in `after`, sorted.
+fn removed_between(before: &[String], after: &[String]) -> Vec<String> {
+    let mut removed: Vec<String> = before
+        .iter()
+        .filter(|key| !after.contains(key))
+        .cloned()
+        .collect();
+    removed.sort();
+    removed
+}
+
 async fn await_event(setup: &Setup, object: &str, reason: &str, contains: &str) -> String {
     let events: Api<Event> = setup.namespace.api();
     eventually(&format!("Event {reason} on {object}"), TIMEOUT, || {
@@ -172,20 +207,9 @@ async fn deleting_a_backup_deletes_exactly_its_own_keys_even_under_reserved_char
         assert!(before.contains(key), "{key} missing before: {before:?}");
     }
 
-    setup
-        .namespace
-        .api::<Backup>()
-        .delete("older", &DeleteParams::default())
-        .await
-        .unwrap();
-    gone(&setup, "older").await;
+    delete_and_wait(&setup, "older").await;
     let after = s3::keys(s3::shared(), &bucket, "").await;
-    let mut removed: Vec<String> = before
-        .iter()
-        .filter(|key| !after.contains(key))
-        .cloned()
-        .collect();
-    removed.sort();
+    let removed = removed_between(&before, &after);
     let mut expected = vec![older.key.clone(), older.manifest_key.clone()];
     expected.sort();
     assert_eq!(removed, expected, "exactly the older run's keys");
@@ -276,16 +300,7 @@ async fn a_restore_holds_the_deletion_of_its_backup_and_a_restore_refuses_a_back
     let setup = setup("readers").await;
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
-    let nightly = setup
-        .namespace
-        .api::<Backup>()
-        .get("nightly")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let nightly = artifact_of(&setup, "nightly").await;
     let store = setup
         .namespace
         .api::<BackupRepository>()
@@ -504,16 +519,7 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
     let setup = setup("teardown").await;
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
-    let nightly = setup
-        .namespace
-        .api::<Backup>()
-        .get("nightly")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let nightly = artifact_of(&setup, "nightly").await;
     let bucket = setup
         .namespace
         .api::<BackupRepository>()
@@ -775,13 +781,7 @@ async fn a_repository_behind_a_private_ca_backs_up_and_its_artifact_is_deleted_a
         .delete("trusted", &DeleteParams::default())
         .await
         .unwrap();
-    setup
-        .namespace
-        .api::<Backup>()
-        .delete("secure", &DeleteParams::default())
-        .await
-        .unwrap();
-    gone(&setup, "secure").await;
+    delete_and_wait(&setup, "secure").await;
     let keys = s3::keys(&server.url, &bucket, "").await;
     assert!(
         !keys.contains(&artifact.key) && !keys.contains(&artifact.manifest_key),
@@ -892,16 +892,7 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
 
     // Deleting an attributed Backup deletes its dump only.
     let keys_before = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
-    let first = setup
-        .namespace
-        .api::<Backup>()
-        .get("dump30")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let first = artifact_of(&setup, "dump30").await;
     // The user's own retention prunes the older run's dump first: deleting the older Backup
     // then reports it gone and never takes the newer run's dump in its place.
     s3::client(s3::shared())
@@ -911,45 +902,26 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
         .send()
         .await
         .unwrap();
-    setup
-        .namespace
-        .api::<Backup>()
-        .delete("dump30", &DeleteParams::default())
-        .await
-        .unwrap();
-    gone(&setup, "dump30").await;
+    delete_and_wait(&setup, "dump30").await;
     await_event(&setup, "dump30", "ArtifactAlreadyAbsent", &first.key).await;
     let keys_after = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
-    let removed: Vec<&String> = keys_before
-        .iter()
-        .filter(|key| !keys_after.contains(key))
-        .collect();
-    assert_eq!(removed, [&first.key], "{keys_before:?} -> {keys_after:?}");
+    let removed = removed_between(&keys_before, &keys_after);
+    assert_eq!(
+        removed,
+        vec![first.key.clone()],
+        "{keys_before:?} -> {keys_after:?}"
+    );
 
     // Deleting the newer one deletes its dump only.
-    let second = setup
-        .namespace
-        .api::<Backup>()
-        .get("dump-30")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
-    setup
-        .namespace
-        .api::<Backup>()
-        .delete("dump-30", &DeleteParams::default())
-        .await
-        .unwrap();
-    gone(&setup, "dump-30").await;
+    let second = artifact_of(&setup, "dump-30").await;
+    delete_and_wait(&setup, "dump-30").await;
     let keys_last = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
-    let removed: Vec<&String> = keys_after
-        .iter()
-        .filter(|key| !keys_last.contains(key))
-        .collect();
-    assert_eq!(removed, [&second.key], "{keys_after:?} -> {keys_last:?}");
+    let removed = removed_between(&keys_after, &keys_last);
+    assert_eq!(
+        removed,
+        vec![second.key.clone()],
+        "{keys_after:?} -> {keys_last:?}"
+    );
     assert!(keys_last.contains(&"custody/pg-dumps/db-20261129T101500Z.dump".to_string()));
 
     // Without a measured offset nothing is recorded, and the Warning says why.
