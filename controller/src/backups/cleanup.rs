@@ -411,8 +411,10 @@ async fn delete(
     })
 }
 
-/// Removes this reconciler's finalizer, then the credentials Secret's finalizer if no other
-/// Backup with an artifact still needs that Secret.
+/// Releases the credentials Secret if no other Backup still needs it, then removes this
+/// reconciler's finalizer. The Secret goes first: once the Backup is gone nothing would
+/// reconcile it again, so a Secret release that lost a race (the namespace being deleted marks
+/// the Secret meanwhile) must be retried while the Backup still holds its finalizer.
 async fn release(
     context: &BackupContext,
     backup: &Backup,
@@ -421,31 +423,42 @@ async fn release(
     let client = &context.base.client;
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
-    let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);
-    let released = crate::finalizers::remove(
-        &api,
-        backup,
-        artifacts::FINALIZER,
-        &format!("Backup {namespace}/{name}"),
-    )
-    .await?;
-    if !released {
-        // Changed meanwhile: the next reconcile decides again, and the Secret stays held.
-        return Ok(());
-    }
     if let Some(secret) = artifact.and_then(|artifact| artifact.credentials_secret.clone()) {
-        release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
+        let done =
+            release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
+        if !done {
+            return Err(Error::Webhook(format!(
+                "Secret {namespace}/{secret} changed while its finalizer was removed; trying again"
+            )));
+        }
     }
-    Ok(())
+    // The artifact is dealt with: a write that lost a race is tried again on a fresh read
+    // here, not left to a reconcile that would start the cleanup over.
+    let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);
+    let what = format!("Backup {namespace}/{name}");
+    let mut current = backup.clone();
+    for _ in 0..5 {
+        if crate::finalizers::remove(&api, &current, artifacts::FINALIZER, &what).await? {
+            return Ok(());
+        }
+        match api.get_opt(&name).await.map_err(read_error(what.clone()))? {
+            Some(fresh) if fresh.metadata.uid == backup.metadata.uid => current = fresh,
+            _ => return Ok(()),
+        }
+    }
+    Err(Error::Webhook(format!(
+        "{what} kept changing while its finalizer was removed; trying again"
+    )))
 }
 
-/// Drops the Secret's finalizer when no Backup other than `leaving` still needs it.
+/// Drops the Secret's finalizer when no Backup other than `leaving` still needs it. `false`:
+/// the Secret changed meanwhile and nothing was written.
 pub async fn release_secret(
     client: &kube::Client,
     namespace: &str,
     secret: &str,
     leaving: Option<&str>,
-) -> Result<()> {
+) -> Result<bool> {
     let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
     let needed = backups
         .list(&ListParams::default())
@@ -464,23 +477,25 @@ pub async fn release_secret(
                 == Some(secret)
         });
     if needed {
-        return Ok(());
+        return Ok(true);
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    if let Some(found) = secrets
-        .get_opt(secret)
-        .await
-        .map_err(read_error(format!("Secret {namespace}/{secret}")))?
-    {
-        crate::finalizers::remove(
-            &secrets,
-            &found,
-            artifacts::SECRET_FINALIZER,
-            &format!("Secret {namespace}/{secret}"),
-        )
-        .await?;
+    let what = format!("Secret {namespace}/{secret}");
+    // A write that lost a race (the namespace being deleted marks the Secret) is tried again
+    // on a fresh read.
+    for _ in 0..5 {
+        let Some(found) = secrets
+            .get_opt(secret)
+            .await
+            .map_err(read_error(what.clone()))?
+        else {
+            return Ok(true);
+        };
+        if crate::finalizers::remove(&secrets, &found, artifacts::SECRET_FINALIZER, &what).await? {
+            return Ok(true);
+        }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Puts the Secret's finalizer on before a Backup records an artifact that needs it.
