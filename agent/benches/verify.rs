@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use custody_agent::manifest_builder;
-use custody_agent::verify::{
-    Expected, IDENTITY_PATH, MANIFEST_PATH, Options, RestoreIdentity, verify_tree,
-};
+use custody_agent::verify::{Expected, Options, verify_tree};
 use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 
 const RUNS: usize = 3;
 

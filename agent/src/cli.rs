@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use custody_controller::cli::LogFormat;
+use custody_kube::process::LogFormat;
 
 fn seconds(value: &str) -> Result<Duration, String> {
     let seconds: f64 = value
@@ -127,6 +127,8 @@ pub struct WaitOptions {
     pub retry: Duration,
 }
 
+use custody_proto::mover::{env, flags};
+
 /// custody-mover: a volume to S3 and back, streaming, with bounded memory.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "custody-mover", version)]
@@ -135,41 +137,41 @@ pub struct MoverOptions {
     pub command: MoverCommand,
 
     /// S3 endpoint URL of the repository.
-    #[arg(long, env = "CUSTODY_S3_ENDPOINT", global = true, default_value = "")]
+    #[arg(long, env = env::ENDPOINT, global = true, default_value = "")]
     pub endpoint: String,
 
     /// Region of the repository.
     #[arg(
         long,
-        env = "CUSTODY_S3_REGION",
+        env = env::REGION,
         global = true,
         default_value = "us-east-1"
     )]
     pub region: String,
 
     /// Bucket of the repository.
-    #[arg(long, env = "CUSTODY_S3_BUCKET", global = true, default_value = "")]
+    #[arg(long, env = env::BUCKET, global = true, default_value = "")]
     pub bucket: String,
 
     /// Path-style addressing.
-    #[arg(long, env = "CUSTODY_S3_PATH_STYLE", global = true)]
+    #[arg(long, env = env::PATH_STYLE, global = true)]
     pub path_style: bool,
 
     /// PEM CA bundle to trust in addition to the system roots.
-    #[arg(long, env = "CUSTODY_S3_CA_FILE", global = true)]
+    #[arg(long, env = env::CA_FILE, global = true)]
     pub ca_file: Option<PathBuf>,
 
     /// The same as PEM text (how a Job passes a repository's `spec.caBundle`).
     #[arg(
         long,
-        env = "CUSTODY_S3_CA_BUNDLE",
+        env = env::CA_BUNDLE,
         global = true,
         hide_env_values = true
     )]
     pub ca_bundle: Option<String>,
 
     /// Also write the JSON result (or the error) here: the container's termination message.
-    #[arg(long, env = "CUSTODY_RESULT_FILE", global = true)]
+    #[arg(long = flags::RESULT_FILE, env = env::RESULT_FILE, global = true)]
     pub result_file: Option<PathBuf>,
 }
 
@@ -177,51 +179,129 @@ pub struct MoverOptions {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum MoverCommand {
     /// Streams a volume into the repository: tar + zstd, multipart, manifest after the data.
+    #[command(name = flags::BACKUP)]
     Backup {
         /// The volume (read only).
-        #[arg(long)]
+        #[arg(long = flags::SOURCE)]
         source: PathBuf,
         /// Key prefix of the artifact; it contains the Backup's UID.
-        #[arg(long)]
+        #[arg(long = flags::PREFIX)]
         prefix: String,
-        #[arg(long)]
+        #[arg(long = flags::BACKUP_UID)]
         backup_uid: String,
-        #[arg(long)]
+        #[arg(long = flags::CLUSTER_UID)]
         cluster_uid: String,
     },
     /// Streams an artifact into an empty volume, checked against its manifest while it
     /// writes, and leaves the manifest and the restore identity in `.custody/`.
+    #[command(name = flags::RESTORE)]
     Restore {
         /// The volume to write.
-        #[arg(long)]
+        #[arg(long = flags::TARGET)]
         target: PathBuf,
         /// Key of the data object.
-        #[arg(long)]
+        #[arg(long = flags::KEY)]
         key: String,
         /// Key of the manifest object.
-        #[arg(long)]
+        #[arg(long = flags::MANIFEST_KEY)]
         manifest_key: String,
         /// BLAKE3 of the manifest as the Backup recorded it.
-        #[arg(long)]
+        #[arg(long = flags::MANIFEST_HASH)]
         manifest_hash: String,
-        #[arg(long)]
+        #[arg(long = flags::BACKUP_UID)]
         backup_uid: String,
-        #[arg(long)]
+        #[arg(long = flags::RESTORE_UID)]
         restore_uid: String,
         /// Clear a non-empty target first instead of refusing it.
-        #[arg(long)]
+        #[arg(long = flags::OVERWRITE)]
         overwrite: bool,
     },
     /// Verifies a restored directory the way the agent does (without the mount check): the
     /// manifest in `.custody/` must hash to `--manifest-hash` and the content must match it.
+    #[command(name = flags::VERIFY)]
     Verify {
-        #[arg(long)]
+        #[arg(long = flags::TARGET)]
         target: PathBuf,
-        #[arg(long)]
+        #[arg(long = flags::MANIFEST_HASH)]
         manifest_hash: String,
-        #[arg(long)]
+        #[arg(long = flags::BACKUP_UID)]
         backup_uid: String,
-        #[arg(long)]
+        #[arg(long = flags::RESTORE_UID)]
         restore_uid: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use custody_proto::mover::Invocation;
+
+    use super::{MoverCommand, MoverOptions};
+
+    /// The controller builds the mover's command line from [`Invocation`]; the mover must
+    /// read every flag of it back.
+    #[test]
+    fn the_mover_reads_what_the_controller_writes() {
+        let backup = Invocation::Backup {
+            source: "/data".into(),
+            prefix: "p/ns/db/uid".into(),
+            backup_uid: "b".into(),
+            cluster_uid: "c".into(),
+        };
+        let parsed = MoverOptions::try_parse_from(
+            std::iter::once("custody-mover".to_string()).chain(backup.args()),
+        )
+        .expect("backup flags");
+        assert_eq!(
+            parsed.result_file.as_deref(),
+            Some(std::path::Path::new(custody_proto::mover::TERMINATION_LOG))
+        );
+        match parsed.command {
+            MoverCommand::Backup {
+                source,
+                prefix,
+                backup_uid,
+                cluster_uid,
+            } => {
+                assert_eq!(source, std::path::PathBuf::from("/data"));
+                assert_eq!(
+                    (prefix.as_str(), backup_uid.as_str(), cluster_uid.as_str()),
+                    ("p/ns/db/uid", "b", "c")
+                );
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+
+        let restore = Invocation::Restore {
+            target: "/data".into(),
+            key: "k".into(),
+            manifest_key: "m".into(),
+            manifest_hash: "h".into(),
+            backup_uid: "b".into(),
+            restore_uid: "r".into(),
+        };
+        let parsed = MoverOptions::try_parse_from(
+            std::iter::once("custody-mover".to_string()).chain(restore.args()),
+        )
+        .expect("restore flags");
+        match parsed.command {
+            MoverCommand::Restore {
+                target,
+                key,
+                manifest_key,
+                manifest_hash,
+                backup_uid,
+                restore_uid,
+                overwrite,
+            } => {
+                assert_eq!(target, std::path::PathBuf::from("/data"));
+                assert_eq!(
+                    [key, manifest_key, manifest_hash, backup_uid, restore_uid],
+                    ["k", "m", "h", "b", "r"].map(String::from)
+                );
+                assert!(!overwrite);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
 }

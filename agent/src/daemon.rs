@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use custody_controller::api::{Backup, Restore};
+use custody_kube::api::{Backup, Restore};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -40,7 +40,7 @@ pub struct Agent {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Controller(#[from] custody_controller::Error),
+    Setup(#[from] custody_kube::Error),
     #[error("reading {path}: {source}")]
     ReadTls {
         path: String,
@@ -56,10 +56,11 @@ pub enum Error {
 }
 
 pub use custody_proto::clock::now_unix_nanos;
+use custody_proto::reasons::VolumeFailure;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(options: AgentOptions) -> Result<(), Error> {
-    let client = custody_controller::run::client(options.kubeconfig.as_deref()).await?;
+    let client = custody_kube::process::client(options.kubeconfig.as_deref()).await?;
     let (reader, writer) = reflector::store::<Pod>();
     let (view, _) = watch::channel(Arc::new(NodeView::default()));
     let agent = Arc::new(Agent {
@@ -74,7 +75,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
     });
     tracing::info!(node = options.node_name, kubelet_root = %options.kubelet_root.display(), "starting");
 
-    let stop = custody_controller::run::wait_for_signal().boxed().shared();
+    let stop = custody_kube::process::wait_for_signal().boxed().shared();
 
     // Only this node's pods: the field selector keeps the watch (and the agent's memory)
     // proportional to one node.
@@ -103,7 +104,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
     };
 
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let health = custody_controller::http::Health {
+    let health = custody_kube::http::Health {
         metrics: agent.metrics.clone(),
         ready: ready.clone(),
     };
@@ -121,7 +122,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
         _ = stop.clone() => Ok(()),
         _ = watch => Ok(()),
         _ = agent.clone().maintain() => Ok(()),
-        served = custody_controller::http::serve(options.http_address, health, stop.clone()) => served.map_err(Error::from),
+        served = custody_kube::http::serve(options.http_address, health, stop.clone()) => served.map_err(Error::from),
         served = crate::gate::serve(agent.clone(), stop.clone()) => served,
         _ = crate::report::run(agent.clone()) => Ok(()),
     };
@@ -213,10 +214,10 @@ impl Agent {
         let started = Instant::now();
         let outcome = self.verification(&start).await;
         let (reason, level_failed) = match &outcome {
-            Outcome::Verified { .. } => ("Verified".to_string(), false),
-            Outcome::Failed { reason, .. } => (reason.clone(), true),
+            Outcome::Verified { .. } => ("Verified", false),
+            Outcome::Failed { reason, .. } => (reason.as_str(), true),
         };
-        metrics::count(&self.metrics.verifications, &reason);
+        metrics::count(&self.metrics.verifications, reason);
         self.metrics
             .verification_duration
             .observe(started.elapsed().as_secs_f64());
@@ -252,10 +253,7 @@ impl Agent {
             match self.expected(&start.volume).await {
                 Ok(expected) => break expected,
                 Err(Lookup::Refused { reason, message }) => {
-                    return Outcome::Failed {
-                        reason: reason.to_string(),
-                        message,
-                    };
+                    return Outcome::Failed { reason, message };
                 }
                 Err(Lookup::Unavailable(error)) => {
                     self.note(
@@ -287,7 +285,7 @@ impl Agent {
                 }
                 Err(error) => {
                     return Outcome::Failed {
-                        reason: error.reason().to_string(),
+                        reason: error.reason(),
                         message: error.to_string(),
                     };
                 }
@@ -311,11 +309,11 @@ impl Agent {
                 }
             }
             Ok(Err(failure)) => Outcome::Failed {
-                reason: failure.reason().to_string(),
+                reason: failure.reason(),
                 message: failure.to_string(),
             },
             Err(error) => Outcome::Failed {
-                reason: "VerificationAborted".to_string(),
+                reason: VolumeFailure::VerificationAborted,
                 message: error.to_string(),
             },
         }
@@ -350,7 +348,7 @@ impl Agent {
             .await
             .map_err(Lookup::Unavailable)?
             .ok_or_else(|| Lookup::Refused {
-                reason: "RestoreNotFound",
+                reason: VolumeFailure::RestoreNotFound,
                 message: format!(
                     "Restore {}/{} does not exist",
                     volume.namespace, volume.restore_name
@@ -358,7 +356,7 @@ impl Agent {
             })?;
         if restore.metadata.uid.as_deref() != Some(volume.restore_uid.as_str()) {
             return Err(Lookup::Refused {
-                reason: "RestoreReplaced",
+                reason: VolumeFailure::RestoreReplaced,
                 message: format!(
                     "Restore {}/{} has UID {}, the pod was gated for {}",
                     volume.namespace,
@@ -375,7 +373,7 @@ impl Agent {
             .await
             .map_err(Lookup::Unavailable)?
             .ok_or_else(|| Lookup::Refused {
-                reason: "BackupNotFound",
+                reason: VolumeFailure::BackupNotFound,
                 message: format!("Backup {}/{backup_name} does not exist", volume.namespace),
             })?;
         let hash = backup
@@ -384,14 +382,14 @@ impl Agent {
             .and_then(|status| status.artifact.as_ref())
             .and_then(|artifact| artifact.manifest_hash.as_deref())
             .ok_or_else(|| Lookup::Refused {
-                reason: "BackupIncomplete",
+                reason: VolumeFailure::BackupIncomplete,
                 message: format!(
                     "Backup {}/{backup_name} records no manifest hash",
                     volume.namespace
                 ),
             })?;
         let manifest_hash = blake3::Hash::from_hex(hash).map_err(|error| Lookup::Refused {
-            reason: "BackupIncomplete",
+            reason: VolumeFailure::BackupIncomplete,
             message: format!(
                 "Backup {}/{backup_name} records an invalid manifest hash {hash:?}: {error}",
                 volume.namespace
@@ -410,7 +408,7 @@ enum Lookup {
     Unavailable(kube::Error),
     /// The answer rules verification out.
     Refused {
-        reason: &'static str,
+        reason: VolumeFailure,
         message: String,
     },
 }

@@ -82,22 +82,21 @@ impl Gate for GateService {
     type WaitStream = Progress;
 
     async fn wait(&self, request: Request<WaitRequest>) -> Result<Response<Progress>, Status> {
-        let Some(token) = custody_controller::authn::bearer_token(request.metadata()) else {
+        let Some(token) = custody_kube::authn::bearer_token(request.metadata()) else {
             return Err(self.refuse(
                 "NoToken",
                 Status::unauthenticated("no bearer token: present the pod's projected token"),
             ));
         };
-        let review =
-            custody_controller::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
-                .await
-                .map_err(|error| {
-                    tracing::warn!(%error, "TokenReview failed");
-                    self.refuse(
-                        "TokenReviewFailed",
-                        Status::unavailable(format!("cannot review the token: {error}")),
-                    )
-                })?;
+        let review = custody_kube::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
+            .await
+            .map_err(|error| {
+                tracing::warn!(%error, "TokenReview failed");
+                self.refuse(
+                    "TokenReviewFailed",
+                    Status::unavailable(format!("cannot review the token: {error}")),
+                )
+            })?;
         // The pod may have been created a moment ago: wait for the watch to be in sync before
         // deciding it is not on this node.
         if !self.agent.wait_until_synced().await {

@@ -10,9 +10,7 @@ use rustix::fs::{FileType, OFlags};
 use crate::hashing::hash_file;
 use crate::tree::{self, Metadata, OnDisk, Walk, WalkError};
 
-/// Root-level names that never belong to a backup: the filesystem's own `lost+found` and the
-/// `.custody` directory a restore leaves behind.
-pub const IGNORED_AT_ROOT: &[&str] = &["lost+found", crate::verify::CUSTODY_DIR];
+use custody_proto::volume::IGNORED_AT_ROOT;
 
 /// Why a manifest could not be built.
 #[derive(Debug, thiserror::Error)]

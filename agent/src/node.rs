@@ -2,6 +2,7 @@
 //! volumes stands. Computed from the pods the watch sees and the verifications run so far;
 //! the gate and the reporter read the latest view.
 
+use custody_proto::reasons::VolumeFailure;
 use std::collections::{BTreeMap, BTreeSet};
 
 use custody_proto::gate::{VolumeProgress, VolumeState, WaitProgress};
@@ -27,9 +28,6 @@ pub struct GatedPod {
     /// Set when the pod's restore annotations cannot be followed; the pod stays gated.
     pub problem: Option<String>,
 }
-
-/// Reason a pod stays gated because its restore annotations are inconsistent.
-pub const REASON_INVALID_RESTORE_ANNOTATIONS: &str = "InvalidRestoreAnnotations";
 
 impl GatedPod {
     /// True when every restored volume is verified.
@@ -63,7 +61,7 @@ impl GatedPod {
                 volume: String::new(),
                 claim_name: String::new(),
                 state: VolumeState::Failed as i32,
-                reason: REASON_INVALID_RESTORE_ANNOTATIONS.to_string(),
+                reason: VolumeFailure::InvalidRestoreAnnotations.to_string(),
                 message: problem.clone(),
             });
         }
@@ -93,7 +91,7 @@ fn volume_progress(view: &VolumeView) -> VolumeProgress {
         claim_name: view.volume.claim_name.clone(),
         state: wire_state(&view.state) as i32,
         reason: match &view.state {
-            State::Failed { reason, .. } => reason.clone(),
+            State::Failed { reason, .. } => reason.to_string(),
             _ => String::new(),
         },
         message: view.message.clone(),

@@ -180,7 +180,7 @@ fn volume_reports(view: &NodeView) -> Vec<VolumeReport> {
             restore_uid: volume.volume.restore_uid.clone(),
             state: wire_state(&volume.state) as i32,
             reason: match &volume.state {
-                State::Failed { reason, .. } => reason.clone(),
+                State::Failed { reason, .. } => reason.to_string(),
                 _ => String::new(),
             },
             message: volume.message.clone(),

@@ -7,6 +7,7 @@
 //! result belongs to the prepareData pod whose output it checked: a new attempt (a new pod)
 //! is verified afresh.
 
+use custody_proto::reasons::VolumeFailure;
 use std::collections::BTreeMap;
 
 use custody_proto::names;
@@ -68,7 +69,7 @@ pub enum Outcome {
         summary: String,
     },
     Failed {
-        reason: String,
+        reason: VolumeFailure,
         message: String,
     },
 }
@@ -97,8 +98,13 @@ pub enum State {
     Pending,
     Restoring,
     Verifying,
-    Verified { at_unix_nanos: i64 },
-    Failed { reason: String, message: String },
+    Verified {
+        at_unix_nanos: i64,
+    },
+    Failed {
+        reason: VolumeFailure,
+        message: String,
+    },
 }
 
 impl State {
@@ -121,9 +127,6 @@ pub struct Decision {
     pub message: String,
     pub start: Option<VerificationKey>,
 }
-
-/// Reason a volume fails when its prepareData pod failed.
-pub const REASON_PREPARE_DATA_FAILED: &str = "PrepareDataFailed";
 
 /// Decides one volume's state.
 ///
@@ -187,7 +190,7 @@ pub fn decide(
             },
             Some(Verification::Done(Outcome::Failed { reason, message })) => Decision {
                 state: State::Failed {
-                    reason: reason.clone(),
+                    reason: *reason,
                     message: message.clone(),
                 },
                 message: message.clone(),
@@ -211,7 +214,7 @@ pub fn decide(
         );
         return Decision {
             state: State::Failed {
-                reason: REASON_PREPARE_DATA_FAILED.to_string(),
+                reason: VolumeFailure::PrepareDataFailed,
                 message: message.clone(),
             },
             message,

@@ -17,27 +17,12 @@ use std::path::Path;
 use custody_proto::manifest::{Entry, Kind, ManifestReader, compare_paths};
 use rayon::prelude::*;
 use rustix::fs::{FileType, OFlags};
-use serde::{Deserialize, Serialize};
 
 use crate::hashing::hash_file;
-use crate::manifest_builder::IGNORED_AT_ROOT;
 use crate::tree::{self, Found, Metadata, OnDisk, Walk, WalkError};
 use crate::volumes::VolumeError;
-
-/// custody's directory at the root of a restored volume.
-pub const CUSTODY_DIR: &str = ".custody";
-/// The manifest the mover leaves on a restored volume.
-pub const MANIFEST_PATH: &str = ".custody/manifest.jsonl";
-/// Which Restore wrote the volume, from which Backup.
-pub const IDENTITY_PATH: &str = ".custody/restore.json";
-
-/// The identity a mover writes next to the manifest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RestoreIdentity {
-    pub restore_uid: String,
-    pub backup_uid: String,
-}
+use custody_proto::reasons::VolumeFailure;
+use custody_proto::volume::{IDENTITY_PATH, IGNORED_AT_ROOT, MANIFEST_PATH, RestoreIdentity};
 
 /// What the volume must match: the trust anchor from the Backup's status and the identities
 /// of this restore.
@@ -253,17 +238,17 @@ fn list(differences: &[Difference]) -> String {
 
 impl Failure {
     /// CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> VolumeFailure {
         match self {
-            Failure::ManifestMissing(_) => "ManifestMissing",
-            Failure::WrongBackup { .. } => "ManifestOfAnotherBackup",
-            Failure::ManifestTampered { .. } => "ManifestTampered",
-            Failure::ManifestInvalid(_) => "ManifestInvalid",
-            Failure::IdentityMissing(_) => "RestoreIdentityMissing",
-            Failure::WrongRestore { .. } => "WrittenByAnotherRestore",
-            Failure::IdentityWrongBackup { .. } => "RestoreIdentityOfAnotherBackup",
-            Failure::ContentMismatch { .. } => "ContentMismatch",
-            Failure::VolumeUnreadable(_) => "VolumeUnreadable",
+            Failure::ManifestMissing(_) => VolumeFailure::ManifestMissing,
+            Failure::WrongBackup { .. } => VolumeFailure::ManifestOfAnotherBackup,
+            Failure::ManifestTampered { .. } => VolumeFailure::ManifestTampered,
+            Failure::ManifestInvalid(_) => VolumeFailure::ManifestInvalid,
+            Failure::IdentityMissing(_) => VolumeFailure::RestoreIdentityMissing,
+            Failure::WrongRestore { .. } => VolumeFailure::WrittenByAnotherRestore,
+            Failure::IdentityWrongBackup { .. } => VolumeFailure::RestoreIdentityOfAnotherBackup,
+            Failure::ContentMismatch { .. } => VolumeFailure::ContentMismatch,
+            Failure::VolumeUnreadable(_) => VolumeFailure::VolumeUnreadable,
             Failure::Volume(error) => error.reason(),
         }
     }
@@ -787,7 +772,10 @@ mod tests {
                 path: String::new(),
             }),
         ];
-        let mut reasons: Vec<&str> = failures.iter().map(Failure::reason).collect();
+        let mut reasons: Vec<&str> = failures
+            .iter()
+            .map(|failure| failure.reason().as_str())
+            .collect();
         reasons.sort_unstable();
         reasons.dedup();
         assert_eq!(reasons.len(), failures.len());

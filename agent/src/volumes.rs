@@ -62,14 +62,15 @@ pub enum VolumeError {
 
 impl VolumeError {
     /// CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> custody_proto::reasons::VolumeFailure {
+        use custody_proto::reasons::VolumeFailure;
         match self {
-            VolumeError::InvalidName { .. } => "InvalidVolumeName",
-            VolumeError::NotFound { .. } => "VolumeNotFound",
-            VolumeError::Ambiguous { .. } => "VolumeAmbiguous",
-            VolumeError::NotAMountPoint { .. } => "NotAMountPoint",
-            VolumeError::PseudoFilesystem { .. } => "NotAPersistentFilesystem",
-            VolumeError::Io { .. } => "VolumeUnreadable",
+            VolumeError::InvalidName { .. } => VolumeFailure::InvalidVolumeName,
+            VolumeError::NotFound { .. } => VolumeFailure::VolumeNotFound,
+            VolumeError::Ambiguous { .. } => VolumeFailure::VolumeAmbiguous,
+            VolumeError::NotAMountPoint { .. } => VolumeFailure::NotAMountPoint,
+            VolumeError::PseudoFilesystem { .. } => VolumeFailure::NotAPersistentFilesystem,
+            VolumeError::Io { .. } => VolumeFailure::VolumeUnreadable,
         }
     }
 }
@@ -268,7 +269,11 @@ garbage line without separator
         ];
         for (path, expected) in table {
             let result = check_mount(Path::new(path), &mounts);
-            assert_eq!(result.err().map(|error| error.reason()), expected, "{path}");
+            assert_eq!(
+                result.err().map(|error| error.reason().as_str()),
+                expected,
+                "{path}"
+            );
         }
     }
 
@@ -320,7 +325,7 @@ garbage line without separator
         ];
         for (uid, volume, reason) in table {
             let error = find_volume(root.path(), uid, volume).unwrap_err();
-            assert_eq!(error.reason(), reason, "{uid}/{volume}: {error}");
+            assert_eq!(error.reason().as_str(), reason, "{uid}/{volume}: {error}");
         }
     }
 
@@ -328,6 +333,6 @@ garbage line without separator
     fn an_unmounted_directory_is_refused() {
         let directory = tempfile::tempdir().unwrap();
         let error = ensure_mounted(directory.path()).unwrap_err();
-        assert_eq!(error.reason(), "NotAMountPoint", "{error}");
+        assert_eq!(error.reason().as_str(), "NotAMountPoint", "{error}");
     }
 }

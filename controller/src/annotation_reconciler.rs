@@ -18,12 +18,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::annotations::{self, Kind};
-use crate::api::{
-    Backup, BackupPlan, BackupRepository, Cluster, HasConditions, NodeAgent, Restore,
-};
 use crate::conditions::{self, Status};
 use crate::error::{Error, Result};
 use crate::metrics::{ErrorLabels, KindLabels, Metrics};
+use custody_kube::api::{
+    Backup, BackupPlan, BackupRepository, Cluster, HasConditions, NodeAgent, Restore,
+};
 
 /// Field manager of the `AnnotationsRecognized` condition.
 pub const FIELD_MANAGER: &str = "custody.io/annotations";

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::api::{Artifact, BackupRepository, DeletionPolicy};
-use crate::s3::Endpoint;
+use custody_kube::api::{Artifact, BackupRepository, DeletionPolicy};
+use custody_kube::s3::Endpoint;
 
 /// Finalizer of the backup reconciler on Backups: the artifact is dealt with before the Backup
 /// goes.
@@ -22,24 +22,6 @@ pub struct Other<'a> {
     pub name: &'a str,
     pub uid: &'a str,
     pub artifact: Option<&'a Artifact>,
-}
-
-impl Artifact {
-    /// An artifact in `repository` as it is now: where it is and how to reach it, recorded so
-    /// that deleting it later does not depend on the repository surviving. Keys are the
-    /// caller's.
-    pub fn located_in(repository: &BackupRepository) -> Artifact {
-        Artifact {
-            repository: repository.metadata.name.clone().unwrap_or_default(),
-            endpoint: repository.spec.endpoint.clone(),
-            region: repository.spec.region.clone(),
-            force_path_style: repository.spec.force_path_style,
-            ca_bundle: repository.spec.ca_bundle.clone(),
-            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
-            bucket: repository.spec.bucket.clone(),
-            ..Artifact::default()
-        }
-    }
 }
 
 /// Where to delete `artifact` and with which credentials Secret: the repository's current
@@ -565,8 +547,8 @@ mod tests {
 
     #[test]
     fn an_attributed_dump_is_contested_again() {
-        use crate::api::AttributionEvidence;
         use crate::attribution::{Offset, OtherRun, Run};
+        use custody_kube::api::AttributionEvidence;
         const S: i64 = 1_000_000_000;
         let t = 1_796_000_000 * S;
         let run = Run {

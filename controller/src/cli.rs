@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use custody_kube::process::LogFormat;
 
 /// custody's controller.
 #[derive(Debug, Parser)]
@@ -123,26 +124,4 @@ pub struct RunOptions {
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
     pub agent_timeout_seconds: u64,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Sets up tracing for `format`, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
 }

@@ -23,13 +23,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// The metrics and health endpoint could not be served.
-    #[error("serving HTTP on {address}: {source}")]
-    ServeHttp {
-        address: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The shared set-up (client, HTTP endpoint) failed.
+    #[error(transparent)]
+    Setup(#[from] custody_kube::Error),
     /// The agent-report service could not be served.
     #[error("serving agent reports on {address}: {message}")]
     ServeReports { address: String, message: String },
@@ -80,7 +76,7 @@ impl Error {
             Error::ReachApiServer(_) => "ReachApiServer",
             Error::PatchStatus { .. } => "PatchStatus",
             Error::PublishEvent { .. } => "PublishEvent",
-            Error::ServeHttp { .. } => "ServeHttp",
+            Error::Setup(error) => error.label(),
             Error::ServeReports { .. } => "ServeReports",
             Error::Read { .. } => "Read",
             Error::Create { .. } => "Create",

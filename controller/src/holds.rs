@@ -196,8 +196,8 @@ pub mod lease {
     use kube::{Client, ResourceExt};
 
     use super::{Claim, claim, lease_name};
-    use crate::api::{Backup, BackupPhase, Restore, RestorePhase};
     use crate::error::{Error, Result};
+    use custody_kube::api::{Backup, BackupPhase, Restore, RestorePhase};
 
     /// Whether the run a holder identity names still exists and is not over, read from the
     /// API server (only the kind the identity names is listed).
@@ -274,7 +274,7 @@ pub mod lease {
 
     /// A new Lease `name` for the Cluster, held by `me` since `at`, owned by the Cluster so
     /// that it goes with it.
-    fn created(name: &str, cluster: &crate::api::Cluster, me: &str, at: MicroTime) -> Lease {
+    fn created(name: &str, cluster: &custody_kube::api::Cluster, me: &str, at: MicroTime) -> Lease {
         let mut lease = Lease::default();
         lease.metadata.name = Some(name.to_string());
         lease.metadata.owner_references = Some(vec![OwnerReference {
@@ -318,7 +318,7 @@ pub mod lease {
     pub async fn acquire(
         client: &Client,
         namespace: &str,
-        cluster: &crate::api::Cluster,
+        cluster: &custody_kube::api::Cluster,
         me: &str,
     ) -> Result<Option<String>> {
         let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
@@ -486,7 +486,7 @@ pub mod lease {
 
         #[test]
         fn leases_name_their_holder_and_owner_and_deletes_are_exact() {
-            let mut cluster = crate::api::Cluster::new(
+            let mut cluster = custody_kube::api::Cluster::new(
                 "orders",
                 serde_json::from_value(serde_json::json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]}))
                     .unwrap(),

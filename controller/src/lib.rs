@@ -3,10 +3,8 @@
 
 pub mod annotation_reconciler;
 pub mod annotations;
-pub mod api;
 pub mod artifacts;
 pub mod attribution;
-pub mod authn;
 pub mod backups;
 pub mod cli;
 pub mod clusters;
@@ -15,7 +13,6 @@ pub mod error;
 pub mod events;
 pub mod finalizers;
 pub mod holds;
-pub mod http;
 pub mod inject;
 pub mod metrics;
 pub mod node_agents;
@@ -25,7 +22,6 @@ pub mod report_service;
 pub mod repositories;
 pub mod restores;
 pub mod run;
-pub mod s3;
 pub mod status;
 pub mod webhook;
 

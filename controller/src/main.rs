@@ -1,5 +1,6 @@
 use clap::Parser;
-use custody_controller::cli::{Cli, Command, init_tracing};
+use custody_controller::cli::{Cli, Command};
+use custody_kube::process::init_tracing;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

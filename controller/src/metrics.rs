@@ -126,7 +126,7 @@ impl Default for Metrics {
     }
 }
 
-impl crate::http::Exposition for Metrics {
+impl custody_kube::http::Exposition for Metrics {
     fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.

@@ -8,8 +8,8 @@ use custody_proto::report::NodeReport;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{self, NodeAgentStatus, ReportedVolume, VolumeCounts};
 use crate::conditions::{self, Desired, Status, reasons, types};
+use custody_kube::api::{self, NodeAgentStatus, ReportedVolume, VolumeCounts};
 
 /// `+12.3ms`, `-1.250s`: an offset as people read it.
 pub fn format_offset(nanos: i64) -> String {

@@ -5,7 +5,7 @@
 
 use kube::api::ObjectMeta;
 
-use crate::api::{GROUP, VERSION};
+use custody_kube::api::{GROUP, VERSION};
 
 /// Whether `meta` is owned by the custody object of `kind` with `uid`, as a controller
 /// reference and by the label `label`.

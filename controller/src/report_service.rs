@@ -16,10 +16,10 @@ use kube::{Client, ResourceExt};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
-use crate::api::{NodeAgent, NodeAgentSpec, NodeAgentStatus};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, NodeLabels};
 use crate::node_agents;
+use custody_kube::api::{NodeAgent, NodeAgentSpec, NodeAgentStatus};
 
 /// Field manager of everything the report service writes on NodeAgents.
 pub const FIELD_MANAGER: &str = "custody.io/agent-report";
@@ -148,9 +148,9 @@ impl Service {
                 .inc();
             status
         };
-        let token = crate::authn::bearer_token(request.metadata())
+        let token = custody_kube::authn::bearer_token(request.metadata())
             .ok_or_else(|| refuse("NoToken", Status::unauthenticated("no bearer token")))?;
-        let review = crate::authn::review(&self.client, token, names::REPORT_AUDIENCE)
+        let review = custody_kube::authn::review(&self.client, token, names::REPORT_AUDIENCE)
             .await
             .map_err(|error| {
                 refuse(

@@ -13,11 +13,11 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::annotation_reconciler::Context;
-use crate::api::{BackupRepository, HasConditions};
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
-use crate::s3::{self, Endpoint};
+use custody_kube::api::{BackupRepository, HasConditions};
+use custody_kube::s3::{self, Endpoint};
 
 /// Field manager of the repository's `Ready` condition.
 pub const FIELD_MANAGER: &str = "custody.io/backup-repository";

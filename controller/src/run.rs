@@ -6,26 +6,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{FutureExt, StreamExt};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::Reporter;
 
 use crate::events::Recorder;
 use kube::runtime::{Controller, watcher};
-use kube::{Client, Config};
 
 use crate::annotation_reconciler::{self, Context, CustodyKind};
-use crate::api::{self, Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
 use crate::cli::RunOptions;
 use crate::error::{Error, Result};
-use crate::http::{self, Health};
 use crate::metrics::Metrics;
+use custody_kube::api::{self, Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
+use custody_kube::http::{self, Health};
 
 /// Name of the controller in Events and field managers.
 pub const CONTROLLER_NAME: &str = "custody-controller";
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(options: RunOptions) -> Result<()> {
-    let client = client(options.kubeconfig.as_deref()).await?;
+    let client = custody_kube::process::client(options.kubeconfig.as_deref()).await?;
     let version = client
         .apiserver_version()
         .await
@@ -37,7 +35,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
     );
 
     let stop = async {
-        wait_for_signal().await;
+        custody_kube::process::wait_for_signal().await;
         tracing::info!("shutting down");
     }
     .boxed()
@@ -165,41 +163,6 @@ fn annotation_controller<K: CustodyKind>(
             }
         })
         .boxed()
-}
-
-/// A client from `kubeconfig`, or from `$KUBECONFIG`, `~/.kube/config` or the in-cluster
-/// configuration.
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|error| Error::LoadClientConfig(format!("{}: {error}", path.display())))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|error| Error::LoadClientConfig(error.to_string()))?
-        }
-        None => Config::infer()
-            .await
-            .map_err(|error| Error::LoadClientConfig(error.to_string()))?,
-    };
-    Client::try_from(config).map_err(|error| Error::LoadClientConfig(error.to_string()))
-}
-
-/// Completes on SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 /// The CRDs as one multi-document YAML stream.

@@ -6,7 +6,10 @@
 pub mod authn;
 pub mod clock;
 pub mod manifest;
+pub mod mover;
 pub mod names;
+pub mod reasons;
+pub mod volume;
 
 /// The generated gRPC code, nested by protobuf package so that cross-package references
 /// resolve.

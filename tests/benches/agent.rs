@@ -299,8 +299,7 @@ async fn main() {
         FakeKubelet::new(&namespace.client, &format!("{}-idle", namespace.name)).await;
     idle_usage(&namespace, &idle_kubelet, &pki).await;
 
-    let agents: kube::Api<custody_controller::api::NodeAgent> =
-        kube::Api::all(namespace.client.clone());
+    let agents: kube::Api<custody_kube::api::NodeAgent> = kube::Api::all(namespace.client.clone());
     let _ = agents.delete(&idle_kubelet.node, &Default::default()).await;
     kubelet.delete().await;
     idle_kubelet.delete().await;

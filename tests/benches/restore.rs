@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use custody_controller::api::{Cluster, ClusterPhase};
+use custody_kube::api::{Cluster, ClusterPhase};
 use custody_tests::scenario::{restore_into, setup_with};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::workloads::WorkloadRunner;

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use custody_agent::manifest_builder;
-use custody_agent::verify::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
-use custody_controller::api::{Backup, Restore};
+use custody_kube::api::{Backup, Restore};
 use custody_proto::gate::WaitProgress;
 use custody_proto::gate::gate_client::GateClient;
 use custody_proto::manifest::{FORMAT_VERSION, Header};
 use custody_proto::names;
+use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 

@@ -499,7 +499,7 @@ async fn backup_key(client: &Client, namespace: &str, pod: &Pod) -> Option<Strin
         .as_ref()?
         .get("custody.io/backup-uid")?
         .clone();
-    let backups: Api<custody_controller::api::Backup> = Api::namespaced(client.clone(), namespace);
+    let backups: Api<custody_kube::api::Backup> = Api::namespaced(client.clone(), namespace);
     backups
         .list(&Default::default())
         .await

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use custody_controller::s3::{self, Endpoint, Secret};
+use custody_kube::s3::{self, Endpoint, Secret};
 
 use crate::{ChildGuard, free_port, repo_root};
 

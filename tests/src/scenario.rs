@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use custody_controller::api::{Backup, BackupPhase, BackupRepository, Cluster, Restore};
+use custody_kube::api::{Backup, BackupPhase, BackupRepository, Cluster, Restore};
 use custody_proto::names;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;

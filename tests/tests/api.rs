@@ -2,7 +2,7 @@
 //! kind are accepted, invalid ones are refused with a message naming the field, and `kubectl
 //! get` shows the printer columns.
 
-use custody_controller::api::{Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
+use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
 use custody_tests::{TestNamespace, client, committed_crds, kubectl};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -169,7 +169,7 @@ async fn a_valid_object_of_each_kind_is_accepted_and_reads_back() {
         .expect("typed read of Backup");
     assert_eq!(
         backup.spec.deletion_policy,
-        custody_controller::api::DeletionPolicy::Retain
+        custody_kube::api::DeletionPolicy::Retain
     );
     let plan = namespace
         .api::<BackupPlan>()
@@ -178,7 +178,7 @@ async fn a_valid_object_of_each_kind_is_accepted_and_reads_back() {
         .expect("typed read of BackupPlan");
     assert_eq!(
         plan.spec.concurrency_policy,
-        custody_controller::api::ConcurrencyPolicy::Forbid
+        custody_kube::api::ConcurrencyPolicy::Forbid
     );
 
     // NodeAgent is cluster-scoped.

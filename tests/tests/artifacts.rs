@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use custody_controller::api::{
+use custody_kube::api::{
     Backup, BackupPhase, BackupRepository, Cluster, ClusterPhase, HasConditions, Restore,
     RestorePhase,
 };
@@ -70,7 +70,7 @@ async fn gone(setup: &Setup, name: &str) {
 }
 
 /// The artifact a Backup recorded.
-async fn artifact_of(setup: &Setup, name: &str) -> custody_controller::api::Artifact {
+async fn artifact_of(setup: &Setup, name: &str) -> custody_kube::api::Artifact {
     setup
         .namespace
         .api::<Backup>()
@@ -163,7 +163,7 @@ async fn completed_artifact(
     setup: &Setup,
     name: &str,
     repository: &str,
-) -> custody_controller::api::Artifact {
+) -> custody_kube::api::Artifact {
     backup(setup, name, "orders", Some(repository)).await;
     completed(setup, name)
         .await
@@ -577,8 +577,8 @@ async fn cleanup_when(
     setup: &Setup,
     name: &str,
     what: &str,
-    ready: impl Fn(&custody_controller::api::CleanupStatus) -> bool,
-) -> custody_controller::api::CleanupStatus {
+    ready: impl Fn(&custody_kube::api::CleanupStatus) -> bool,
+) -> custody_kube::api::CleanupStatus {
     await_condition(
         &setup.namespace.api::<Backup>(),
         name,
@@ -792,13 +792,13 @@ async fn a_repository_behind_a_private_ca_backs_up_and_its_artifact_is_deleted_a
 
 /// The node's measured offset, once the agent's reports carry one near `expected` seconds.
 async fn measured_offset(setup: &Setup, expected: i64) -> i64 {
-    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
+    let agents: Api<custody_kube::api::NodeAgent> = Api::all(setup.namespace.client.clone());
     let agent = await_condition(
         &agents,
         &setup.kubelet.node,
         "the skewed offset",
         TIMEOUT,
-        |agent: &custody_controller::api::NodeAgent| {
+        |agent: &custody_kube::api::NodeAgent| {
             agent
                 .status
                 .as_ref()
@@ -926,7 +926,7 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
 
     // Without a measured offset nothing is recorded, and the Warning says why.
     setup.agent.stop();
-    let agents: Api<custody_controller::api::NodeAgent> = Api::all(setup.namespace.client.clone());
+    let agents: Api<custody_kube::api::NodeAgent> = Api::all(setup.namespace.client.clone());
     agents
         .delete(&setup.kubelet.node, &DeleteParams::default())
         .await

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use custody_agent::verify::{Expected, Options, verify_volume};
-use custody_controller::api::{Backup, BackupPhase, BackupPlan, BackupRepository, HasConditions};
+use custody_kube::api::{Backup, BackupPhase, BackupPlan, BackupRepository, HasConditions};
 use custody_tests::agent::ControllerProcess;
 use custody_tests::kubelet::{FakeKubelet, PodRunner, PodSpec, create_pod};
 use custody_tests::pki::Pki;
@@ -82,7 +82,7 @@ async fn setup(prefix: &str) -> Setup {
         .create(&PostParams::default(), &repository)
         .await
         .unwrap();
-    let cluster: custody_controller::api::Cluster = serde_json::from_value(json!({
+    let cluster: custody_kube::api::Cluster = serde_json::from_value(json!({
         "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
         "metadata": {"name": "orders"},
         "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
@@ -90,7 +90,7 @@ async fn setup(prefix: &str) -> Setup {
     }))
     .unwrap();
     namespace
-        .api::<custody_controller::api::Cluster>()
+        .api::<custody_kube::api::Cluster>()
         .create(&PostParams::default(), &cluster)
         .await
         .unwrap();

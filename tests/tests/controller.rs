@@ -4,8 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use custody_controller::api::{Backup, Cluster, HasConditions};
 use custody_controller::conditions::{reasons, types};
+use custody_kube::api::{Backup, Cluster, HasConditions};
 use custody_tests::{
     ChildGuard, TestNamespace, await_condition, binary, control_plane, eventually, free_port,
 };

@@ -1,8 +1,8 @@
 //! The per-Cluster coordination Lease against the real API server: who takes it, who waits,
 //! when it is taken over, and that only its holder gives it back.
 
-use custody_controller::api::{Backup, Cluster, Restore};
 use custody_controller::holds::{lease, lease_name};
+use custody_kube::api::{Backup, Cluster, Restore};
 use custody_tests::TestNamespace;
 use custody_tests::scenario::create;
 use k8s_openapi::api::coordination::v1::Lease;

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use custody_agent::mover::BackupResult;
 use custody_agent::verify::{Expected, Options, verify_volume};
+use custody_proto::mover::BackupResult;
 use custody_tests::binary;
 use custody_tests::s3::{self, PrivateS3};
 use custody_tests::volumes::LoopVolume;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use custody_controller::api::{HasConditions, NodeAgent};
 use custody_controller::conditions::{reasons, types};
+use custody_kube::api::{HasConditions, NodeAgent};
 use custody_proto::names;
 use custody_proto::report::NodeReport;
 use custody_proto::report::agent_report_client::AgentReportClient;

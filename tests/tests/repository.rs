@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use custody_controller::api::{BackupRepository, HasConditions};
+use custody_kube::api::{BackupRepository, HasConditions};
 use custody_tests::agent::ControllerProcess;
 use custody_tests::pki::Pki;
 use custody_tests::{TestNamespace, await_condition, free_port, s3};

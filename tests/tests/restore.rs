@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use custody_controller::api::{
+use custody_kube::api::{
     Backup, BackupRepository, Cluster, ClusterPhase, HasConditions, NodeAgent, Restore,
     RestorePhase, VolumeState,
 };

@@ -6,11 +6,9 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
 use custody_agent::manifest_builder;
-use custody_agent::verify::{
-    Difference, Expected, Failure, IDENTITY_PATH, MANIFEST_PATH, Options, RestoreIdentity,
-    verify_tree, verify_volume,
-};
+use custody_agent::verify::{Difference, Expected, Failure, Options, verify_tree, verify_volume};
 use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 use custody_tests::volumes::{LoopVolume, copy_tree};
 
 const BACKUP_UID: &str = "5e0c1a2b-0000-4000-8000-00000000b001";
@@ -286,7 +284,11 @@ fn identity_and_anchor_failures_have_their_own_reasons() {
         .replacen(BACKUP_UID, "another-backup", 1);
     fs::write(target.path().join(MANIFEST_PATH), other).unwrap();
     let error = verify_volume(target.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "ManifestOfAnotherBackup", "{error}");
+    assert_eq!(
+        error.reason().as_str(),
+        "ManifestOfAnotherBackup",
+        "{error}"
+    );
 
     // Written by another Restore.
     let target = restore(&source);
@@ -300,7 +302,11 @@ fn identity_and_anchor_failures_have_their_own_reasons() {
     )
     .unwrap();
     let error = verify_volume(target.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "WrittenByAnotherRestore", "{error}");
+    assert_eq!(
+        error.reason().as_str(),
+        "WrittenByAnotherRestore",
+        "{error}"
+    );
 
     // A manifest rewritten to vouch for tampered content: the anchor does not match.
     let target = restore(&source);
@@ -314,28 +320,28 @@ fn identity_and_anchor_failures_have_their_own_reasons() {
     )
     .unwrap();
     let error = verify_volume(target.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "ManifestTampered", "{error}");
+    assert_eq!(error.reason().as_str(), "ManifestTampered", "{error}");
 
     // No manifest, no identity.
     let target = restore(&source);
     fs::remove_file(target.path().join(IDENTITY_PATH)).unwrap();
     let error = verify_volume(target.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "RestoreIdentityMissing", "{error}");
+    assert_eq!(error.reason().as_str(), "RestoreIdentityMissing", "{error}");
     fs::remove_file(target.path().join(MANIFEST_PATH)).unwrap();
     let error = verify_volume(target.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "ManifestMissing", "{error}");
+    assert_eq!(error.reason().as_str(), "ManifestMissing", "{error}");
 
     // An empty volume: the database must not start on it.
     let empty = LoopVolume::new(16);
     let error = verify_volume(empty.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "ManifestMissing", "{error}");
+    assert_eq!(error.reason().as_str(), "ManifestMissing", "{error}");
 
     // A directory that is not a mount point, even with perfect content.
     let target = restore(&source);
     let plain = tempfile::tempdir().unwrap();
     copy_tree(target.path(), plain.path());
     let error = verify_volume(plain.path(), &expected(&source), Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "NotAMountPoint", "{error}");
+    assert_eq!(error.reason().as_str(), "NotAMountPoint", "{error}");
     verify_tree(plain.path(), &expected(&source), Options::default())
         .expect("same content verifies as a tree");
 }
@@ -403,7 +409,11 @@ fn hostile_manifests_are_refused_even_when_anchored() {
             ..expected(&source)
         };
         let error = verify_volume(target.path(), &anchored, Options::default()).unwrap_err();
-        assert_eq!(error.reason(), "ManifestInvalid", "{name}: {error}");
+        assert_eq!(
+            error.reason().as_str(),
+            "ManifestInvalid",
+            "{name}: {error}"
+        );
     }
 
     // Duplicate paths.
@@ -421,7 +431,11 @@ fn hostile_manifests_are_refused_even_when_anchored() {
         ..expected(&source)
     };
     let error = verify_volume(target.path(), &anchored, Options::default()).unwrap_err();
-    assert_eq!(error.reason(), "ManifestInvalid", "duplicate: {error}");
+    assert_eq!(
+        error.reason().as_str(),
+        "ManifestInvalid",
+        "duplicate: {error}"
+    );
     assert!(
         error.to_string().contains("duplicate or out of order"),
         "{error}"

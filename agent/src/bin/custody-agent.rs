@@ -1,6 +1,6 @@
 use clap::Parser;
 use custody_agent::cli::AgentOptions;
-use custody_controller::cli::init_tracing;
+use custody_kube::process::init_tracing;
 
 fn main() -> anyhow::Result<()> {
     let options = AgentOptions::parse();

@@ -1,6 +1,7 @@
 use clap::Parser;
 use custody_agent::cli::MoverOptions;
 use custody_agent::mover;
+use custody_proto::reasons::MoverFailure;
 
 fn main() -> std::process::ExitCode {
     let options = MoverOptions::parse();
@@ -18,7 +19,7 @@ fn main() -> std::process::ExitCode {
     let outcome = runtime.block_on(async {
         tokio::select! {
             outcome = custody_agent::mover::cli::run(&options) => outcome,
-            _ = custody_controller::run::wait_for_signal() => Err(("Interrupted", "stopped by a signal".to_string())),
+            _ = custody_kube::process::wait_for_signal() => Err((MoverFailure::Interrupted, "stopped by a signal".to_string())),
         }
     });
     match outcome {
@@ -28,9 +29,8 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err((reason, message)) => {
-            let json =
-                serde_json::json!({"error": {"reason": reason, "message": message}}).to_string();
             eprintln!("custody-mover: {reason}: {message}");
+            let json = custody_proto::mover::failure_text(reason, message);
             mover::write_result(options.result_file.as_ref(), &json);
             std::process::ExitCode::FAILURE
         }

@@ -24,7 +24,7 @@ fn main() -> std::process::ExitCode {
                 );
                 std::process::ExitCode::SUCCESS
             }
-            _ = custody_controller::run::wait_for_signal() => {
+            _ = custody_kube::process::wait_for_signal() => {
                 println!("custody-wait: stopped before the pod's volumes were verified");
                 std::process::ExitCode::from(143)
             }

@@ -1,6 +1,8 @@
 //! `custody-mover`'s commands: flags and environment in, JSON out.
 
-use custody_controller::s3::Endpoint;
+use custody_kube::s3::Endpoint;
+use custody_proto::mover::VerifyResult;
+use custody_proto::reasons::MoverFailure;
 
 use super::{MoverError, RestoreRequest, backup, header, restore, secret_from_env};
 use crate::cli::{MoverCommand, MoverOptions};
@@ -30,7 +32,7 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
 }
 
 /// Runs the command; the JSON result, or the error's reason and message.
-pub async fn run(options: &MoverOptions) -> Result<String, (&'static str, String)> {
+pub async fn run(options: &MoverOptions) -> Result<String, (MoverFailure, String)> {
     if let MoverCommand::Verify {
         target,
         manifest_hash,
@@ -98,9 +100,9 @@ async fn verify(
     manifest_hash: &str,
     backup_uid: &str,
     restore_uid: &str,
-) -> Result<String, (&'static str, String)> {
+) -> Result<String, (MoverFailure, String)> {
     let manifest_hash = blake3::Hash::from_hex(manifest_hash)
-        .map_err(|error| ("InvalidManifestHash", error.to_string()))?;
+        .map_err(|error| (MoverFailure::InvalidManifestHash, error.to_string()))?;
     let expected = crate::verify::Expected {
         manifest_hash,
         backup_uid: backup_uid.to_string(),
@@ -111,12 +113,22 @@ async fn verify(
         crate::verify::verify_tree(&target, &expected, crate::verify::Options::default())
     })
     .await
-    .map_err(|error| ("VerificationAborted", error.to_string()))?
-    .map_err(|failure| (failure.reason(), failure.to_string()))?;
-    Ok(serde_json::json!({
-        "entries": verified.entries,
-        "files": verified.files,
-        "bytes": verified.bytes,
-    })
-    .to_string())
+    .map_err(|error| {
+        (
+            MoverFailure::VerificationFailed,
+            format!("VerificationAborted: {error}"),
+        )
+    })?
+    .map_err(|failure| {
+        (
+            MoverFailure::VerificationFailed,
+            format!("{}: {failure}", failure.reason()),
+        )
+    })?;
+    let result = VerifyResult {
+        entries: verified.entries,
+        files: verified.files,
+        bytes: verified.bytes,
+    };
+    Ok(serde_json::to_string(&result).expect("plain data serialises"))
 }

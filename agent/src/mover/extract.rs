@@ -59,18 +59,19 @@ pub enum ExtractError {
 
 impl ExtractError {
     /// CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> custody_proto::reasons::MoverFailure {
+        use custody_proto::reasons::MoverFailure;
         match self {
-            ExtractError::TargetNotEmpty(_) => "TargetNotEmpty",
-            ExtractError::Manifest(_) => "ManifestInvalid",
+            ExtractError::TargetNotEmpty(_) => MoverFailure::TargetNotEmpty,
+            ExtractError::Manifest(_) => MoverFailure::ManifestInvalid,
             ExtractError::UnexpectedEntry { .. }
             | ExtractError::WrongType { .. }
             | ExtractError::Mismatch { .. }
             | ExtractError::ExtraEntry(_)
-            | ExtractError::MissingEntry(_) => "ArchiveDoesNotMatchManifest",
-            ExtractError::TooLarge { .. } => "ArchiveTooLarge",
-            ExtractError::Archive(_) => "ArchiveUnreadable",
-            ExtractError::Write { .. } => "WriteFailed",
+            | ExtractError::MissingEntry(_) => MoverFailure::ArchiveDoesNotMatchManifest,
+            ExtractError::TooLarge { .. } => MoverFailure::ArchiveTooLarge,
+            ExtractError::Archive(_) => MoverFailure::ArchiveUnreadable,
+            ExtractError::Write { .. } => MoverFailure::WriteFailed,
         }
     }
 }

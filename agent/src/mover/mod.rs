@@ -17,52 +17,21 @@ pub mod upload;
 use std::io::{BufReader, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use custody_controller::s3::{self, Endpoint, Secret};
+use custody_kube::s3::{self, Endpoint, Secret};
 use custody_proto::manifest::{self, FORMAT_VERSION, Header, ManifestReader};
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::manifest_builder;
-use crate::verify::{CUSTODY_DIR, IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
+use custody_proto::mover::{BackupResult, RestoreResult};
+use custody_proto::reasons::MoverFailure;
+use custody_proto::volume::{CUSTODY_DIR, IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 
-/// Name of the data object under an artifact prefix.
-pub const DATA_OBJECT: &str = "data.tar.zst";
-/// Name of the manifest object under an artifact prefix.
-pub const MANIFEST_OBJECT: &str = "manifest.jsonl";
 /// zstd level of the archive.
 pub const COMPRESSION_LEVEL: i32 = 3;
 /// Bytes per zstd worker job.
 pub const ZSTD_JOB_SIZE: u32 = 2 << 20;
 /// Largest zstd window a restore accepts (2^27 = 128 MiB); the backup uses far less.
 pub const WINDOW_LOG_MAX: u32 = 27;
-
-/// What a backup produced; printed as JSON and written to the result file (the container's
-/// termination message, which the controller reads).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupResult {
-    pub key: String,
-    pub manifest_key: String,
-    /// Bytes of the compressed archive.
-    pub size_bytes: u64,
-    /// BLAKE3 of the compressed archive, hex.
-    pub checksum: String,
-    /// BLAKE3 of the manifest, hex: the trust anchor for restores.
-    pub manifest_hash: String,
-    pub files: u64,
-    pub entries: u64,
-    /// Bytes of file content read from the volume.
-    pub total_bytes: u64,
-}
-
-/// What a restore wrote.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RestoreResult {
-    pub files: u64,
-    pub entries: u64,
-    pub total_bytes: u64,
-}
 
 /// Why the mover failed. The reason goes into the termination message.
 #[derive(Debug, thiserror::Error)]
@@ -91,16 +60,16 @@ pub enum MoverError {
 
 impl MoverError {
     /// CamelCase reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> MoverFailure {
         match self {
-            MoverError::Credentials(_) => "CredentialsMissing",
-            MoverError::Client(_) => "InvalidRepository",
-            MoverError::ReadVolume(_) => "ReadVolumeFailed",
-            MoverError::Upload(_) => "UploadFailed",
-            MoverError::Local(_) => "LocalError",
-            MoverError::Download { .. } => "DownloadFailed",
-            MoverError::ManifestTampered { .. } => "ManifestTampered",
-            MoverError::ManifestOfAnotherBackup { .. } => "ManifestOfAnotherBackup",
+            MoverError::Credentials(_) => MoverFailure::CredentialsMissing,
+            MoverError::Client(_) => MoverFailure::InvalidRepository,
+            MoverError::ReadVolume(_) => MoverFailure::ReadVolumeFailed,
+            MoverError::Upload(_) => MoverFailure::UploadFailed,
+            MoverError::Local(_) => MoverFailure::LocalError,
+            MoverError::Download { .. } => MoverFailure::DownloadFailed,
+            MoverError::ManifestTampered { .. } => MoverFailure::ManifestTampered,
+            MoverError::ManifestOfAnotherBackup { .. } => MoverFailure::ManifestOfAnotherBackup,
             MoverError::Extract(error) => error.reason(),
         }
     }
@@ -119,18 +88,9 @@ pub fn secret_from_env() -> Result<Secret, MoverError> {
             .ok_or_else(|| MoverError::Credentials(format!("${name} is not set")))
     };
     Ok(Secret {
-        access_key_id: read(s3::ACCESS_KEY_ID)?,
-        secret_access_key: read(s3::SECRET_ACCESS_KEY)?,
+        access_key_id: read(custody_proto::mover::env::ACCESS_KEY_ID)?,
+        secret_access_key: read(custody_proto::mover::env::SECRET_ACCESS_KEY)?,
     })
-}
-
-/// The object keys of an artifact under `prefix`.
-pub fn keys(prefix: &str) -> (String, String) {
-    let prefix = prefix.trim_end_matches('/');
-    (
-        format!("{prefix}/{DATA_OBJECT}"),
-        format!("{prefix}/{MANIFEST_OBJECT}"),
-    )
 }
 
 /// Backs `source` up under `prefix` in `endpoint`'s bucket.
@@ -142,7 +102,7 @@ pub async fn backup(
     header: Header,
 ) -> Result<BackupResult, MoverError> {
     let client = s3::client(endpoint, secret)?;
-    let (key, manifest_key) = keys(prefix);
+    let (key, manifest_key) = custody_proto::mover::object_keys(prefix);
     let (sender, receiver) = mpsc::channel(1);
     let uploader = {
         let client = client.clone();

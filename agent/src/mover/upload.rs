@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use custody_controller::s3::sdk_error;
+use custody_kube::s3::sdk_error;
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).

@@ -115,7 +115,9 @@ fn a_failed_prepare_pod_names_its_exit() {
     ];
     let (view, _) = compute(&pods, &BTreeMap::new());
     let volume = &view.gated["pod-uid"].volumes[0];
-    assert!(matches!(&volume.state, State::Failed { reason, .. } if reason == "PrepareDataFailed"));
+    assert!(
+        matches!(&volume.state, State::Failed { reason, .. } if reason.as_str() == "PrepareDataFailed")
+    );
     assert!(
         volume.message.contains("exit code 3: no such key"),
         "{}",
@@ -140,9 +142,6 @@ fn inconsistent_restore_annotations_keep_the_pod_gated() {
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
     assert_eq!(progress.volumes.len(), 1);
-    assert_eq!(
-        progress.volumes[0].reason,
-        REASON_INVALID_RESTORE_ANNOTATIONS
-    );
+    assert_eq!(progress.volumes[0].reason, "InvalidRestoreAnnotations");
     assert_eq!(progress.volumes[0].state, VolumeState::Failed as i32);
 }

@@ -41,7 +41,7 @@ fn verified() -> Verification {
 
 fn failed() -> Verification {
     Verification::Done(Outcome::Failed {
-        reason: "ContentMismatch".into(),
+        reason: VolumeFailure::ContentMismatch,
         message: "a: size 1, expected 2".into(),
     })
 }
@@ -54,10 +54,10 @@ fn states_follow_the_prepare_pods_and_verifications() {
     let running_a = BTreeMap::from([(key("a"), Verification::Running { note: None })]);
     let verified_b = BTreeMap::from([(key("b"), verified())]);
     let failed = State::Failed {
-        reason: "ContentMismatch".into(),
+        reason: VolumeFailure::ContentMismatch,
         message: "a: size 1, expected 2".into(),
     };
-    let prepare_failed = |state: &State| matches!(state, State::Failed { reason, .. } if reason == REASON_PREPARE_DATA_FAILED);
+    let prepare_failed = |state: &State| matches!(state, State::Failed { reason, .. } if *reason == VolumeFailure::PrepareDataFailed);
 
     struct Row<'a> {
         name: &'a str,

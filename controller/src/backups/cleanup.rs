@@ -13,9 +13,9 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::{BackupContext, FIELD_MANAGER};
-use crate::api::{Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
 use crate::artifacts::{self, Deleting, Step};
 use crate::error::{Error, Result};
+use custody_kube::api::{Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
 
 fn read_error(what: String) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Read {
@@ -333,7 +333,7 @@ struct Deleted {
 async fn delete(
     context: &BackupContext,
     namespace: &str,
-    artifact: &crate::api::Artifact,
+    artifact: &custody_kube::api::Artifact,
     keys: &[String],
 ) -> Result<Deleted, Failure> {
     let client = &context.base.client;
@@ -371,11 +371,11 @@ async fn delete(
             .filter(|value| !value.is_empty())
             .ok_or_else(|| Failure::Failed(format!("Secret {secret_name} has no {key}")))
     };
-    let credentials = crate::s3::Secret {
-        access_key_id: value(crate::s3::ACCESS_KEY_ID)?,
-        secret_access_key: value(crate::s3::SECRET_ACCESS_KEY)?,
+    let credentials = custody_kube::s3::Secret {
+        access_key_id: value(custody_kube::s3::ACCESS_KEY_ID)?,
+        secret_access_key: value(custody_kube::s3::SECRET_ACCESS_KEY)?,
     };
-    let s3 = crate::s3::client(&endpoint, &credentials)
+    let s3 = custody_kube::s3::client(&endpoint, &credentials)
         .map_err(|error| Failure::Failed(error.to_string()))?;
     let mut absent = Vec::new();
     for key in keys {
@@ -395,7 +395,7 @@ async fn delete(
                 absent.push(key.clone());
                 continue;
             }
-            Err(error) => return Err(Failure::Failed(crate::s3::sdk_error(&error))),
+            Err(error) => return Err(Failure::Failed(custody_kube::s3::sdk_error(&error))),
         }
         tokio::time::timeout(
             Duration::from_secs(20),
@@ -403,7 +403,7 @@ async fn delete(
         )
         .await
         .map_err(|_| Failure::Failed(format!("{} did not answer within 20s", endpoint.url)))?
-        .map_err(|error| Failure::Failed(crate::s3::sdk_error(&error)))?;
+        .map_err(|error| Failure::Failed(custody_kube::s3::sdk_error(&error)))?;
     }
     Ok(Deleted {
         endpoint: endpoint.url,
@@ -418,7 +418,7 @@ async fn delete(
 async fn release(
     context: &BackupContext,
     backup: &Backup,
-    artifact: Option<&crate::api::Artifact>,
+    artifact: Option<&custody_kube::api::Artifact>,
 ) -> Result<()> {
     let client = &context.base.client;
     let namespace = backup.namespace().unwrap_or_default();

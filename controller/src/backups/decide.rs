@@ -1,9 +1,11 @@
 //! The Backup decisions as plain data: names and keys, whose Job it is, what a finished Job
 //! means for the Backup.
 
+use custody_proto::mover::{BackupResult, Failure, Report};
+use custody_proto::reasons::MoverFailure;
 use k8s_openapi::api::batch::v1::Job;
 
-use crate::api::Artifact;
+use custody_kube::api::Artifact;
 
 /// Label on everything the backup reconciler creates: the Backup's UID.
 pub const LABEL_BACKUP_UID: &str = "custody.io/backup-uid";
@@ -95,139 +97,62 @@ pub fn job_state(job: &Job) -> JobState {
     JobState::Running
 }
 
-/// What the mover reported, from its termination message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MoverReport {
-    Done {
-        key: String,
-        manifest_key: String,
-        size_bytes: u64,
-        checksum: String,
-        manifest_hash: String,
-    },
-    Error {
-        reason: String,
-        message: String,
-    },
-    Unreadable(String),
-}
-
-/// Parses a mover's termination message.
-pub fn mover_report(message: &str) -> MoverReport {
-    let value: serde_json::Value = match serde_json::from_str(message.trim()) {
-        Ok(value) => value,
-        Err(error) => return MoverReport::Unreadable(format!("{error}: {message:?}")),
-    };
-    if let Some(error) = value.get("error") {
-        let text = |key: &str| {
-            error
-                .get(key)
-                .and_then(|value| value.as_str())
-                .unwrap_or_default()
-                .to_string()
-        };
-        return MoverReport::Error {
-            reason: text("reason"),
-            message: text("message"),
-        };
-    }
-    let text = |key: &str| {
-        value
-            .get(key)
-            .and_then(|value| value.as_str())
-            .map(str::to_string)
-    };
-    match (
-        text("key"),
-        text("manifestKey"),
-        value.get("sizeBytes").and_then(|value| value.as_u64()),
-        text("checksum"),
-        text("manifestHash"),
-    ) {
-        (Some(key), Some(manifest_key), Some(size_bytes), Some(checksum), Some(manifest_hash)) => {
-            MoverReport::Done {
-                key,
-                manifest_key,
-                size_bytes,
-                checksum,
-                manifest_hash,
-            }
-        }
-        _ => MoverReport::Unreadable(format!("missing fields: {message:?}")),
-    }
-}
-
 /// How a finished backup ends: the completed artifact, or why it failed. The keys the mover
 /// reports must be the ones recorded before it started; anything else is not this Backup's.
-pub fn completion(recorded: &Artifact, report: &MoverReport) -> Result<Artifact, (String, String)> {
+/// A reason this build does not know arrives as [`MoverFailure::MoverFailed`] (logged here).
+pub fn completion(
+    recorded: &Artifact,
+    report: &Report<BackupResult>,
+) -> Result<Artifact, (&'static str, String)> {
     match report {
-        MoverReport::Done {
-            key,
-            manifest_key,
-            size_bytes,
-            checksum,
-            manifest_hash,
-        } => {
-            if *key != recorded.key || *manifest_key != recorded.manifest_key {
+        Report::Done(result) => {
+            if result.key != recorded.key || result.manifest_key != recorded.manifest_key {
                 return Err((
-                    "ArtifactKeyMismatch".to_string(),
+                    ARTIFACT_KEY_MISMATCH,
                     format!(
-                        "the mover wrote {key} and {manifest_key}, but this Backup recorded {} and {}",
-                        recorded.key, recorded.manifest_key
+                        "the mover wrote {} and {}, but this Backup recorded {} and {}",
+                        result.key, result.manifest_key, recorded.key, recorded.manifest_key
                     ),
                 ));
             }
             Ok(Artifact {
-                size_bytes: i64::try_from(*size_bytes).ok(),
-                checksum: Some(checksum.clone()),
-                manifest_hash: Some(manifest_hash.clone()),
+                size_bytes: i64::try_from(result.size_bytes).ok(),
+                checksum: Some(result.checksum.clone()),
+                manifest_hash: Some(result.manifest_hash.clone()),
                 ..recorded.clone()
             })
         }
-        MoverReport::Error { reason, message } => Err((
-            if reason.is_empty() {
-                "MoverFailed".to_string()
-            } else {
-                reason.clone()
-            },
-            message.clone(),
-        )),
-        MoverReport::Unreadable(message) => Err((
-            "MoverReportUnreadable".to_string(),
+        Report::Failed(Failure { reason, message }) => {
+            if *reason == MoverFailure::MoverFailed {
+                tracing::warn!(
+                    message,
+                    "the mover reported a reason this controller does not know"
+                );
+            }
+            Err((reason.as_str(), message.clone()))
+        }
+        Report::Unreadable(message) => Err((
+            MOVER_REPORT_UNREADABLE,
             format!("the mover's report cannot be read: {message}"),
         )),
     }
 }
 
-/// The condition reason for a failure the mover (or the Job) reported. Only reasons custody
-/// knows are used as they are: the report comes from a pod, and a condition's reason must be
-/// a CamelCase word custody documents.
-pub fn failure_reason(reported: &str) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "UploadFailed",
-        "ReadVolumeFailed",
-        "CredentialsMissing",
-        "InvalidRepository",
-        "LocalError",
-        "Interrupted",
-        "ArtifactKeyMismatch",
-        "MoverReportUnreadable",
-        "MoverReportMissing",
-        "JobFailed",
-    ];
-    KNOWN
-        .iter()
-        .find(|known| **known == reported)
-        .copied()
-        .unwrap_or("MoverFailed")
-}
+/// The mover wrote keys other than the recorded ones.
+pub const ARTIFACT_KEY_MISMATCH: &str = "ArtifactKeyMismatch";
+/// The mover's termination message is not a result.
+pub const MOVER_REPORT_UNREADABLE: &str = "MoverReportUnreadable";
+/// The Job succeeded without a result from the mover.
+pub const MOVER_REPORT_MISSING: &str = "MoverReportMissing";
+/// The Job failed without a result from the mover.
+pub const JOB_FAILED: &str = "JobFailed";
 
 #[cfg(test)]
 mod tests;
 
 /// The other runs of a backup command's prefix, as the attribution sees them.
 pub fn other_runs(
-    backups: &[crate::api::Backup],
+    backups: &[custody_kube::api::Backup],
     uid: &str,
     repository: &str,
     command_prefix: &str,
@@ -277,7 +202,7 @@ pub fn other_runs(
 
 /// This run, as the attribution sees it: from its recorded start to `end`, with the clock
 /// offset measured on its node.
-pub fn run_of(status: &crate::api::BackupStatus, end: i64) -> crate::attribution::Run {
+pub fn run_of(status: &custody_kube::api::BackupStatus, end: i64) -> crate::attribution::Run {
     crate::attribution::Run {
         start: status
             .start_time

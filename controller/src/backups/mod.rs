@@ -5,6 +5,7 @@
 pub mod cleanup;
 pub mod decide;
 
+use custody_proto::mover::Invocation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,13 +20,13 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::annotation_reconciler::Context;
-use crate::api::{
-    Artifact, Backup, BackupPhase, BackupRepository, BackupStatus, ClockMeasurement, Cluster,
-    HasConditions, NodeAgent,
-};
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
+use custody_kube::api::{
+    Artifact, Backup, BackupPhase, BackupRepository, BackupStatus, ClockMeasurement, Cluster,
+    HasConditions, NodeAgent,
+};
 use decide::{JobState, LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
 
 /// Field manager of the Backup's status.
@@ -348,7 +349,7 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
         None => {
             if status.start_time.is_none() {
                 // Not started: a restore of the Cluster goes first.
-                let restores: Api<crate::api::Restore> =
+                let restores: Api<custody_kube::api::Restore> =
                     Api::namespaced(client.clone(), &namespace);
                 let restores = restores
                     .list(&ListParams::default())
@@ -365,8 +366,8 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                             || matches!(
                                 restore.status.as_ref().and_then(|status| status.phase),
                                 Some(
-                                    crate::api::RestorePhase::Completed
-                                        | crate::api::RestorePhase::Failed
+                                    custody_kube::api::RestorePhase::Completed
+                                        | custody_kube::api::RestorePhase::Failed
                                 )
                             ),
                     })
@@ -476,10 +477,7 @@ async fn start(
         None => decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), uid),
         Some(command) => decide::command_prefix(repository_prefix, &command.prefix),
     };
-    let (key, manifest_key) = (
-        format!("{prefix}/data.tar.zst"),
-        format!("{prefix}/manifest.jsonl"),
-    );
+    let (key, manifest_key) = custody_proto::mover::object_keys(&prefix);
     if status.start_time.is_none() {
         // The credentials must outlive the artifact's record, even in a namespace teardown.
         cleanup::hold_secret(
@@ -598,10 +596,12 @@ async fn finish(
         .next_back();
     let recorded = status.artifact.clone().unwrap_or_default();
     let outcome = match (&state, report) {
-        (_, Some(report)) => decide::completion(&recorded, &decide::mover_report(&report)),
-        (JobState::Failed { message }, None) => Err(("JobFailed".to_string(), message.clone())),
+        (_, Some(report)) => {
+            decide::completion(&recorded, &custody_proto::mover::read_report(&report))
+        }
+        (JobState::Failed { message }, None) => Err((decide::JOB_FAILED, message.clone())),
         (_, None) => Err((
-            "MoverReportMissing".to_string(),
+            decide::MOVER_REPORT_MISSING,
             format!("Job {job_name} succeeded without a report from the mover"),
         )),
     };
@@ -627,7 +627,6 @@ async fn finish(
             writer.event(false, "BackupCompleted", message).await?;
         }
         Err((reason, message)) => {
-            let reason = decide::failure_reason(&reason);
             let ready = waiting(reason, message.clone());
             writer.status(BackupPhase::Failed, status, &ready).await?;
             writer.event(true, reason, message).await?;
@@ -652,20 +651,21 @@ async fn finish_command(
     let fail = |reason: &'static str, message: String| (reason, message);
     let outcome: Result<Artifact, (&'static str, String)> = async {
         if let JobState::Failed { message } = &state {
-            return Err(fail("JobFailed", message.clone()));
+            return Err(fail(decide::JOB_FAILED, message.clone()));
         }
         let prefix = decide::command_prefix(
             repository.spec.prefix.as_deref().unwrap_or_default(),
             command_prefix,
         );
         let secret_name = &repository.spec.credentials_secret_ref.name;
-        let credentials = match crate::s3::credentials(client, namespace, secret_name).await {
+        let credentials = match custody_kube::s3::credentials(client, namespace, secret_name).await
+        {
             Ok(credentials) => credentials,
             Err(Some(message)) => return Err(fail("CredentialsMissing", message)),
             Err(None) => return Err(fail("Retry", String::new())),
         };
         let endpoint = crate::repositories::endpoint_of(repository);
-        let s3 = crate::s3::client(&endpoint, &credentials)
+        let s3 = custody_kube::s3::client(&endpoint, &credentials)
             .map_err(|error| fail("InvalidRepository", error.to_string()))?;
         let mut candidates = Vec::new();
         let mut sizes = BTreeMap::new();
@@ -678,7 +678,7 @@ async fn finish_command(
                 .set_continuation_token(token.clone())
                 .send()
                 .await
-                .map_err(|error| fail("ListFailed", crate::s3::sdk_error(&error)))?;
+                .map_err(|error| fail("ListFailed", custody_kube::s3::sdk_error(&error)))?;
             for object in page.contents() {
                 let (Some(key), Some(modified)) = (object.key(), object.last_modified()) else {
                     continue;
@@ -712,7 +712,7 @@ async fn finish_command(
             size_bytes: sizes.get(&found.key).copied(),
             key: found.key.clone(),
             manifest_key: String::new(),
-            attribution: Some(crate::api::AttributionEvidence {
+            attribution: Some(custody_kube::api::AttributionEvidence {
                 corrected_name_time_nanos: found.corrected,
                 last_modified_nanos: found.last_modified,
                 window_start_nanos: found.window.0,
@@ -777,7 +777,7 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
     .into_iter()
     .map(|(key, value)| (key.to_string(), value.to_string()))
     .collect();
-    let env = crate::s3::mover_env(&inputs.repository.spec);
+    let env = custody_kube::s3::mover_env(&inputs.repository.spec);
     let owner = inputs.backup.controller_owner_ref(&()).map(|mut owner| {
         owner.block_owner_deletion = Some(true);
         owner
@@ -787,14 +787,13 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
             "name": "mover",
             "image": inputs.image,
             "command": ["custody-mover"],
-            "args": [
-                "backup",
-                "--source", SOURCE_PATH,
-                "--prefix", inputs.prefix,
-                "--backup-uid", uid,
-                "--cluster-uid", inputs.cluster_uid,
-                "--result-file", "/dev/termination-log",
-            ],
+            "args": Invocation::Backup {
+                source: SOURCE_PATH.to_string(),
+                prefix: inputs.prefix.to_string(),
+                backup_uid: uid.clone(),
+                cluster_uid: inputs.cluster_uid.to_string(),
+            }
+            .args(),
             "env": env,
             "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
             // Reads every file whatever its owner; never writes the volume.
@@ -802,7 +801,7 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
         }),
         Some(command) => {
             let mut env = env;
-            env.push(serde_json::json!({"name": "CUSTODY_S3_PREFIX", "value": inputs.prefix}));
+            env.push(serde_json::json!({"name": custody_proto::mover::env::PREFIX, "value": inputs.prefix}));
             serde_json::json!({
                 "name": "backup",
                 "image": command.image,

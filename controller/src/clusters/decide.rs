@@ -1,8 +1,8 @@
 //! The Cluster decisions as plain data: what a Cluster under restore shows (phase and the
 //! `Restored` and `Ready` conditions) and the order of its teardown.
 
-use crate::api::{ClusterPhase, RestorePhase};
 use crate::conditions::{Desired, Status};
+use custody_kube::api::{ClusterPhase, RestorePhase};
 
 /// Finalizer of the cluster-restore reconciler on Clusters with `spec.restore`.
 pub const FINALIZER: &str = "custody.io/restore-protection";

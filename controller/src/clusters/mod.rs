@@ -16,10 +16,10 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::annotation_reconciler::Context;
-use crate::api::{Cluster, ClusterStatus, HasConditions, Restore, RestoreSpec};
 use crate::conditions;
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
+use custody_kube::api::{Cluster, ClusterStatus, HasConditions, Restore, RestoreSpec};
 use decide::{FINALIZER, RestoreFacts, Teardown, Workload};
 
 /// Field manager of the Cluster's status.
@@ -140,7 +140,7 @@ async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
             let mut object = Restore::new(
                 &restore_name,
                 RestoreSpec {
-                    cluster_ref: crate::api::LocalObjectReference { name: name.clone() },
+                    cluster_ref: custody_kube::api::LocalObjectReference { name: name.clone() },
                     backup_ref: spec.backup_ref.clone(),
                     volume_restore_policy: spec.volume_restore_policy,
                 },
@@ -259,7 +259,7 @@ async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
         if previous != Some(view.phase) {
             tracing::info!(namespace, cluster = name, phase = ?view.phase, "cluster phase");
             match view.phase {
-                crate::api::ClusterPhase::Failed => {
+                custody_kube::api::ClusterPhase::Failed => {
                     event(
                         context,
                         cluster,
@@ -269,7 +269,7 @@ async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
                     )
                     .await?;
                 }
-                crate::api::ClusterPhase::Running if cluster.spec.restore.is_some() => {
+                custody_kube::api::ClusterPhase::Running if cluster.spec.restore.is_some() => {
                     event(
                         context,
                         cluster,
@@ -284,7 +284,7 @@ async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
         }
     }
     Ok(match view.phase {
-        crate::api::ClusterPhase::Running | crate::api::ClusterPhase::Failed => {
+        custody_kube::api::ClusterPhase::Running | custody_kube::api::ClusterPhase::Failed => {
             Action::requeue(Duration::from_secs(300))
         }
         _ => Action::requeue(Duration::from_secs(10)),

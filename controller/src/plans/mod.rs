@@ -16,10 +16,10 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::annotation_reconciler::Context;
-use crate::api::{Backup, BackupPhase, BackupPlan, BackupPlanStatus, ConcurrencyPolicy};
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
+use custody_kube::api::{Backup, BackupPhase, BackupPlan, BackupPlanStatus, ConcurrencyPolicy};
 use decide::{Due, LABEL_PLAN, LABEL_PLAN_UID};
 
 /// Field manager of the plan's status.

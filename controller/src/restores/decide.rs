@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{
+use crate::backups::decide::JobState;
+use custody_kube::api::{
     ReportedVolume, RestorePhase, VolumeRestorePolicy, VolumeRestoreStatus, VolumeState,
 };
-use crate::backups::decide::JobState;
 
 /// Finalizer of the restore reconciler on Restores.
 pub const FINALIZER: &str = "custody.io/restore-cleanup";

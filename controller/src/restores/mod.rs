@@ -5,6 +5,7 @@
 
 pub mod decide;
 
+use custody_proto::mover::Invocation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,14 +21,14 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::annotation_reconciler::Context;
-use crate::api::{
-    Backup, BackupPhase, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase,
-    RestoreStatus, VolumeRestoreStatus,
-};
 use crate::backups::decide::{LABEL_CLUSTER_UID, job_state};
 use crate::conditions::{self, Desired, Status};
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
+use custody_kube::api::{
+    Backup, BackupPhase, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase,
+    RestoreStatus, VolumeRestoreStatus,
+};
 use decide::{FINALIZER, JobFact, LABEL_RESTORE_UID, VolumeFacts};
 
 /// Field manager of the Restore's status.
@@ -322,7 +323,7 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
         .await
         .map_err(read_error("NodeAgents".to_string()))?
         .items;
-    let reported_by_node: Vec<(String, Vec<crate::api::ReportedVolume>)> = agents
+    let reported_by_node: Vec<(String, Vec<custody_kube::api::ReportedVolume>)> = agents
         .into_iter()
         .map(|agent| {
             (
@@ -595,11 +596,11 @@ async fn run(restore: &Restore, context: &RestoreContext) -> Result<Action> {
     let mut status = restore.status.clone().unwrap_or_default();
     let newly_verified: Vec<&VolumeRestoreStatus> = volumes
         .iter()
-        .filter(|volume| volume.state == crate::api::VolumeState::Verified)
+        .filter(|volume| volume.state == custody_kube::api::VolumeState::Verified)
         .filter(|volume| {
             !volumes_status.iter().any(|old| {
                 old.claim_name == volume.claim_name
-                    && old.state == crate::api::VolumeState::Verified
+                    && old.state == custody_kube::api::VolumeState::Verified
             })
         })
         .collect();
@@ -917,7 +918,7 @@ struct JobInputs<'a> {
     restore: &'a Restore,
     cluster_uid: &'a str,
     create: &'a decide::CreateJob,
-    artifact: &'a crate::api::Artifact,
+    artifact: &'a custody_kube::api::Artifact,
     backup_uid: &'a str,
     repository: &'a BackupRepository,
     image: &'a str,
@@ -957,17 +958,16 @@ fn job_spec(inputs: &JobInputs<'_>) -> Job {
                         "name": "mover",
                         "image": inputs.image,
                         "command": ["custody-mover"],
-                        "args": [
-                            "restore",
-                            "--target", TARGET_PATH,
-                            "--key", inputs.artifact.key,
-                            "--manifest-key", inputs.artifact.manifest_key,
-                            "--manifest-hash", inputs.artifact.manifest_hash.clone().unwrap_or_default(),
-                            "--backup-uid", inputs.backup_uid,
-                            "--restore-uid", uid,
-                            "--result-file", "/dev/termination-log",
-                        ],
-                        "env": crate::s3::mover_env(&inputs.repository.spec),
+                        "args": Invocation::Restore {
+                            target: TARGET_PATH.to_string(),
+                            key: inputs.artifact.key.clone(),
+                            manifest_key: inputs.artifact.manifest_key.clone(),
+                            manifest_hash: inputs.artifact.manifest_hash.clone().unwrap_or_default(),
+                            backup_uid: inputs.backup_uid.to_string(),
+                            restore_uid: uid.clone(),
+                        }
+                        .args(),
+                        "env": custody_kube::s3::mover_env(&inputs.repository.spec),
                         "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
                         // Writes files of every owner, with their owners and modes.
                         "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},

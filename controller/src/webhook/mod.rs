@@ -21,9 +21,9 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::{Client, ResourceExt};
 use tokio_rustls::rustls;
 
-use crate::api::{Cluster, Restore, RestorePhase};
 use crate::error::{Error, Result};
 use crate::inject::Injection;
+use custody_kube::api::{Cluster, Restore, RestorePhase};
 
 /// The label that names a pod's Cluster.
 pub const LABEL_CLUSTER: &str = "custody.io/cluster";

@@ -1,5 +1,7 @@
 use super::*;
-use crate::api::{ClusterRestoreSpec, ClusterSpec, LocalObjectReference, VolumeRestorePolicy};
+use custody_kube::api::{
+    ClusterRestoreSpec, ClusterSpec, LocalObjectReference, VolumeRestorePolicy,
+};
 
 fn cluster(restore: bool) -> Cluster {
     Cluster::new(

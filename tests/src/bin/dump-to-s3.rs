@@ -24,18 +24,18 @@ async fn main() -> anyhow::Result<()> {
         .strftime("%Y%m%dT%H%M%SZ")
         .to_string();
     let key = format!("{}/db-{stamp}.dump", prefix.trim_end_matches('/'));
-    let endpoint = custody_controller::s3::Endpoint {
+    let endpoint = custody_kube::s3::Endpoint {
         url: endpoint,
         region: "us-east-1".to_string(),
         bucket: bucket.clone(),
         path_style: true,
         ca_bundle: None,
     };
-    let secret = custody_controller::s3::Secret {
+    let secret = custody_kube::s3::Secret {
         access_key_id: env("AWS_ACCESS_KEY_ID")?,
         secret_access_key: env("AWS_SECRET_ACCESS_KEY")?,
     };
-    custody_controller::s3::client(&endpoint, &secret)?
+    custody_kube::s3::client(&endpoint, &secret)?
         .put_object()
         .bucket(bucket)
         .key(&key)

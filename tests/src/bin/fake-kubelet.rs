@@ -84,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("fake-kubelet: node {name} ({ip}) ready, kubelet root {root}");
         running.push((kubelet, jobs, workloads));
     }
-    custody_controller::run::wait_for_signal().await;
+    custody_kube::process::wait_for_signal().await;
     for (kubelet, jobs, workloads) in running {
         drop(workloads);
         drop(jobs);

@@ -265,7 +265,7 @@ fn hostile_archives_stop_before_anything_lands_outside() {
             extract_into(&target, &tar, &manifest)
         };
         let error = result.expect_err(name);
-        assert_eq!(error.reason(), reason, "{name}: {error}");
+        assert_eq!(error.reason().as_str(), reason, "{name}: {error}");
         target.outside_untouched();
     }
 }
@@ -278,7 +278,7 @@ fn a_symlink_planted_in_the_target_is_never_followed() {
     let target = Target::new();
     symlink(target.outside(), target.root().join("s")).unwrap();
     let error = extract_into(&target, &tar, &manifest).expect_err("refused");
-    assert_eq!(error.reason(), "WriteFailed", "{error}");
+    assert_eq!(error.reason().as_str(), "WriteFailed", "{error}");
     target.outside_untouched();
 }
 
@@ -313,6 +313,10 @@ fn a_symlink_entry_then_a_write_through_it_is_refused() {
     );
     end(&mut tar);
     let error = extract_into(&target, &tar, &manifest).expect_err("refused");
-    assert_eq!(error.reason(), "ArchiveDoesNotMatchManifest", "{error}");
+    assert_eq!(
+        error.reason().as_str(),
+        "ArchiveDoesNotMatchManifest",
+        "{error}"
+    );
     target.outside_untouched();
 }

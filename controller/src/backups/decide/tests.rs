@@ -1,4 +1,5 @@
 use super::*;
+use custody_proto::mover::read_report;
 
 const UID: &str = "4f1c2d3e-aaaa-4bbb-8ccc-000000000001";
 
@@ -121,31 +122,37 @@ fn a_finished_backup_is_complete_only_with_the_recorded_keys() {
     let done = format!(
         r#"{{"key":"db/orders/{UID}/data.tar.zst","manifestKey":"db/orders/{UID}/manifest.jsonl","sizeBytes":42,"checksum":"c","manifestHash":"m","files":1,"entries":1,"totalBytes":5}}"#
     );
-    let artifact = completion(&recorded(), &mover_report(&done)).expect("complete");
+    let artifact = completion(&recorded(), &read_report(&done)).expect("complete");
     assert_eq!(artifact.size_bytes, Some(42));
     assert_eq!(artifact.manifest_hash.as_deref(), Some("m"));
     assert_eq!(artifact.key, recorded().key);
 
     let elsewhere = done.replace(UID, "another-uid");
-    let (reason, _) = completion(&recorded(), &mover_report(&elsewhere)).expect_err("mismatch");
+    let (reason, _) = completion(&recorded(), &read_report(&elsewhere)).expect_err("mismatch");
     assert_eq!(reason, "ArtifactKeyMismatch");
 
     let failed =
         r#"{"error":{"reason":"UploadFailed","message":"uploading part 3: connection refused"}}"#;
-    let (reason, message) = completion(&recorded(), &mover_report(failed)).expect_err("failed");
+    let (reason, message) = completion(&recorded(), &read_report(failed)).expect_err("failed");
     assert_eq!(reason, "UploadFailed");
     assert!(message.contains("part 3"));
 
     for garbage in ["", "not json", r#"{"key":"only"}"#] {
-        let (reason, _) = completion(&recorded(), &mover_report(garbage)).expect_err(garbage);
+        let (reason, _) = completion(&recorded(), &read_report(garbage)).expect_err(garbage);
         assert_eq!(reason, "MoverReportUnreadable", "{garbage:?}");
     }
 }
 
 #[test]
 fn only_known_reasons_reach_the_condition() {
-    assert_eq!(failure_reason("UploadFailed"), "UploadFailed");
-    assert_eq!(failure_reason("JobFailed"), "JobFailed");
-    assert_eq!(failure_reason("made up by a pod"), "MoverFailed");
-    assert_eq!(failure_reason(""), "MoverFailed");
+    for (reported, condition) in [
+        ("UploadFailed", "UploadFailed"),
+        ("Interrupted", "Interrupted"),
+        ("made up by a pod", "MoverFailed"),
+        ("", "MoverFailed"),
+    ] {
+        let text = format!(r#"{{"error":{{"reason":"{reported}","message":"m"}}}}"#);
+        let (reason, _) = completion(&recorded(), &read_report(&text)).expect_err(reported);
+        assert_eq!(reason, condition, "{reported:?}");
+    }
 }

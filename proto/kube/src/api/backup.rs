@@ -218,3 +218,21 @@ pub struct CleanupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_time: Option<Time>,
 }
+
+impl Artifact {
+    /// An artifact in `repository` as it is now: where it is and how to reach it, recorded so
+    /// that deleting it later does not depend on the repository surviving. Keys are the
+    /// caller's.
+    pub fn located_in(repository: &super::BackupRepository) -> Artifact {
+        Artifact {
+            repository: repository.metadata.name.clone().unwrap_or_default(),
+            endpoint: repository.spec.endpoint.clone(),
+            region: repository.spec.region.clone(),
+            force_path_style: repository.spec.force_path_style,
+            ca_bundle: repository.spec.ca_bundle.clone(),
+            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+            bucket: repository.spec.bucket.clone(),
+            ..Artifact::default()
+        }
+    }
+}

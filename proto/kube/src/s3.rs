@@ -33,10 +33,8 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Keys of the credentials Secret.
-pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
-/// Keys of the credentials Secret.
-pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+/// Keys of the credentials Secret (the same names as the mover's environment).
+pub use custody_proto::mover::env::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 /// Why a client cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -126,19 +124,20 @@ where
 /// addressing, CA, and the credentials as references to the repository's Secret (never
 /// copied into the Job).
 pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_json::Value> {
+    use custody_proto::mover::env;
     let secret = &repository.credentials_secret_ref.name;
-    let mut env = vec![
-        serde_json::json!({"name": "CUSTODY_S3_ENDPOINT", "value": repository.endpoint}),
-        serde_json::json!({"name": "CUSTODY_S3_BUCKET", "value": repository.bucket}),
-        serde_json::json!({"name": "CUSTODY_S3_REGION", "value": repository.region.clone().unwrap_or_else(|| "us-east-1".into())}),
-        serde_json::json!({"name": "CUSTODY_S3_PATH_STYLE", "value": repository.force_path_style.to_string()}),
+    let mut variables = vec![
+        serde_json::json!({"name": env::ENDPOINT, "value": repository.endpoint}),
+        serde_json::json!({"name": env::BUCKET, "value": repository.bucket}),
+        serde_json::json!({"name": env::REGION, "value": repository.region.clone().unwrap_or_else(|| "us-east-1".into())}),
+        serde_json::json!({"name": env::PATH_STYLE, "value": repository.force_path_style.to_string()}),
         serde_json::json!({"name": ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": ACCESS_KEY_ID}}}),
         serde_json::json!({"name": SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_ACCESS_KEY}}}),
     ];
     if let Some(ca) = &repository.ca_bundle {
-        env.push(serde_json::json!({"name": "CUSTODY_S3_CA_BUNDLE", "value": ca}));
+        variables.push(serde_json::json!({"name": env::CA_BUNDLE, "value": ca}));
     }
-    env
+    variables
 }
 
 /// The access key and secret in a repository's credentials Secret. `Err(None)`: the API

@@ -1,0 +1,291 @@
+//! The contract between the controller and `custody-mover`: how a Job invokes it (flags and
+//! environment), where its artifact's objects are, and the result it leaves in its
+//! container's termination message.
+
+use serde::{Deserialize, Serialize};
+
+use crate::reasons::MoverFailure;
+
+/// Name of the data object under an artifact prefix.
+pub const DATA_OBJECT: &str = "data.tar.zst";
+/// Name of the manifest object under an artifact prefix.
+pub const MANIFEST_OBJECT: &str = "manifest.jsonl";
+
+/// The data and manifest keys of an artifact under `prefix`.
+pub fn object_keys(prefix: &str) -> (String, String) {
+    let prefix = prefix.trim_end_matches('/');
+    (
+        format!("{prefix}/{DATA_OBJECT}"),
+        format!("{prefix}/{MANIFEST_OBJECT}"),
+    )
+}
+
+/// Where a container's result goes: Kubernetes reads it as the termination message.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Environment variables of the mover (and of a user's backup command, which gets the same
+/// repository settings).
+pub mod env {
+    /// S3 endpoint URL of the repository.
+    pub const ENDPOINT: &str = "CUSTODY_S3_ENDPOINT";
+    /// Region of the repository.
+    pub const REGION: &str = "CUSTODY_S3_REGION";
+    /// Bucket of the repository.
+    pub const BUCKET: &str = "CUSTODY_S3_BUCKET";
+    /// `true` for path-style addressing.
+    pub const PATH_STYLE: &str = "CUSTODY_S3_PATH_STYLE";
+    /// A file with the PEM CA bundle.
+    pub const CA_FILE: &str = "CUSTODY_S3_CA_FILE";
+    /// The PEM CA bundle itself.
+    pub const CA_BUNDLE: &str = "CUSTODY_S3_CA_BUNDLE";
+    /// Where a user's backup command writes (the command method only).
+    pub const PREFIX: &str = "CUSTODY_S3_PREFIX";
+    /// Where the mover also writes its result.
+    pub const RESULT_FILE: &str = "CUSTODY_RESULT_FILE";
+    /// The access key, from the repository's credentials Secret.
+    pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+    /// The secret key, from the repository's credentials Secret.
+    pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+}
+
+/// The mover's subcommands and flags.
+pub mod flags {
+    pub const BACKUP: &str = "backup";
+    pub const RESTORE: &str = "restore";
+    pub const VERIFY: &str = "verify";
+    pub const SOURCE: &str = "source";
+    pub const TARGET: &str = "target";
+    pub const PREFIX: &str = "prefix";
+    pub const KEY: &str = "key";
+    pub const MANIFEST_KEY: &str = "manifest-key";
+    pub const MANIFEST_HASH: &str = "manifest-hash";
+    pub const BACKUP_UID: &str = "backup-uid";
+    pub const CLUSTER_UID: &str = "cluster-uid";
+    pub const RESTORE_UID: &str = "restore-uid";
+    pub const OVERWRITE: &str = "overwrite";
+    pub const RESULT_FILE: &str = "result-file";
+}
+
+/// What a Job asks the mover to do; [`Invocation::args`] is its command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invocation {
+    /// Stream the volume at `source` into the artifact under `prefix`.
+    Backup {
+        source: String,
+        prefix: String,
+        backup_uid: String,
+        cluster_uid: String,
+    },
+    /// Stream an artifact into the volume at `target`.
+    Restore {
+        target: String,
+        key: String,
+        manifest_key: String,
+        manifest_hash: String,
+        backup_uid: String,
+        restore_uid: String,
+    },
+}
+
+impl Invocation {
+    /// The arguments after the program name, the result going to the termination message.
+    pub fn args(&self) -> Vec<String> {
+        let flag = |name: &str, value: &str| [format!("--{name}"), value.to_string()];
+        let mut args: Vec<String> = match self {
+            Invocation::Backup {
+                source,
+                prefix,
+                backup_uid,
+                cluster_uid,
+            } => std::iter::once(flags::BACKUP.to_string())
+                .chain(flag(flags::SOURCE, source))
+                .chain(flag(flags::PREFIX, prefix))
+                .chain(flag(flags::BACKUP_UID, backup_uid))
+                .chain(flag(flags::CLUSTER_UID, cluster_uid))
+                .collect(),
+            Invocation::Restore {
+                target,
+                key,
+                manifest_key,
+                manifest_hash,
+                backup_uid,
+                restore_uid,
+            } => std::iter::once(flags::RESTORE.to_string())
+                .chain(flag(flags::TARGET, target))
+                .chain(flag(flags::KEY, key))
+                .chain(flag(flags::MANIFEST_KEY, manifest_key))
+                .chain(flag(flags::MANIFEST_HASH, manifest_hash))
+                .chain(flag(flags::BACKUP_UID, backup_uid))
+                .chain(flag(flags::RESTORE_UID, restore_uid))
+                .collect(),
+        };
+        args.extend(flag(flags::RESULT_FILE, TERMINATION_LOG));
+        args
+    }
+}
+
+/// What a backup produced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupResult {
+    pub key: String,
+    pub manifest_key: String,
+    /// Bytes of the compressed archive.
+    pub size_bytes: u64,
+    /// BLAKE3 of the compressed archive, hex.
+    pub checksum: String,
+    /// BLAKE3 of the manifest, hex: the trust anchor for restores.
+    pub manifest_hash: String,
+    pub files: u64,
+    pub entries: u64,
+    /// Bytes of file content read from the volume.
+    pub total_bytes: u64,
+}
+
+/// What a restore wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreResult {
+    pub files: u64,
+    pub entries: u64,
+    pub total_bytes: u64,
+}
+
+/// What `verify` checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyResult {
+    pub entries: u64,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Why the mover failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub reason: MoverFailure,
+    pub message: String,
+}
+
+/// A failure as the mover prints it: `{"error": {"reason": …, "message": …}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureReport {
+    pub error: Failure,
+}
+
+/// The mover's result as the controller reads it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report<T> {
+    /// It finished and says what it did.
+    Done(T),
+    /// It failed and says why.
+    Failed(Failure),
+    /// The text is neither (truncated, or not the mover's).
+    Unreadable(String),
+}
+
+/// Reads a mover's result (its termination message).
+pub fn read_report<T: for<'de> Deserialize<'de>>(text: &str) -> Report<T> {
+    let text = text.trim();
+    if let Ok(failed) = serde_json::from_str::<FailureReport>(text) {
+        return Report::Failed(failed.error);
+    }
+    match serde_json::from_str::<T>(text) {
+        Ok(done) => Report::Done(done),
+        Err(error) => Report::Unreadable(format!("{error}: {text:?}")),
+    }
+}
+
+/// The text the mover prints for a failure.
+pub fn failure_text(reason: MoverFailure, message: String) -> String {
+    serde_json::to_string(&FailureReport {
+        error: Failure { reason, message },
+    })
+    .expect("plain data serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_are_read_back() {
+        let done = BackupResult {
+            key: "p/data.tar.zst".into(),
+            manifest_key: "p/manifest.jsonl".into(),
+            size_bytes: 42,
+            checksum: "c".into(),
+            manifest_hash: "m".into(),
+            files: 1,
+            entries: 2,
+            total_bytes: 5,
+        };
+        let text = serde_json::to_string(&done).unwrap();
+        assert_eq!(read_report::<BackupResult>(&text), Report::Done(done));
+        let failed = failure_text(MoverFailure::UploadFailed, "the bucket is gone".into());
+        assert_eq!(
+            failed,
+            r#"{"error":{"reason":"UploadFailed","message":"the bucket is gone"}}"#
+        );
+        assert_eq!(
+            read_report::<BackupResult>(&failed),
+            Report::Failed(Failure {
+                reason: MoverFailure::UploadFailed,
+                message: "the bucket is gone".into()
+            })
+        );
+        let newer = r#"{"error":{"reason":"FromTheFuture","message":"m"}}"#;
+        assert!(matches!(
+            read_report::<BackupResult>(newer),
+            Report::Failed(Failure {
+                reason: MoverFailure::MoverFailed,
+                ..
+            })
+        ));
+        assert!(matches!(
+            read_report::<BackupResult>(r#"{"key":"k"}"#),
+            Report::Unreadable(_)
+        ));
+        assert!(matches!(
+            read_report::<BackupResult>("not json"),
+            Report::Unreadable(_)
+        ));
+    }
+
+    #[test]
+    fn invocations_name_every_flag_once() {
+        let args = Invocation::Restore {
+            target: "/data".into(),
+            key: "k".into(),
+            manifest_key: "m".into(),
+            manifest_hash: "h".into(),
+            backup_uid: "b".into(),
+            restore_uid: "r".into(),
+        }
+        .args();
+        assert_eq!(
+            args,
+            [
+                "restore",
+                "--target",
+                "/data",
+                "--key",
+                "k",
+                "--manifest-key",
+                "m",
+                "--manifest-hash",
+                "h",
+                "--backup-uid",
+                "b",
+                "--restore-uid",
+                "r",
+                "--result-file",
+                "/dev/termination-log"
+            ]
+        );
+        assert_eq!(
+            object_keys("a/b"),
+            ("a/b/data.tar.zst".into(), "a/b/manifest.jsonl".into())
+        );
+    }
+}
