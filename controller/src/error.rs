@@ -69,6 +69,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed read of `object`, for `map_err`.
+    pub fn read(object: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let object = object.into();
+        move |source| Error::Read { object, source }
+    }
+
     /// The variant name, as a metric label and Event reason.
     pub fn label(&self) -> &'static str {
         match self {

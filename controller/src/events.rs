@@ -1,37 +1,63 @@
 //! Publishing Kubernetes Events on custody objects, counted in the metrics.
 
-use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
-use crate::annotation_reconciler::Context;
 use crate::error::{Error, Result};
 use crate::metrics::KindLabels;
+use crate::reconciler::{Context, CustodyKind, describe};
 
-/// Publishes a Normal or Warning Event on `object` (counting Warnings per `kind`).
-pub async fn publish<K: Resource<DynamicType = ()>>(
+/// An Event a reconciler wants published on the object it reconciles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened, for a person.
+    pub text: String,
+}
+
+impl Note {
+    /// A Normal Event.
+    pub fn normal(reason: impl Into<String>, text: impl Into<String>) -> Note {
+        Note {
+            warning: false,
+            reason: reason.into(),
+            text: text.into(),
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: impl Into<String>, text: impl Into<String>) -> Note {
+        Note {
+            warning: true,
+            reason: reason.into(),
+            text: text.into(),
+        }
+    }
+}
+
+/// Publishes `note` on `object` as the reconciler's `action`, counting Warnings per kind.
+pub async fn publish<K: CustodyKind>(
     context: &Context,
     object: &K,
-    kind: &'static str,
-    warning: bool,
-    reason: &str,
-    note: String,
     action: &str,
+    note: &Note,
 ) -> Result<()> {
-    if warning {
+    if note.warning {
         context
             .metrics
             .warning_events
-            .get_or_create(&KindLabels { kind })
+            .get_or_create(&KindLabels { kind: K::LABEL })
             .inc();
     }
     let event = Event {
-        type_: if warning {
+        type_: if note.warning {
             EventType::Warning
         } else {
             EventType::Normal
         },
-        reason: reason.to_string(),
-        note: Some(note),
+        reason: note.reason.clone(),
+        note: Some(note.text.clone()),
         action: action.to_string(),
         secondary: None,
     };
@@ -40,11 +66,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
         .publish(&event, &object.object_ref(&()))
         .await
         .map_err(|source| Error::PublishEvent {
-            object: format!(
-                "{kind} {}/{}",
-                object.meta().namespace.as_deref().unwrap_or_default(),
-                object.meta().name.as_deref().unwrap_or_default()
-            ),
+            object: format!("{} {}", K::LABEL, describe(object)),
             source,
         })
 }

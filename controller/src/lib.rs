@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod node_agents;
 pub mod ownership;
 pub mod plans;
+pub mod reconciler;
 pub mod report_service;
 pub mod repositories;
 pub mod restores;

@@ -3,7 +3,7 @@
 //! and whenever the credentials Secret changes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -12,12 +12,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use crate::annotation_reconciler::Context;
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
-use crate::metrics::KindLabels;
+use crate::events::Note;
+use crate::reconciler::{self, Context};
 use custody_kube::api::{BackupRepository, HasConditions};
-use custody_kube::s3::{self, Endpoint};
+use custody_kube::s3::{self, CredentialsError, Endpoint};
 
 /// Field manager of the repository's `Ready` condition.
 pub const FIELD_MANAGER: &str = "custody.io/backup-repository";
@@ -175,34 +175,13 @@ pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
 pub async fn probe(client: &kube::Client, repository: &BackupRepository) -> Probe {
     let namespace = repository.namespace().unwrap_or_default();
     let secret_name = &repository.spec.credentials_secret_ref.name;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = match secrets.get_opt(secret_name).await {
-        Ok(Some(secret)) => secret,
-        Ok(None) => {
-            return Probe::SecretMissing {
-                name: secret_name.clone(),
-            };
+    let credentials = match s3::credentials(client, &namespace, secret_name).await {
+        Ok(credentials) => credentials,
+        Err(CredentialsError::SecretMissing { name }) => return Probe::SecretMissing { name },
+        Err(CredentialsError::KeyMissing { name, key }) => {
+            return Probe::SecretIncomplete { name, key };
         }
-        Err(error) => return Probe::Unreachable(format!("reading Secret {secret_name}: {error}")),
-    };
-    let value = |key: &'static str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(key))
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
-            .filter(|value| !value.is_empty())
-            .ok_or(Probe::SecretIncomplete {
-                name: secret_name.clone(),
-                key,
-            })
-    };
-    let credentials = match (value(s3::ACCESS_KEY_ID), value(s3::SECRET_ACCESS_KEY)) {
-        (Ok(access_key_id), Ok(secret_access_key)) => s3::Secret {
-            access_key_id,
-            secret_access_key,
-        },
-        (Err(probe), _) | (_, Err(probe)) => return probe,
+        Err(error @ CredentialsError::Read { .. }) => return Probe::Unreachable(error.to_string()),
     };
     let endpoint = endpoint_of(repository);
     let s3_client = match s3::client(&endpoint, &credentials) {
@@ -242,11 +221,7 @@ pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
 
 /// Checks one repository and writes `Ready`.
 pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>) -> Result<Action> {
-    let labels = KindLabels {
-        kind: "BackupRepository",
-    };
-    context.metrics.reconciliations.get_or_create(&labels).inc();
-    let started = Instant::now();
+    let _measure = reconciler::Measure::start(&context.metrics, "BackupRepository");
     let probe = probe(&context.client, &repository).await;
     let desired = readiness(&probe, &repository.spec.bucket);
     let current = repository.conditions();
@@ -279,23 +254,14 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
             "repository checked"
         );
         if flipped {
-            crate::events::publish(
-                &context,
-                repository.as_ref(),
-                "BackupRepository",
-                desired.status != Status::True,
-                desired.reason,
-                desired.message.clone(),
-                "CheckRepository",
-            )
-            .await?;
+            let note = Note {
+                warning: desired.status != Status::True,
+                reason: desired.reason.to_string(),
+                text: desired.message.clone(),
+            };
+            crate::events::publish(&context, repository.as_ref(), "CheckRepository", &note).await?;
         }
     }
-    context
-        .metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
     Ok(Action::requeue(recheck_after(&probe)))
 }
 
@@ -305,7 +271,7 @@ pub fn error_policy(
     error: &Error,
     context: Arc<Context>,
 ) -> Action {
-    crate::annotation_reconciler::error_policy(repository, error, context)
+    reconciler::error_policy(&*repository, error, &context)
 }
 
 /// The controller: repositories, re-checked when their Secret changes.
@@ -314,39 +280,24 @@ pub fn controller(
     namespace: Option<&str>,
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
-    use futures::{FutureExt, StreamExt};
-    let repositories: Api<BackupRepository> = match namespace {
-        Some(namespace) => Api::namespaced(context.client.clone(), namespace),
-        None => Api::all(context.client.clone()),
-    };
-    let secrets: Api<Secret> = match namespace {
-        Some(namespace) => Api::namespaced(context.client.clone(), namespace),
-        None => Api::all(context.client.clone()),
-    };
+    let repositories: Api<BackupRepository> = reconciler::scoped(context.client.clone(), namespace);
+    let secrets: Api<Secret> = reconciler::scoped(context.client.clone(), namespace);
     let controller = Controller::new(repositories, watcher::Config::default());
     let store = controller.store();
-    controller
-        .watches(secrets, watcher::Config::default(), move |secret| {
-            let namespace = secret.namespace();
-            let name = secret.name_any();
-            store
-                .state()
-                .iter()
-                .filter(|repository| {
-                    repository.namespace() == namespace
-                        && repository.spec.credentials_secret_ref.name == name
-                })
-                .map(|repository| ObjectRef::from_obj(repository.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .graceful_shutdown_on(stopped)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(kind = "BackupRepository", %error, "controller event");
-            }
-        })
-        .boxed()
+    let controller = controller.watches(secrets, watcher::Config::default(), move |secret| {
+        let namespace = secret.namespace();
+        let name = secret.name_any();
+        store
+            .state()
+            .iter()
+            .filter(|repository| {
+                repository.namespace() == namespace
+                    && repository.spec.credentials_secret_ref.name == name
+            })
+            .map(|repository| ObjectRef::from_obj(repository.as_ref()))
+            .collect::<Vec<_>>()
+    });
+    reconciler::run(controller, reconcile, error_policy, context, stopped)
 }
 
 #[cfg(test)]

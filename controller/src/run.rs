@@ -5,16 +5,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use kube::runtime::events::Reporter;
 
 use crate::events::Recorder;
 use kube::runtime::{Controller, watcher};
 
-use crate::annotation_reconciler::{self, Context, CustodyKind};
+use crate::annotation_reconciler;
 use crate::cli::RunOptions;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::reconciler::{self, Context, CustodyKind};
 use custody_kube::api::{self, Backup, BackupPlan, BackupRepository, Cluster, NodeAgent, Restore};
 use custody_kube::http::{self, Health};
 
@@ -150,19 +151,13 @@ fn annotation_controller<K: CustodyKind>(
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
     let api = K::api(context.client.clone(), namespace);
-    Controller::new(api, watcher::Config::default())
-        .graceful_shutdown_on(stopped)
-        .run(
-            annotation_reconciler::reconcile::<K>,
-            annotation_reconciler::error_policy::<K>,
-            context.clone(),
-        )
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(kind = K::LABEL, %error, "controller event");
-            }
-        })
-        .boxed()
+    reconciler::run(
+        Controller::new(api, watcher::Config::default()),
+        annotation_reconciler::reconcile::<K>,
+        annotation_reconciler::error_policy::<K>,
+        context.clone(),
+        stopped,
+    )
 }
 
 /// The CRDs as one multi-document YAML stream.

@@ -17,12 +17,8 @@ use crate::artifacts::{self, Deleting, Step};
 use crate::error::{Error, Result};
 use custody_kube::api::{Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
 
-fn read_error(what: String) -> impl FnOnce(kube::Error) -> Error {
-    move |source| Error::Read {
-        object: what,
-        source,
-    }
-}
+/// The action of this reconciler's Events.
+const ACTION: &str = "DeleteArtifact";
 
 /// Publishes an Event; best effort, as a namespace being deleted refuses new Events and the
 /// cleanup must still finish there.
@@ -31,20 +27,15 @@ async fn event(
     backup: &Backup,
     warning: bool,
     reason: &str,
-    note: String,
+    text: String,
 ) -> Result<()> {
-    if let Err(error) = crate::events::publish(
-        &context.base,
-        backup,
-        "Backup",
+    let note = crate::events::Note {
         warning,
-        reason,
-        note.clone(),
-        "DeleteArtifact",
-    )
-    .await
-    {
-        tracing::info!(backup = backup.name_any(), reason, note, %error, "event not published");
+        reason: reason.to_string(),
+        text,
+    };
+    if let Err(error) = crate::events::publish(&context.base, backup, ACTION, &note).await {
+        tracing::info!(backup = backup.name_any(), reason, note = note.text, %error, "event not published");
     }
     Ok(())
 }
@@ -72,7 +63,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
     let readers: Vec<String> = restores
         .list(&ListParams::default())
         .await
-        .map_err(read_error(format!("Restores in {namespace}")))?
+        .map_err(Error::read(format!("Restores in {namespace}")))?
         .items
         .into_iter()
         .filter(|restore| restore.spec.backup_ref.name == name)
@@ -92,7 +83,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             let backups = all
                 .list(&ListParams::default())
                 .await
-                .map_err(read_error("Backups".to_string()))?
+                .map_err(Error::read("Backups".to_string()))?
                 .items;
             let others: Vec<artifacts::Other> = backups
                 .iter()
@@ -342,38 +333,20 @@ async fn delete(
         .get_opt(&artifact.repository)
         .await
         .map_err(|source| {
-            Failure::Retry(read_error(format!(
+            Failure::Retry(Error::read(format!(
                 "BackupRepository {namespace}/{}",
                 artifact.repository
             ))(source))
         })?;
     let (endpoint, secret_name) = artifacts::delete_endpoint(artifact, repository.as_ref());
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = secrets
-        .get_opt(&secret_name)
-        .await
-        .map_err(|source| {
-            Failure::Retry(read_error(format!("Secret {namespace}/{secret_name}"))(
-                source,
-            ))
-        })?
-        .ok_or_else(|| {
-            Failure::Failed(format!(
-                "the credentials Secret {secret_name} does not exist"
-            ))
-        })?;
-    let value = |key: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(key))
-            .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
-            .filter(|value| !value.is_empty())
-            .ok_or_else(|| Failure::Failed(format!("Secret {secret_name} has no {key}")))
-    };
-    let credentials = custody_kube::s3::Secret {
-        access_key_id: value(custody_kube::s3::ACCESS_KEY_ID)?,
-        secret_access_key: value(custody_kube::s3::SECRET_ACCESS_KEY)?,
+    let credentials = match custody_kube::s3::credentials(client, namespace, &secret_name).await {
+        Ok(credentials) => credentials,
+        Err(custody_kube::s3::CredentialsError::Read { source, .. }) => {
+            return Err(Failure::Retry(Error::read(format!(
+                "Secret {namespace}/{secret_name}"
+            ))(source)));
+        }
+        Err(error) => return Err(Failure::Failed(error.to_string())),
     };
     let s3 = custody_kube::s3::client(&endpoint, &credentials)
         .map_err(|error| Failure::Failed(error.to_string()))?;
@@ -441,7 +414,11 @@ async fn release(
         if crate::finalizers::remove(&api, &current, artifacts::FINALIZER, &what).await? {
             return Ok(());
         }
-        match api.get_opt(&name).await.map_err(read_error(what.clone()))? {
+        match api
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(what.clone()))?
+        {
             Some(fresh) if fresh.metadata.uid == backup.metadata.uid => current = fresh,
             _ => return Ok(()),
         }
@@ -463,7 +440,7 @@ pub async fn release_secret(
     let needed = backups
         .list(&ListParams::default())
         .await
-        .map_err(read_error(format!("Backups in {namespace}")))?
+        .map_err(Error::read(format!("Backups in {namespace}")))?
         .items
         .into_iter()
         .filter(|other| other.metadata.uid.as_deref() != leaving)
@@ -487,7 +464,7 @@ pub async fn release_secret(
         let Some(found) = secrets
             .get_opt(secret)
             .await
-            .map_err(read_error(what.clone()))?
+            .map_err(Error::read(what.clone()))?
         else {
             return Ok(true);
         };
@@ -505,7 +482,7 @@ pub async fn hold_secret(client: &kube::Client, namespace: &str, secret: &str) -
     let Some(found) = secrets
         .get_opt(secret)
         .await
-        .map_err(read_error(what.clone()))?
+        .map_err(Error::read(what.clone()))?
     else {
         return Ok(());
     };
@@ -517,7 +494,7 @@ pub async fn hold_secret(client: &kube::Client, namespace: &str, secret: &str) -
         let again = secrets
             .get_opt(secret)
             .await
-            .map_err(read_error(what.clone()))?;
+            .map_err(Error::read(what.clone()))?;
         if !again.is_some_and(|again| {
             again
                 .finalizers()

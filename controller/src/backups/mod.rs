@@ -8,7 +8,7 @@ pub mod decide;
 use custody_proto::mover::Invocation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -19,16 +19,18 @@ use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use crate::annotation_reconciler::Context;
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
-use crate::metrics::KindLabels;
+use crate::events::Note;
+use crate::reconciler::{self, Context};
 use custody_kube::api::{
     Artifact, Backup, BackupPhase, BackupRepository, BackupStatus, ClockMeasurement, Cluster,
     HasConditions, NodeAgent,
 };
 use decide::{JobState, LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
 
+/// The action Events of this reconciler name.
+pub const ACTION: &str = "Backup";
 /// Field manager of the Backup's status.
 pub const FIELD_MANAGER: &str = "custody.io/backup";
 /// Where the mover container sees the volume.
@@ -131,17 +133,13 @@ impl Writer<'_> {
         Ok(())
     }
 
-    async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
-        crate::events::publish(
-            &self.context.base,
-            self.backup,
-            "Backup",
+    async fn event(&self, warning: bool, reason: &str, text: String) -> Result<()> {
+        let note = Note {
             warning,
-            reason,
-            note,
-            "Backup",
-        )
-        .await
+            reason: reason.to_string(),
+            text,
+        };
+        crate::events::publish(&self.context.base, self.backup, ACTION, &note).await
     }
 
     /// Pending with a reason; a Warning Event when the reason is new.
@@ -167,29 +165,11 @@ impl Writer<'_> {
 
 /// Reconciles one Backup.
 pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Result<Action> {
-    let labels = KindLabels { kind: "Backup" };
-    context
-        .base
-        .metrics
-        .reconciliations
-        .get_or_create(&labels)
-        .inc();
-    let started = Instant::now();
-    // Decisions are made on the object as the API server has it now, not as the watch cache
-    // last saw it: a status written a moment ago (a started volume, a recorded key) must not
-    // be rolled back by a write based on an older copy.
-    let result = match crate::status::fresh(&*backup, &context.base.client).await {
-        Ok(Some(current)) => run(&current, &context).await,
-        Ok(None) => Ok(Action::await_change()),
-        Err(error) => Err(error),
-    };
-    context
-        .base
-        .metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    let context = &context;
+    reconciler::on_fresh(&*backup, &context.base, |backup| async move {
+        run(&backup, context).await
+    })
+    .await
 }
 
 async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
@@ -219,19 +199,13 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
         namespace: namespace.clone(),
         name: name.clone(),
     };
-    let read_error = |what: String| {
-        move |source| Error::Read {
-            object: what,
-            source,
-        }
-    };
 
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &namespace);
     let cluster_name = &backup.spec.cluster_ref.name;
     let Some(cluster) = clusters
         .get_opt(cluster_name)
         .await
-        .map_err(read_error(format!("Cluster {namespace}/{cluster_name}")))?
+        .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?
     else {
         return writer
             .wait(
@@ -260,7 +234,7 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
     let Some(repository) = repositories
         .get_opt(&repository_name)
         .await
-        .map_err(read_error(format!(
+        .map_err(Error::read(format!(
             "BackupRepository {namespace}/{repository_name}"
         )))?
     else {
@@ -306,7 +280,7 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
     let job = jobs
         .get_opt(&job_name)
         .await
-        .map_err(read_error(format!("Job {namespace}/{job_name}")))?;
+        .map_err(Error::read(format!("Job {namespace}/{job_name}")))?;
     let status = backup.status.clone().unwrap_or_default();
 
     match job {
@@ -354,7 +328,7 @@ async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 let restores = restores
                     .list(&ListParams::default())
                     .await
-                    .map_err(read_error(format!("Restores in {namespace}")))?
+                    .map_err(Error::read(format!("Restores in {namespace}")))?
                     .items;
                 let runs: Vec<crate::holds::Run> = restores
                     .iter()
@@ -415,14 +389,8 @@ async fn start(
 ) -> Result<Action> {
     let client = &writer.context.base.client;
     let namespace = &writer.namespace;
-    let read_error = |what: String| {
-        move |source| Error::Read {
-            object: what,
-            source,
-        }
-    };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-    let Some(pvc) = claims.get_opt(claim).await.map_err(read_error(format!(
+    let Some(pvc) = claims.get_opt(claim).await.map_err(Error::read(format!(
         "PersistentVolumeClaim {namespace}/{claim}"
     )))?
     else {
@@ -439,7 +407,7 @@ async fn start(
     let mounted_on = pods
         .list(&ListParams::default())
         .await
-        .map_err(read_error(format!("pods in {namespace}")))?
+        .map_err(Error::read(format!("pods in {namespace}")))?
         .items
         .into_iter()
         .filter(|pod| {
@@ -661,8 +629,11 @@ async fn finish_command(
         let credentials = match custody_kube::s3::credentials(client, namespace, secret_name).await
         {
             Ok(credentials) => credentials,
-            Err(Some(message)) => return Err(fail("CredentialsMissing", message)),
-            Err(None) => return Err(fail("Retry", String::new())),
+            Err(error @ custody_kube::s3::CredentialsError::Read { .. }) => {
+                tracing::warn!(%error, "reading credentials");
+                return Err(fail("Retry", String::new()));
+            }
+            Err(error) => return Err(fail("CredentialsMissing", error.to_string())),
         };
         let endpoint = crate::repositories::endpoint_of(repository);
         let s3 = custody_kube::s3::client(&endpoint, &credentials)
@@ -836,7 +807,7 @@ fn job_spec(inputs: JobInputs<'_>) -> Job {
 
 /// Retries a failed reconciliation after a few seconds.
 pub fn error_policy(backup: Arc<Backup>, error: &Error, context: Arc<BackupContext>) -> Action {
-    crate::annotation_reconciler::error_policy(backup, error, context.base.clone())
+    reconciler::error_policy(&*backup, error, &context.base)
 }
 
 /// The controller: Backups, woken by their Jobs.
@@ -845,30 +816,16 @@ pub fn controller(
     namespace: Option<&str>,
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
-    use futures::{FutureExt, StreamExt};
     let client = context.base.client.clone();
-    let (backups, jobs): (Api<Backup>, Api<Job>) = match namespace {
-        Some(namespace) => (
-            Api::namespaced(client.clone(), namespace),
-            Api::namespaced(client, namespace),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
-    Controller::new(backups, watcher::Config::default())
-        .owns(
-            jobs,
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                custody_proto::names::LABEL_ROLE,
-                custody_proto::names::ROLE_BACKUP
-            )),
-        )
-        .graceful_shutdown_on(stopped)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(kind = "Backup", %error, "controller event");
-            }
-        })
-        .boxed()
+    let backups: Api<Backup> = reconciler::scoped(client.clone(), namespace);
+    let jobs: Api<Job> = reconciler::scoped(client, namespace);
+    let controller = Controller::new(backups, watcher::Config::default()).owns(
+        jobs,
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_BACKUP
+        )),
+    );
+    reconciler::run(controller, reconcile, error_policy, context, stopped)
 }

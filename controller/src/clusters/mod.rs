@@ -6,7 +6,7 @@
 pub mod decide;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
@@ -15,10 +15,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use crate::annotation_reconciler::Context;
 use crate::conditions;
 use crate::error::{Error, Result};
-use crate::metrics::KindLabels;
+use crate::events::Note;
+use crate::reconciler::{self, Context};
 use custody_kube::api::{Cluster, ClusterStatus, HasConditions, Restore, RestoreSpec};
 use decide::{FINALIZER, RestoreFacts, Teardown, Workload};
 
@@ -32,16 +32,8 @@ pub fn restore_name(cluster: &Cluster) -> String {
 
 /// Reconciles one Cluster.
 pub async fn reconcile(cluster: Arc<Cluster>, context: Arc<Context>) -> Result<Action> {
-    let labels = KindLabels { kind: "Cluster" };
-    context.metrics.reconciliations.get_or_create(&labels).inc();
-    let started = Instant::now();
-    let result = run(&cluster, &context).await;
-    context
-        .metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    let _measure = reconciler::Measure::start(&context.metrics, "Cluster");
+    run(&cluster, &context).await
 }
 
 async fn event(
@@ -49,12 +41,14 @@ async fn event(
     cluster: &Cluster,
     warning: bool,
     reason: &str,
-    note: String,
+    text: String,
 ) -> Result<()> {
-    crate::events::publish(
-        context, cluster, "Cluster", warning, reason, note, "Restore",
-    )
-    .await
+    let note = Note {
+        warning,
+        reason: reason.to_string(),
+        text,
+    };
+    crate::events::publish(context, cluster, "Restore", &note).await
 }
 
 async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
@@ -293,7 +287,7 @@ async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {
 
 /// Retries a failed reconciliation after a few seconds.
 pub fn error_policy(cluster: Arc<Cluster>, error: &Error, context: Arc<Context>) -> Action {
-    crate::annotation_reconciler::error_policy(cluster, error, context)
+    reconciler::error_policy(&*cluster, error, &context)
 }
 
 /// The controller: Clusters, woken by their Restores and StatefulSets.
@@ -302,24 +296,13 @@ pub fn controller(
     namespace: Option<&str>,
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
-    use futures::{FutureExt, StreamExt};
     let client = context.client.clone();
-    let (clusters, restores, sets): (Api<Cluster>, Api<Restore>, Api<StatefulSet>) = match namespace
-    {
-        Some(namespace) => (
-            Api::namespaced(client.clone(), namespace),
-            Api::namespaced(client.clone(), namespace),
-            Api::namespaced(client, namespace),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client),
-        ),
-    };
+    let clusters: Api<Cluster> = reconciler::scoped(client.clone(), namespace);
+    let restores: Api<Restore> = reconciler::scoped(client.clone(), namespace);
+    let sets: Api<StatefulSet> = reconciler::scoped(client, namespace);
     let controller = Controller::new(clusters, watcher::Config::default());
     let store = controller.store();
-    controller
+    let controller = controller
         .owns(restores, watcher::Config::default())
         .watches(sets, watcher::Config::default(), move |set: StatefulSet| {
             let namespace = set.namespace();
@@ -332,13 +315,6 @@ pub fn controller(
                 })
                 .map(|cluster| kube::runtime::reflector::ObjectRef::from_obj(&*cluster))
                 .collect::<Vec<_>>()
-        })
-        .graceful_shutdown_on(stopped)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(kind = "Cluster", %error, "controller event");
-            }
-        })
-        .boxed()
+        });
+    reconciler::run(controller, reconcile, error_policy, context, stopped)
 }

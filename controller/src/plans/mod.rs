@@ -5,7 +5,7 @@
 pub mod decide;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -15,10 +15,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
-use crate::annotation_reconciler::Context;
 use crate::conditions::{self, Desired, Status, types};
 use crate::error::{Error, Result};
-use crate::metrics::KindLabels;
+use crate::events::Note;
+use crate::reconciler::{self, Context};
 use custody_kube::api::{Backup, BackupPhase, BackupPlan, BackupPlanStatus, ConcurrencyPolicy};
 use decide::{Due, LABEL_PLAN, LABEL_PLAN_UID};
 
@@ -97,32 +97,20 @@ impl Plan<'_> {
         .await
     }
 
-    async fn event(&self, warning: bool, reason: &str, note: String) -> Result<()> {
-        crate::events::publish(
-            self.context,
-            self.plan,
-            "BackupPlan",
+    async fn event(&self, warning: bool, reason: &str, text: String) -> Result<()> {
+        let note = Note {
             warning,
-            reason,
-            note,
-            "Schedule",
-        )
-        .await
+            reason: reason.to_string(),
+            text,
+        };
+        crate::events::publish(self.context, self.plan, "Schedule", &note).await
     }
 }
 
 /// Reconciles one plan.
 pub async fn reconcile(plan: Arc<BackupPlan>, context: Arc<Context>) -> Result<Action> {
-    let labels = KindLabels { kind: "BackupPlan" };
-    context.metrics.reconciliations.get_or_create(&labels).inc();
-    let started = Instant::now();
-    let result = run(&plan, &context).await;
-    context
-        .metrics
-        .reconcile_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    let _measure = reconciler::Measure::start(&context.metrics, "BackupPlan");
+    run(&plan, &context).await
 }
 
 async fn run(plan: &BackupPlan, context: &Context) -> Result<Action> {
@@ -339,7 +327,7 @@ async fn run(plan: &BackupPlan, context: &Context) -> Result<Action> {
 
 /// Retries a failed reconciliation after a few seconds.
 pub fn error_policy(plan: Arc<BackupPlan>, error: &Error, context: Arc<Context>) -> Action {
-    crate::annotation_reconciler::error_policy(plan, error, context)
+    reconciler::error_policy(&*plan, error, &context)
 }
 
 /// The controller: plans, woken by their Backups' changes.
@@ -348,37 +336,23 @@ pub fn controller(
     namespace: Option<&str>,
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
-    use futures::{FutureExt, StreamExt};
     let client = context.client.clone();
-    let (plans, backups): (Api<BackupPlan>, Api<Backup>) = match namespace {
-        Some(namespace) => (
-            Api::namespaced(client.clone(), namespace),
-            Api::namespaced(client, namespace),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
-    Controller::new(plans, watcher::Config::default())
-        .watches(
-            backups,
-            watcher::Config::default().labels(LABEL_PLAN),
-            |backup| {
-                let plan = backup.labels().get(LABEL_PLAN).cloned();
-                let namespace = backup.namespace();
-                plan.map(|plan| {
-                    let reference = ObjectRef::<BackupPlan>::new(&plan);
-                    match namespace {
-                        Some(namespace) => reference.within(&namespace),
-                        None => reference,
-                    }
-                })
-            },
-        )
-        .graceful_shutdown_on(stopped)
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(kind = "BackupPlan", %error, "controller event");
-            }
-        })
-        .boxed()
+    let plans: Api<BackupPlan> = reconciler::scoped(client.clone(), namespace);
+    let backups: Api<Backup> = reconciler::scoped(client, namespace);
+    let controller = Controller::new(plans, watcher::Config::default()).watches(
+        backups,
+        watcher::Config::default().labels(LABEL_PLAN),
+        |backup| {
+            let plan = backup.labels().get(LABEL_PLAN).cloned();
+            let namespace = backup.namespace();
+            plan.map(|plan| {
+                let reference = ObjectRef::<BackupPlan>::new(&plan);
+                match namespace {
+                    Some(namespace) => reference.within(&namespace),
+                    None => reference,
+                }
+            })
+        },
+    );
+    reconciler::run(controller, reconcile, error_policy, context, stopped)
 }

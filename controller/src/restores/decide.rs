@@ -11,11 +11,28 @@ use crate::backups::decide::JobState;
 use custody_kube::api::{
     ReportedVolume, RestorePhase, VolumeRestorePolicy, VolumeRestoreStatus, VolumeState,
 };
+use custody_proto::reasons::VolumeFailure;
 
 /// Finalizer of the restore reconciler on Restores.
 pub const FINALIZER: &str = "custody.io/restore-cleanup";
 /// Label on everything the restore reconciler creates: the Restore's UID.
 pub use custody_proto::names::LABEL_RESTORE_UID;
+/// A volume's prepareData Job failed.
+pub const RESTORE_JOB_FAILED: &str = "RestoreJobFailed";
+/// A volume's prepareData Job kept disappearing.
+pub const JOB_DELETED: &str = "JobDeleted";
+/// A Job of the name this Restore would use is someone else's.
+pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
+
+/// The condition reason for a volume's failure: one of the restore reconciler's own, or a
+/// [`VolumeFailure`] an agent reported (one this build does not know reads as its fallback).
+pub fn condition_reason(reason: &str) -> &'static str {
+    [RESTORE_JOB_FAILED, JOB_DELETED, JOB_NAME_TAKEN]
+        .into_iter()
+        .find(|own| *own == reason)
+        .unwrap_or_else(|| VolumeFailure::parse(reason).as_str())
+}
+
 /// How many prepareData Jobs one volume may get: a Job deleted by someone else is recreated
 /// this many times in all, then the volume fails.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -174,7 +191,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
         VolumeState::Failed => {
             return failed(
                 status,
-                reported.reason.as_deref().unwrap_or("VerificationFailed"),
+                VolumeFailure::parse(reported.reason.as_deref().unwrap_or_default()).as_str(),
                 reported
                     .message
                     .clone()
@@ -197,7 +214,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
     match &facts.job {
         JobFact::Foreign => failed(
             status,
-            "JobNameTaken",
+            JOB_NAME_TAKEN,
             format!("Job {job} exists but was not created by this Restore; it is left alone"),
         ),
         JobFact::Owned(JobState::Running) => at(
@@ -214,7 +231,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
         ),
         JobFact::Owned(JobState::Failed { message }) => failed(
             status,
-            "RestoreJobFailed",
+            RESTORE_JOB_FAILED,
             format!("Job {job} failed: {message}"),
         ),
         JobFact::Missing if status.attempts == 0 && !facts.may_start => at(
@@ -262,7 +279,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
         }
         JobFact::Missing => failed(
             status,
-            "JobDeleted",
+            JOB_DELETED,
             format!(
                 "Job {job} disappeared before the volume was verified, {MAX_ATTEMPTS} times; something deletes the restore's Jobs"
             ),

@@ -140,36 +140,53 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
     variables
 }
 
-/// The access key and secret in a repository's credentials Secret. `Err(None)`: the API
-/// server could not be read (try again later); `Err(Some(message))`: the Secret is missing or
-/// incomplete.
+/// Why a repository's credentials could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The API server could not be asked: try again later.
+    #[error("reading Secret {name}: {source}")]
+    Read {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The Secret does not exist.
+    #[error("the credentials Secret {name} does not exist")]
+    SecretMissing { name: String },
+    /// The Secret lacks a key (or its value is empty).
+    #[error("Secret {name} has no {key}")]
+    KeyMissing { name: String, key: &'static str },
+}
+
+/// The access key and secret in a repository's credentials Secret `name`.
 pub async fn credentials(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> Result<Secret, Option<String>> {
+) -> Result<Secret, CredentialsError> {
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(client.clone(), namespace);
-    let secret = match secrets.get_opt(name).await {
-        Ok(Some(secret)) => secret,
-        Ok(None) => {
-            return Err(Some(format!(
-                "the credentials Secret {name} does not exist"
-            )));
-        }
-        Err(error) => {
-            tracing::warn!(secret = name, %error, "reading credentials");
-            return Err(None);
-        }
-    };
-    let value = |key: &str| {
+    let secret = secrets
+        .get_opt(name)
+        .await
+        .map_err(|source| CredentialsError::Read {
+            name: name.to_string(),
+            source,
+        })?
+        .ok_or_else(|| CredentialsError::SecretMissing {
+            name: name.to_string(),
+        })?;
+    let value = |key: &'static str| {
         secret
             .data
             .as_ref()
             .and_then(|data| data.get(key))
             .map(|bytes| String::from_utf8_lossy(&bytes.0).trim().to_string())
             .filter(|value| !value.is_empty())
-            .ok_or_else(|| Some(format!("Secret {name} has no {key}")))
+            .ok_or_else(|| CredentialsError::KeyMissing {
+                name: name.to_string(),
+                key,
+            })
     };
     Ok(Secret {
         access_key_id: value(ACCESS_KEY_ID)?,

@@ -1,0 +1,182 @@
+//! The scaffold every reconciler shares, written once: the [`Context`] it runs with, the
+//! [`Measure`] guard that counts and times a reconciliation, the fresh read it decides on,
+//! the [`error_policy`], and the [`run`] tail that drives a `Controller` until shutdown.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::annotations::Kind;
+use crate::error::{Error, Result};
+use crate::events::Recorder;
+use crate::metrics::{ErrorLabels, KindLabels, Metrics};
+use custody_kube::api::{
+    Backup, BackupPlan, BackupRepository, Cluster, HasConditions, NodeAgent, Restore,
+};
+
+/// What every reconciliation needs.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A custody kind a reconciler watches.
+pub trait CustodyKind:
+    Resource<DynamicType = ()>
+    + HasConditions
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + Serialize
+    + Send
+    + Sync
+    + 'static
+{
+    /// Which kind it is, for the annotation rules.
+    const KIND: Kind;
+    /// Its name as a metric label and in Events.
+    const LABEL: &'static str;
+    /// The API for objects of this kind in `namespace` (ignored for cluster-scoped kinds;
+    /// `None` means every namespace).
+    fn api(client: Client, namespace: Option<&str>) -> Api<Self>;
+}
+
+macro_rules! namespaced_kind {
+    ($($kind:ident),*) => {
+        $(impl CustodyKind for $kind {
+            const KIND: Kind = Kind::$kind;
+            const LABEL: &'static str = stringify!($kind);
+            fn api(client: Client, namespace: Option<&str>) -> Api<Self> {
+                scoped(client, namespace)
+            }
+        })*
+    };
+}
+
+namespaced_kind!(BackupRepository, Cluster, Backup, BackupPlan, Restore);
+
+impl CustodyKind for NodeAgent {
+    const KIND: Kind = Kind::NodeAgent;
+    const LABEL: &'static str = "NodeAgent";
+    fn api(client: Client, _namespace: Option<&str>) -> Api<Self> {
+        Api::all(client)
+    }
+}
+
+/// The API of a namespaced kind in `namespace`, or in every namespace for `None` (a
+/// controller started with `--namespace` watches only that one).
+pub fn scoped<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    }
+}
+
+/// Counts a reconciliation of one kind when it starts and records its duration when it ends,
+/// however it ends.
+pub struct Measure<'a> {
+    metrics: &'a Metrics,
+    kind: &'static str,
+    started: Instant,
+}
+
+impl<'a> Measure<'a> {
+    /// Starts measuring a reconciliation of `kind`.
+    pub fn start(metrics: &'a Metrics, kind: &'static str) -> Measure<'a> {
+        metrics
+            .reconciliations
+            .get_or_create(&KindLabels { kind })
+            .inc();
+        Measure {
+            metrics,
+            kind,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Measure<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .reconcile_duration
+            .get_or_create(&KindLabels { kind: self.kind })
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Measures one reconciliation of `object` and runs `reconcile` on the object as the API
+/// server has it now, not as the watch cache last saw it: a status written a moment ago (a
+/// started volume, a recorded key) must not be rolled back by a decision on an older copy.
+/// An object that is gone needs nothing.
+pub async fn on_fresh<K, F>(
+    object: &K,
+    context: &Context,
+    reconcile: impl FnOnce(K) -> F,
+) -> Result<Action>
+where
+    K: CustodyKind + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    F: Future<Output = Result<Action>>,
+{
+    let _measure = Measure::start(&context.metrics, K::LABEL);
+    match crate::status::fresh(object, &context.client).await? {
+        Some(current) => reconcile(current).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// Logs and counts a failed reconciliation, then retries it after a few seconds.
+pub fn error_policy<K: CustodyKind>(object: &K, error: &Error, context: &Context) -> Action {
+    tracing::warn!(kind = K::LABEL, object = describe(object), %error, "reconcile failed");
+    context
+        .metrics
+        .reconcile_failures
+        .get_or_create(&ErrorLabels {
+            kind: K::LABEL,
+            error: error.label(),
+        })
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Drives `controller` until `stopped` completes, finishing the reconciliations under way.
+pub fn run<K, C, F>(
+    controller: Controller<K>,
+    reconcile: impl FnMut(Arc<K>, Arc<C>) -> F + Send + 'static,
+    error_policy: impl Fn(Arc<K>, &Error, Arc<C>) -> Action + Send + Sync + 'static,
+    context: Arc<C>,
+    stopped: impl Future<Output = ()> + Send + Sync + 'static,
+) -> futures::future::BoxFuture<'static, ()>
+where
+    K: CustodyKind,
+    C: Send + Sync + 'static,
+    F: Future<Output = Result<Action>> + Send + 'static,
+{
+    controller
+        .graceful_shutdown_on(stopped)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(kind = K::LABEL, %error, "controller event");
+            }
+        })
+        .boxed()
+}
+
+/// `namespace/name`, or `name` for a cluster-scoped object.
+pub fn describe<K: Resource>(object: &K) -> String {
+    match &object.meta().namespace {
+        Some(namespace) => format!("{namespace}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}

@@ -1,0 +1,225 @@
+//! Carrying out a Restore's [`Plan`] (and its teardown): every write of the restore
+//! reconciler is here, in the order the plan documents.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::Action;
+
+use super::gather::TeardownFacts;
+use super::plan::{Facts, LeaseStep, Plan};
+use super::{ACTION, FIELD_MANAGER, GATE_CA_CONFIG_MAP, RestoreContext, decide, plan};
+use crate::error::{Error, Result};
+use crate::holds;
+use custody_kube::api::Restore;
+
+/// Carries out `plan`, decided on `facts`.
+pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> Result<Action> {
+    let restore = &facts.restore;
+    let client = &context.base.client;
+    let namespace = restore.namespace().unwrap_or_default();
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    let what = format!("Restore {namespace}/{}", restore.name_any());
+    let restores: Api<Restore> = Api::namespaced(client.clone(), &namespace);
+    if plan.add_finalizer {
+        // Nothing is created before the finalizer is on; the write wakes us again.
+        crate::finalizers::add(&restores, restore, decide::FINALIZER, &what).await?;
+        return Ok(Action::await_change());
+    }
+    if plan.publish_gate_ca {
+        publish_gate_ca(context, &namespace).await?;
+    }
+    let me = holds::holder("Restore", &uid);
+    if plan.lease == LeaseStep::TakeFirst
+        && let Some(cluster) = &facts.cluster
+        && let Some(holder) = holds::lease::acquire(client, &namespace, cluster, &me).await?
+    {
+        plan = plan::cluster_busy(facts, &holder);
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    for job in &plan.jobs {
+        match jobs.create(&PostParams::default(), job).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(source) => {
+                return Err(Error::Create {
+                    object: format!("Job {namespace}/{}", job.name_any()),
+                    source,
+                });
+            }
+        }
+    }
+    if let Some(status) = &plan.status {
+        crate::status::apply(&restores, &restore.name_any(), FIELD_MANAGER, &what, status).await?;
+        tracing::info!(
+            namespace,
+            name = restore.name_any(),
+            phase = ?status.phase,
+            progress = status.progress.as_deref().unwrap_or_default(),
+            volumes = status
+                .volumes
+                .iter()
+                .map(|volume| format!(
+                    "{}={:?}#{}: {}",
+                    volume.claim_name,
+                    volume.state,
+                    volume.attempts,
+                    volume.message.as_deref().unwrap_or_default()
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
+            "restore status"
+        );
+    }
+    if plan.lease == LeaseStep::Release
+        && let Some(cluster_uid) = facts
+            .cluster
+            .as_ref()
+            .and_then(|cluster| cluster.metadata.uid.as_deref())
+    {
+        holds::lease::release(client, &namespace, cluster_uid, &me).await?;
+    }
+    for note in &plan.events {
+        crate::events::publish(&context.base, restore, ACTION, note).await?;
+    }
+    for pod in &plan.release {
+        set_readiness_gate(context, &namespace, pod, &restore.name_any()).await?;
+    }
+    Ok(match plan.requeue {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+/// Sets the readiness gate condition of a pod whose restored volumes are all verified.
+async fn set_readiness_gate(
+    context: &RestoreContext,
+    namespace: &str,
+    pod: &str,
+    restore: &str,
+) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(context.base.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "status": {"conditions": [{
+            "type": crate::inject::READINESS_GATE,
+            "status": "True",
+            "reason": "RestoreVerified",
+            "message": format!("every restored volume verified (Restore {restore})"),
+            "lastTransitionTime": Time(Timestamp::now()),
+        }]},
+    });
+    match api
+        .patch_status(
+            pod,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        // Gone since it was listed: nothing to release.
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(source) => {
+            return Err(Error::PatchStatus {
+                object: format!("Pod {namespace}/{pod}"),
+                source,
+            });
+        }
+    }
+    tracing::info!(namespace, pod, "readiness gate set");
+    Ok(())
+}
+
+/// Copies the gate's CA into the namespace for `custody-wait` (created once, then kept equal).
+async fn publish_gate_ca(context: &RestoreContext, namespace: &str) -> Result<()> {
+    let Some(ca) = &context.gate_ca else {
+        return Ok(());
+    };
+    let api: Api<ConfigMap> = Api::namespaced(context.base.client.clone(), namespace);
+    let config_map = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": GATE_CA_CONFIG_MAP,
+            "labels": {"app.kubernetes.io/managed-by": "custody"},
+        },
+        "data": {"ca.crt": ca},
+    });
+    api.patch(
+        GATE_CA_CONFIG_MAP,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(config_map),
+    )
+    .await
+    .map_err(|source| Error::Patch {
+        object: format!("ConfigMap {namespace}/{GATE_CA_CONFIG_MAP}"),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Cancellation: delete this Restore's own Jobs (owner reference, label and UID checked by
+/// [`decide::teardown`]), wait until they and their pods are gone, then remove only this
+/// reconciler's finalizer.
+pub async fn teardown(
+    restore: &Restore,
+    facts: &TeardownFacts,
+    context: &RestoreContext,
+) -> Result<Action> {
+    let client = &context.base.client;
+    let namespace = restore.namespace().unwrap_or_default();
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    if !restore.finalizers().iter().any(|f| f == decide::FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let plan = decide::teardown(&facts.jobs, &facts.pods, &uid);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    for name in &plan.delete {
+        // The precondition makes the API server refuse if the Job was replaced by another of
+        // the same name since it was read.
+        let Some(job) = facts
+            .jobs
+            .iter()
+            .find(|job| job.metadata.name.as_ref() == Some(name))
+        else {
+            continue;
+        };
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            preconditions: Some(kube::api::Preconditions {
+                uid: job.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match jobs.delete(name, &params).await {
+            Ok(_) => tracing::info!(namespace, job = name, "deleted prepareData Job"),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(source) => {
+                return Err(Error::Delete {
+                    object: format!("Job {namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    if plan.waiting {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    if let Some(cluster_uid) = &facts.cluster_uid {
+        let me = holds::holder("Restore", &uid);
+        holds::lease::release(client, &namespace, cluster_uid, &me).await?;
+    }
+    let restores: Api<Restore> = Api::namespaced(client.clone(), &namespace);
+    let what = format!("Restore {namespace}/{}", restore.name_any());
+    crate::finalizers::remove(&restores, restore, decide::FINALIZER, &what).await?;
+    tracing::info!(namespace, name = restore.name_any(), "restore torn down");
+    Ok(Action::await_change())
+}

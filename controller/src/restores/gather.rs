@@ -1,0 +1,190 @@
+//! The reads of one reconciliation of a Restore, into [`Facts`]. What is read depends only on
+//! what was read before it (the repository the Backup names, the Jobs the status names), never
+//! on a decision.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use super::RestoreContext;
+use super::decide::{self, JobFact, LABEL_RESTORE_UID};
+use super::plan::Facts;
+use crate::backups::decide::job_state;
+use crate::error::{Error, Result};
+use custody_kube::api::{Backup, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase};
+use custody_proto::reasons::VolumeFailure;
+
+/// Reads what [`super::plan::plan`] decides on.
+pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> {
+    let client = &context.base.client;
+    let namespace = restore.namespace().unwrap_or_default();
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    let cluster_name = &restore.spec.cluster_ref.name;
+    let cluster = Api::<Cluster>::namespaced(client.clone(), &namespace)
+        .get_opt(cluster_name)
+        .await
+        .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
+    let agents = Api::<NodeAgent>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::read("NodeAgents"))?
+        .items
+        .into_iter()
+        .map(|agent| {
+            let volumes = agent
+                .status
+                .map(|status| status.restored_volumes)
+                .unwrap_or_default();
+            for volume in &volumes {
+                if let Some(reason) = &volume.reason
+                    && VolumeFailure::known(reason).is_none()
+                {
+                    tracing::warn!(
+                        node = agent.spec.node_name,
+                        reason,
+                        "an agent reports a reason this controller does not know"
+                    );
+                }
+            }
+            (agent.spec.node_name, volumes)
+        })
+        .collect();
+    let pods = list(
+        &Api::<Pod>::namespaced(client.clone(), &namespace),
+        &uid,
+        "pods",
+    )
+    .await?;
+    let mut facts = Facts {
+        restore,
+        now: Timestamp::now(),
+        mover_image: context.mover_image.clone(),
+        cluster,
+        agents,
+        backup: None,
+        repository: None,
+        replicas: None,
+        backups: Vec::new(),
+        jobs: Vec::new(),
+        pods,
+    };
+    let status = facts.restore.status.clone().unwrap_or_default();
+    if matches!(
+        status.phase,
+        Some(RestorePhase::Completed | RestorePhase::Failed)
+    ) {
+        // A final Restore only keeps its pods' gates.
+        return Ok(facts);
+    }
+
+    let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
+    let backup_name = &facts.restore.spec.backup_ref.name;
+    facts.backup = backups
+        .get_opt(backup_name)
+        .await
+        .map_err(Error::read(format!("Backup {namespace}/{backup_name}")))?;
+    if let Some(artifact) = facts
+        .backup
+        .as_ref()
+        .and_then(|backup| backup.status.as_ref())
+        .and_then(|status| status.artifact.as_ref())
+    {
+        facts.repository = Api::<BackupRepository>::namespaced(client.clone(), &namespace)
+            .get_opt(&artifact.repository)
+            .await
+            .map_err(Error::read(format!(
+                "BackupRepository {namespace}/{}",
+                artifact.repository
+            )))?;
+    }
+    if let Some(cluster) = &facts.cluster {
+        let set_name = &cluster.spec.stateful_set_ref.name;
+        facts.replicas = Api::<StatefulSet>::namespaced(client.clone(), &namespace)
+            .get_opt(set_name)
+            .await
+            .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?
+            .map(|set| set.spec.and_then(|spec| spec.replicas).unwrap_or(1));
+    }
+    if !status.volumes.iter().any(|volume| volume.attempts > 0) {
+        // Not started: the hold looks at the Cluster's running backups.
+        facts.backups = backups
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::read(format!("Backups in {namespace}")))?
+            .items;
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    for name in status
+        .volumes
+        .iter()
+        .filter_map(|volume| volume.job_name.as_ref())
+    {
+        let fact = match jobs
+            .get_opt(name)
+            .await
+            .map_err(Error::read(format!("Job {namespace}/{name}")))?
+        {
+            None => JobFact::Missing,
+            // A Job someone is deleting is as good as gone once its pods are.
+            Some(job) if decide::owned_job(&job, &uid) => JobFact::Owned(job_state(&job)),
+            Some(_) => JobFact::Foreign,
+        };
+        facts.jobs.push((name.clone(), fact));
+    }
+    Ok(facts)
+}
+
+/// What cancelling a Restore reads.
+pub struct TeardownFacts {
+    /// Jobs labelled with the Restore's UID (owned or not: [`decide::teardown`] checks).
+    pub jobs: Vec<Job>,
+    /// Pods labelled with the Restore's UID.
+    pub pods: Vec<Pod>,
+    /// The Cluster's UID, when it still exists (its Lease is given back).
+    pub cluster_uid: Option<String>,
+}
+
+/// Reads what a teardown decides on.
+pub async fn teardown(restore: &Restore, client: &Client) -> Result<TeardownFacts> {
+    let namespace = restore.namespace().unwrap_or_default();
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    let jobs = list(
+        &Api::<Job>::namespaced(client.clone(), &namespace),
+        &uid,
+        "Jobs",
+    )
+    .await?;
+    let pods = list(
+        &Api::<Pod>::namespaced(client.clone(), &namespace),
+        &uid,
+        "pods",
+    )
+    .await?;
+    // Best effort: a claim left behind names a run that is gone, and is taken over.
+    let cluster_uid = Api::<Cluster>::namespaced(client.clone(), &namespace)
+        .get_opt(&restore.spec.cluster_ref.name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|cluster| cluster.metadata.uid);
+    Ok(TeardownFacts {
+        jobs,
+        pods,
+        cluster_uid,
+    })
+}
+
+/// The objects labelled with the Restore's UID.
+async fn list<K>(api: &Api<K>, uid: &str, what: &str) -> Result<Vec<K>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    Ok(api
+        .list(&ListParams::default().labels(&format!("{LABEL_RESTORE_UID}={uid}")))
+        .await
+        .map_err(Error::read(format!("{what} of Restore {uid}")))?
+        .items)
+}

@@ -1,0 +1,81 @@
+//! The prepareData Job of one volume: `custody-mover restore` pinned to the node where the
+//! volume is mounted, owned by the Restore and labelled with its UID.
+
+use std::collections::BTreeMap;
+
+use custody_proto::mover::Invocation;
+use k8s_openapi::api::batch::v1::Job;
+use kube::Resource;
+
+use super::TARGET_PATH;
+use super::decide::{self, LABEL_RESTORE_UID};
+use crate::backups::decide::LABEL_CLUSTER_UID;
+use custody_kube::api::{Artifact, BackupRepository, Restore};
+
+/// What a prepareData Job is made of.
+pub struct JobInputs<'a> {
+    pub restore: &'a Restore,
+    pub cluster_uid: &'a str,
+    pub create: &'a decide::CreateJob,
+    pub artifact: &'a Artifact,
+    pub backup_uid: &'a str,
+    pub repository: &'a BackupRepository,
+    pub image: &'a str,
+}
+
+/// The Job, as plain data.
+pub fn spec(inputs: &JobInputs<'_>) -> Job {
+    let uid = inputs.restore.metadata.uid.clone().unwrap_or_default();
+    let labels: BTreeMap<String, String> = [
+        (
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_PREPARE_DATA,
+        ),
+        (LABEL_RESTORE_UID, uid.as_str()),
+        (LABEL_CLUSTER_UID, inputs.cluster_uid),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    let owner = inputs.restore.controller_owner_ref(&()).map(|mut owner| {
+        owner.block_owner_deletion = Some(true);
+        owner
+    });
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": inputs.create.name,
+            "labels": labels,
+            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": inputs.create.node,
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "mover",
+                        "image": inputs.image,
+                        "command": ["custody-mover"],
+                        "args": Invocation::Restore {
+                            target: TARGET_PATH.to_string(),
+                            key: inputs.artifact.key.clone(),
+                            manifest_key: inputs.artifact.manifest_key.clone(),
+                            manifest_hash: inputs.artifact.manifest_hash.clone().unwrap_or_default(),
+                            backup_uid: inputs.backup_uid.to_string(),
+                            restore_uid: uid.clone(),
+                        }
+                        .args(),
+                        "env": custody_kube::s3::mover_env(&inputs.repository.spec),
+                        "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
+                        // Writes files of every owner, with their owners and modes.
+                        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+                    }],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.create.claim}}],
+                },
+            },
+        },
+    }))
+    .expect("a valid Job")
+}

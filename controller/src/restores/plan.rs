@@ -1,0 +1,601 @@
+//! What one reconciliation of a Restore does, decided from what it read: [`plan`] takes the
+//! [`Facts`] and returns a [`Plan`] (the status to write, the Jobs to create, the Events, the
+//! Lease step, the pods to release, when to look again). No API client here: every path the
+//! reconciler can take is a row in the table tests.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::decide::{self, FINALIZER, JobFact, VolumeFacts};
+use super::job::{self, JobInputs};
+use super::{reasons, types};
+use crate::conditions::{self, Desired, Status};
+use crate::events::Note;
+use crate::holds::{self, Hold, Run};
+use custody_kube::api::{
+    Artifact, Backup, BackupPhase, BackupRepository, Cluster, ReportedVolume, Restore,
+    RestorePhase, RestoreStatus, VolumeRestoreStatus, VolumeState,
+};
+
+/// Everything a reconciliation of a Restore read, as plain data.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// The Restore as the API server has it now.
+    pub restore: Restore,
+    pub now: Timestamp,
+    /// Image of `custody-mover` for prepareData Jobs.
+    pub mover_image: String,
+    /// The Cluster the Restore names, if it exists.
+    pub cluster: Option<Cluster>,
+    /// Each node's agent reports: `(node, volumes)`.
+    pub agents: Vec<(String, Vec<ReportedVolume>)>,
+    /// The Backup the Restore names, if it exists (not read once the Restore is final).
+    pub backup: Option<Backup>,
+    /// The repository the Backup's artifact is in, if it exists.
+    pub repository: Option<BackupRepository>,
+    /// The Cluster's StatefulSet: `None` when it does not exist, `Some(replicas)` when it does.
+    pub replicas: Option<i32>,
+    /// Backups of the namespace (read only while no volume has started: the hold).
+    pub backups: Vec<Backup>,
+    /// The Jobs the Restore's status names, by name.
+    pub jobs: Vec<(String, JobFact)>,
+    /// Pods labelled with the Restore's UID (workload pods and prepareData pods).
+    pub pods: Vec<Pod>,
+}
+
+/// The coordination Lease step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// Nothing to do.
+    Keep,
+    /// Take it before creating the Jobs; when another run holds it, do [`cluster_busy`]
+    /// instead.
+    TakeFirst,
+    /// The restore is over: give it back.
+    Release,
+}
+
+/// What one reconciliation does, in this order: add the finalizer (and nothing else), publish
+/// the gate's CA, take the Lease, create the Jobs, write the status, release the Lease,
+/// publish the Events, set the pods' readiness gates, look again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// Add this reconciler's finalizer; nothing else happens before it is on.
+    pub add_finalizer: bool,
+    /// Publish the gate's CA into the namespace for `custody-wait`.
+    pub publish_gate_ca: bool,
+    pub lease: LeaseStep,
+    /// prepareData Jobs to create.
+    pub jobs: Vec<Job>,
+    /// The status to write; `None` when it would not change.
+    pub status: Option<RestoreStatus>,
+    pub events: Vec<Note>,
+    /// Pods whose readiness gate to set (every restored volume of theirs verified).
+    pub release: BTreeSet<String>,
+    /// When to reconcile again without a change; `None` waits for one.
+    pub requeue: Option<Duration>,
+}
+
+impl Plan {
+    fn wait_for_change() -> Plan {
+        Plan {
+            add_finalizer: false,
+            publish_gate_ca: false,
+            lease: LeaseStep::Keep,
+            jobs: Vec::new(),
+            status: None,
+            events: Vec::new(),
+            release: BTreeSet::new(),
+            requeue: None,
+        }
+    }
+
+    fn after(seconds: u64) -> Plan {
+        Plan {
+            requeue: Some(Duration::from_secs(seconds)),
+            ..Plan::wait_for_change()
+        }
+    }
+}
+
+/// How a Restore that cannot go on stops: still `Pending` (it waits for something), or
+/// `Failed` (final).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Pending, with a Warning the first time this reason appears.
+    Wait,
+    /// Pending for an ordinary reason: no Event.
+    WaitQuietly,
+    /// Failed, with a Warning.
+    Fail,
+}
+
+/// The plan of one reconciliation (the Restore is not being deleted: see
+/// [`decide::teardown`]).
+pub fn plan(facts: &Facts) -> Plan {
+    let restore = &facts.restore;
+    if !restore.finalizers().iter().any(|name| name == FINALIZER) {
+        return Plan {
+            add_finalizer: true,
+            ..Plan::wait_for_change()
+        };
+    }
+    let namespace = restore.namespace().unwrap_or_default();
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    let phase = restore.status.as_ref().and_then(|status| status.phase);
+    let cluster_name = &restore.spec.cluster_ref.name;
+
+    let Some(cluster) = &facts.cluster else {
+        // A final Restore stays final: its Cluster going away changes nothing.
+        if matches!(phase, Some(RestorePhase::Completed | RestorePhase::Failed)) {
+            return Plan::wait_for_change();
+        }
+        return stop(
+            facts,
+            Stop::Wait,
+            reasons::CLUSTER_NOT_FOUND,
+            format!("Cluster {cluster_name} does not exist in this namespace"),
+            15,
+        );
+    };
+    let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
+    // A Restore created by a Cluster writes only that Cluster (not a later one of the same name).
+    let owner = restore
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true) && owner.kind == "Cluster");
+    if let Some(owner) = owner
+        && owner.uid != cluster_uid
+    {
+        return stop(
+            facts,
+            Stop::Fail,
+            reasons::CLUSTER_MISMATCH,
+            format!(
+                "this Restore belongs to Cluster {} with UID {}, but Cluster {cluster_name} now has UID {cluster_uid}",
+                owner.name, owner.uid
+            ),
+            0,
+        );
+    }
+
+    let volumes_status = restore
+        .status
+        .as_ref()
+        .map(|status| status.volumes.as_slice())
+        .unwrap_or_default();
+    let agents = || {
+        facts
+            .agents
+            .iter()
+            .map(|(node, volumes)| (node.as_str(), volumes.as_slice()))
+    };
+    if matches!(phase, Some(RestorePhase::Completed | RestorePhase::Failed)) {
+        // Final. Pods of a completed restore whose volumes the agents still report verified
+        // keep (or get) their readiness gate.
+        let claims: Vec<String> = volumes_status
+            .iter()
+            .map(|volume| volume.claim_name.clone())
+            .collect();
+        let reports = decide::reports_for(agents(), &namespace, &uid, &claims);
+        return Plan {
+            lease: LeaseStep::Release,
+            release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
+            ..Plan::after(60)
+        };
+    }
+
+    // The source.
+    let backup_name = &restore.spec.backup_ref.name;
+    let Some(backup) = &facts.backup else {
+        // Read from the API server: a Backup that is gone is refused, never waited for.
+        return stop(
+            facts,
+            Stop::Fail,
+            reasons::BACKUP_NOT_FOUND,
+            format!("Backup {backup_name} does not exist in this namespace (or was deleted)"),
+            0,
+        );
+    };
+    // A restore that has started goes on: the Backup's deletion waits for it. One that has not
+    // started never begins reading a Backup on its way out.
+    let started = volumes_status.iter().any(|volume| volume.attempts > 0);
+    if backup.metadata.deletion_timestamp.is_some() && !started {
+        return stop(
+            facts,
+            Stop::Fail,
+            reasons::BACKUP_BEING_DELETED,
+            format!(
+                "Backup {backup_name} is being deleted; a restore never reads a Backup on its way out"
+            ),
+            0,
+        );
+    }
+    let artifact = match source_artifact(backup) {
+        Ok(artifact) => artifact,
+        Err((how, message)) => {
+            return stop(facts, how, reasons::BACKUP_NOT_COMPLETED, message, 15);
+        }
+    };
+    let Some(repository) = &facts.repository else {
+        return stop(
+            facts,
+            Stop::Wait,
+            reasons::REPOSITORY_NOT_FOUND,
+            format!(
+                "BackupRepository {} holding Backup {backup_name} does not exist in this namespace",
+                artifact.repository
+            ),
+            30,
+        );
+    };
+
+    // The target.
+    let set_name = &cluster.spec.stateful_set_ref.name;
+    let Some(replicas) = facts.replicas else {
+        // Usual while the user's manifests are applied one after another.
+        return stop(
+            facts,
+            Stop::WaitQuietly,
+            reasons::STATEFUL_SET_NOT_FOUND,
+            format!("StatefulSet {set_name} of Cluster {cluster_name} does not exist yet"),
+            10,
+        );
+    };
+    let claims = match decide::claims(&cluster.spec.volume_claim_templates, set_name, replicas) {
+        Ok(claims) => claims,
+        Err(refusal) => return stop(facts, Stop::Fail, refusal.reason, refusal.message, 0),
+    };
+
+    if !started
+        && let Hold::Wait { reason, message } =
+            holds::restore_hold(cluster_name, &backup_runs(&facts.backups, cluster_name))
+    {
+        // Not started: a running backup of the Cluster finishes first.
+        return Plan {
+            publish_gate_ca: true,
+            ..stop(facts, Stop::Wait, reason, message, 5)
+        };
+    }
+
+    let reports = decide::reports_for(agents(), &namespace, &uid, &claims);
+    let mut steps: Vec<decide::VolumeStep> = Vec::with_capacity(claims.len());
+    for claim in &claims {
+        let previous = volumes_status
+            .iter()
+            .find(|volume| &volume.claim_name == claim);
+        let job = previous
+            .and_then(|volume| volume.job_name.as_ref())
+            .and_then(|name| facts.jobs.iter().find(|(job, _)| job == name))
+            .map(|(_, fact)| fact.clone())
+            .unwrap_or(JobFact::Missing);
+        let volume = VolumeFacts {
+            claim,
+            previous,
+            reported: reports.get(claim).copied(),
+            job,
+            may_start: decide::may_start(restore.spec.volume_restore_policy, &steps),
+        };
+        steps.push(decide::volume(&volume, &uid));
+    }
+
+    let mut events = Vec::new();
+    let mut jobs = Vec::new();
+    for step in &steps {
+        let Some(create) = &step.create else {
+            continue;
+        };
+        jobs.push(job::spec(&JobInputs {
+            restore,
+            cluster_uid: &cluster_uid,
+            create,
+            artifact: &artifact,
+            backup_uid: backup.metadata.uid.as_deref().unwrap_or_default(),
+            repository,
+            image: &facts.mover_image,
+        }));
+        events.push(if step.recreated {
+            Note::warning(
+                "JobRecreated",
+                format!(
+                    "a prepareData Job of claim {} disappeared before its volume was verified; created {} (attempt {} of {})",
+                    create.claim,
+                    create.name,
+                    create.attempt,
+                    decide::MAX_ATTEMPTS
+                ),
+            )
+        } else {
+            Note::normal(
+                "RestoreStarted",
+                format!(
+                    "Job {} writes claim {} on node {} from {}",
+                    create.name, create.claim, create.node, artifact.key
+                ),
+            )
+        });
+    }
+
+    let volumes: Vec<VolumeRestoreStatus> = steps.into_iter().map(|step| step.status).collect();
+    for volume in volumes.iter().filter(|volume| {
+        volume.state == VolumeState::Verified
+            && !volumes_status.iter().any(|old| {
+                old.claim_name == volume.claim_name && old.state == VolumeState::Verified
+            })
+    }) {
+        events.push(Note::normal(
+            "VolumeVerified",
+            format!(
+                "claim {} verified on node {}: {}",
+                volume.claim_name,
+                volume.node_name.clone().unwrap_or_default(),
+                volume.message.clone().unwrap_or_default()
+            ),
+        ));
+    }
+
+    let summary = decide::summary(&volumes);
+    let mut status = restore.status.clone().unwrap_or_default();
+    status.volumes = volumes;
+    status.phase = Some(summary.phase);
+    status.progress = Some(summary.progress.clone());
+    if summary.phase != RestorePhase::Pending {
+        status.start_time.get_or_insert(Time(facts.now));
+    }
+    let (ready, verified) = match (&summary.phase, &summary.failure) {
+        (RestorePhase::Failed, Some((reason, message))) => {
+            status.completion_time.get_or_insert(Time(facts.now));
+            let reason = decide::condition_reason(reason);
+            events.push(Note::warning(reason, message.clone()));
+            (
+                desired(types::READY, Status::False, reason, message.clone()),
+                desired(types::VERIFIED, Status::False, reason, message.clone()),
+            )
+        }
+        (RestorePhase::Completed, _) => {
+            status.completion_time.get_or_insert(Time(facts.now));
+            let message = format!("every volume verified ({})", summary.progress);
+            events.push(Note::normal(reasons::COMPLETED, message.clone()));
+            (
+                desired(
+                    types::READY,
+                    Status::True,
+                    reasons::COMPLETED,
+                    message.clone(),
+                ),
+                desired(
+                    types::VERIFIED,
+                    Status::True,
+                    reasons::ALL_VERIFIED,
+                    message,
+                ),
+            )
+        }
+        (RestorePhase::Pending, _) => {
+            let message = format!(
+                "waiting for the pods of StatefulSet {set_name} to be scheduled and their volumes reported ({})",
+                summary.progress
+            );
+            (
+                desired(
+                    types::READY,
+                    Status::False,
+                    reasons::WAITING_FOR_PODS,
+                    message.clone(),
+                ),
+                desired(
+                    types::VERIFIED,
+                    Status::Unknown,
+                    reasons::WAITING_FOR_PODS,
+                    message,
+                ),
+            )
+        }
+        _ => {
+            let message = format!("restoring from Backup {backup_name}: {}", summary.progress);
+            (
+                desired(
+                    types::READY,
+                    Status::False,
+                    reasons::RESTORING,
+                    message.clone(),
+                ),
+                desired(
+                    types::VERIFIED,
+                    Status::Unknown,
+                    reasons::VERIFYING,
+                    message,
+                ),
+            )
+        }
+    };
+    let over = matches!(
+        summary.phase,
+        RestorePhase::Failed | RestorePhase::Completed
+    );
+    Plan {
+        add_finalizer: false,
+        publish_gate_ca: true,
+        lease: if !jobs.is_empty() {
+            LeaseStep::TakeFirst
+        } else if over {
+            LeaseStep::Release
+        } else {
+            LeaseStep::Keep
+        },
+        jobs,
+        status: next_status(restore, status, &[ready, verified], facts.now),
+        events,
+        release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
+        requeue: Some(Duration::from_secs(if over { 60 } else { 5 })),
+    }
+}
+
+/// The plan when another run holds the Cluster's Lease: wait, naming it.
+pub fn cluster_busy(facts: &Facts, holder: &str) -> Plan {
+    Plan {
+        publish_gate_ca: true,
+        ..stop(
+            facts,
+            Stop::Wait,
+            holds::CLUSTER_BUSY,
+            format!(
+                "Cluster {} is claimed by {holder}; the restore starts once it is free",
+                facts.restore.spec.cluster_ref.name
+            ),
+            5,
+        )
+    }
+}
+
+/// The Backup's artifact, if the Backup can be restored: `Err` says whether to wait (not
+/// complete yet) or fail (failed, or made by a command, which leaves no manifest).
+fn source_artifact(backup: &Backup) -> Result<Artifact, (Stop, String)> {
+    let name = backup.name_any();
+    let status = backup.status.clone().unwrap_or_default();
+    match (status.phase, status.artifact) {
+        (Some(BackupPhase::Completed), Some(artifact)) if artifact.manifest_hash.is_some() => {
+            Ok(artifact)
+        }
+        (Some(BackupPhase::Completed), _) if backup.spec.command.is_some() => Err((
+            Stop::Fail,
+            format!(
+                "Backup {name} was taken by a command of its own: it has no manifest to restore and verify against"
+            ),
+        )),
+        (Some(BackupPhase::Failed), _) => Err((
+            Stop::Fail,
+            format!("Backup {name} failed; there is nothing to restore"),
+        )),
+        _ => Err((Stop::Wait, format!("Backup {name} has not completed yet"))),
+    }
+}
+
+/// The Backups of `cluster` as the hold sees them.
+fn backup_runs<'a>(backups: &'a [Backup], cluster: &str) -> Vec<Run<'a>> {
+    backups
+        .iter()
+        .filter(|backup| backup.spec.cluster_ref.name == cluster)
+        .map(|backup| {
+            let phase = backup.status.as_ref().and_then(|status| status.phase);
+            Run {
+                name: backup.metadata.name.as_deref().unwrap_or_default(),
+                started: phase == Some(BackupPhase::Running),
+                terminal: backup.metadata.deletion_timestamp.is_some()
+                    || matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)),
+            }
+        })
+        .collect()
+}
+
+/// The plan of a Restore that stops at `Pending` or `Failed` with `reason`: its status says
+/// why (the volumes as they were), with a Warning the first time the reason appears (none for
+/// [`Stop::WaitQuietly`]); a wait looks again after `retry` seconds.
+fn stop(facts: &Facts, how: Stop, reason: &'static str, message: String, retry: u64) -> Plan {
+    let restore = &facts.restore;
+    let mut status = restore.status.clone().unwrap_or_default();
+    let failed = how == Stop::Fail;
+    status.phase = Some(if failed {
+        RestorePhase::Failed
+    } else {
+        RestorePhase::Pending
+    });
+    if failed {
+        status.completion_time.get_or_insert(Time(facts.now));
+    }
+    let ready = desired(types::READY, Status::False, reason, message.clone());
+    let verified = desired(
+        types::VERIFIED,
+        if failed {
+            Status::False
+        } else {
+            Status::Unknown
+        },
+        reason,
+        message.clone(),
+    );
+    let new_reason = !restore
+        .status
+        .iter()
+        .flat_map(|status| status.conditions.iter())
+        .any(|condition| condition.type_ == types::READY && condition.reason == reason);
+    Plan {
+        status: next_status(restore, status, &[ready, verified], facts.now),
+        events: if how != Stop::WaitQuietly && new_reason {
+            vec![Note::warning(reason, message)]
+        } else {
+            Vec::new()
+        },
+        requeue: (!failed).then(|| Duration::from_secs(retry)),
+        ..Plan::wait_for_change()
+    }
+}
+
+fn desired(type_: &'static str, status: Status, reason: &'static str, message: String) -> Desired {
+    Desired {
+        type_,
+        status,
+        reason,
+        message,
+    }
+}
+
+/// `status` with the `wanted` conditions (their transition times kept unless they flip), or
+/// `None` when that is what the Restore already says. Conditions other writers own
+/// (`AnnotationsRecognized`) are theirs: only ours are compared and written.
+pub fn next_status(
+    restore: &Restore,
+    mut status: RestoreStatus,
+    wanted: &[Desired],
+    now: Timestamp,
+) -> Option<RestoreStatus> {
+    let current = restore.status.clone().unwrap_or_default();
+    let generation = restore.metadata.generation;
+    status.conditions = wanted
+        .iter()
+        .map(|desired| {
+            conditions::next(&current.conditions, desired, generation, now).unwrap_or_else(|| {
+                current
+                    .conditions
+                    .iter()
+                    .find(|condition| condition.type_ == desired.type_)
+                    .cloned()
+                    .expect("next() is None only when the condition exists")
+            })
+        })
+        .collect();
+    let mut compare = current;
+    compare.conditions.retain(|condition| {
+        wanted
+            .iter()
+            .any(|desired| desired.type_ == condition.type_)
+    });
+    (status != compare).then_some(status)
+}
+
+/// Of the `releasable` pods, those that exist and whose readiness gate is not set yet.
+fn ungated(pods: &[Pod], releasable: &BTreeSet<String>) -> BTreeSet<String> {
+    pods.iter()
+        .filter(|pod| releasable.contains(&pod.name_any()))
+        .filter(|pod| {
+            !pod.status
+                .iter()
+                .flat_map(|status| status.conditions.iter().flatten())
+                .any(|condition| {
+                    condition.type_ == crate::inject::READINESS_GATE && condition.status == "True"
+                })
+        })
+        .map(|pod| pod.name_any())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

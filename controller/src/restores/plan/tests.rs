@@ -1,0 +1,813 @@
+//! Every path a reconciliation of a Restore takes, as rows: the facts it read, and what the
+//! plan says (phase and reason written, Events, Jobs, Lease step, pods released, requeue).
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+use crate::backups::decide::JobState;
+use custody_kube::api::{RestorePhase, VolumeState};
+
+const UID: &str = "5e1f0a2b-0000-4000-8000-000000000001";
+const CLUSTER_UID: &str = "c1c1c1c1-0000-4000-8000-000000000002";
+const CLAIM: &str = "data-db-0";
+
+fn now() -> Timestamp {
+    "2026-11-30T12:00:00Z".parse().unwrap()
+}
+
+fn restore() -> Restore {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Restore",
+        "metadata": {
+            "name": "orders", "namespace": "ns", "uid": UID, "generation": 1,
+            "finalizers": [FINALIZER],
+            "ownerReferences": [{"apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+                "name": "orders", "uid": CLUSTER_UID, "controller": true}],
+        },
+        "spec": {"clusterRef": {"name": "orders"}, "backupRef": {"name": "nightly"}},
+    }))
+    .unwrap()
+}
+
+fn cluster(uid: &str) -> Cluster {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": "orders", "namespace": "ns", "uid": uid},
+        "spec": {"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]},
+    }))
+    .unwrap()
+}
+
+fn backup(phase: &str) -> Backup {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Backup",
+        "metadata": {"name": "nightly", "namespace": "ns", "uid": "b-uid"},
+        "spec": {"clusterRef": {"name": "orders"}},
+        "status": {"phase": phase, "artifact": {
+            "repository": "store", "endpoint": "http://s3", "bucket": "bucket",
+            "prefix": "p/b-uid", "key": "p/b-uid/data.tar.zst",
+            "manifestKey": "p/b-uid/manifest.jsonl", "manifestHash": "abc",
+        }},
+    }))
+    .unwrap()
+}
+
+fn repository() -> BackupRepository {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "BackupRepository",
+        "metadata": {"name": "store", "namespace": "ns"},
+        "spec": {"endpoint": "http://s3", "bucket": "bucket",
+            "credentialsSecretRef": {"name": "s3"}},
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, gated: bool) -> Pod {
+    let conditions = if gated {
+        json!([{"type": crate::inject::READINESS_GATE, "status": "True"}])
+    } else {
+        json!([])
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns"},
+        "status": {"conditions": conditions},
+    }))
+    .unwrap()
+}
+
+fn report(state: VolumeState, reason: Option<&str>) -> (String, Vec<ReportedVolume>) {
+    (
+        "node-a".into(),
+        vec![ReportedVolume {
+            namespace: "ns".into(),
+            pod_name: "db-0".into(),
+            pod_uid: "pod-uid".into(),
+            claim_name: CLAIM.into(),
+            restore_uid: UID.into(),
+            state,
+            reason: reason.map(str::to_string),
+            message: reason.map(|_| "base/1 differs".to_string()),
+        }],
+    )
+}
+
+fn volume(state: VolumeState, attempts: u32) -> VolumeRestoreStatus {
+    VolumeRestoreStatus {
+        claim_name: CLAIM.into(),
+        state,
+        node_name: (attempts > 0).then(|| "node-a".to_string()),
+        pod_name: (attempts > 0).then(|| "db-0".to_string()),
+        job_name: (attempts > 0).then(|| decide::job_name(CLAIM, UID, attempts)),
+        attempts,
+        ..VolumeRestoreStatus::default()
+    }
+}
+
+fn ready(reason: &str) -> Condition {
+    Condition {
+        type_: types::READY.into(),
+        status: "False".into(),
+        reason: reason.into(),
+        message: "earlier".into(),
+        observed_generation: Some(1),
+        last_transition_time: Time(now()),
+    }
+}
+
+/// A Restore that can go on: its Cluster, a completed Backup, its repository, a StatefulSet of
+/// one replica, nothing running.
+fn facts() -> Facts {
+    Facts {
+        restore: restore(),
+        now: now(),
+        mover_image: "mover:1".into(),
+        cluster: Some(cluster(CLUSTER_UID)),
+        agents: Vec::new(),
+        backup: Some(backup("Completed")),
+        repository: Some(repository()),
+        replicas: Some(1),
+        backups: Vec::new(),
+        jobs: Vec::new(),
+        pods: vec![pod("db-0", false)],
+    }
+}
+
+fn with_status(mut facts: Facts, phase: RestorePhase, volumes: Vec<VolumeRestoreStatus>) -> Facts {
+    facts.restore.status = Some(RestoreStatus {
+        phase: Some(phase),
+        volumes,
+        ..RestoreStatus::default()
+    });
+    facts
+}
+
+/// What a row expects of the plan.
+#[derive(Debug, PartialEq)]
+struct Expect {
+    phase: Option<RestorePhase>,
+    ready_reason: Option<&'static str>,
+    events: Vec<(&'static str, bool)>,
+    jobs: usize,
+    lease: LeaseStep,
+    release: Vec<&'static str>,
+    requeue: Option<u64>,
+}
+
+fn seen(plan: &Plan) -> Expect {
+    let status = plan.status.as_ref();
+    Expect {
+        phase: status.and_then(|status| status.phase),
+        ready_reason: status.and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .find(|condition| condition.type_ == types::READY)
+                .map(|condition| {
+                    // Leak-free: every reason a plan writes is one of these.
+                    [
+                        reasons::CLUSTER_NOT_FOUND,
+                        reasons::CLUSTER_MISMATCH,
+                        reasons::BACKUP_NOT_FOUND,
+                        reasons::BACKUP_NOT_COMPLETED,
+                        reasons::BACKUP_BEING_DELETED,
+                        reasons::REPOSITORY_NOT_FOUND,
+                        reasons::STATEFUL_SET_NOT_FOUND,
+                        reasons::WAITING_FOR_PODS,
+                        reasons::RESTORING,
+                        reasons::COMPLETED,
+                        holds::BACKUP_IN_PROGRESS,
+                        holds::CLUSTER_BUSY,
+                        "UnsupportedVolumeLayout",
+                        "ContentMismatch",
+                        "VerificationFailed",
+                        "RestoreJobFailed",
+                        "JobDeleted",
+                    ]
+                    .into_iter()
+                    .find(|reason| *reason == condition.reason)
+                    .unwrap_or("(unexpected)")
+                })
+        }),
+        events: plan
+            .events
+            .iter()
+            .map(|note| {
+                (
+                    [
+                        "RestoreStarted",
+                        "JobRecreated",
+                        "VolumeVerified",
+                        reasons::COMPLETED,
+                        reasons::CLUSTER_NOT_FOUND,
+                        reasons::CLUSTER_MISMATCH,
+                        reasons::BACKUP_NOT_FOUND,
+                        reasons::BACKUP_NOT_COMPLETED,
+                        reasons::BACKUP_BEING_DELETED,
+                        reasons::REPOSITORY_NOT_FOUND,
+                        holds::BACKUP_IN_PROGRESS,
+                        holds::CLUSTER_BUSY,
+                        "UnsupportedVolumeLayout",
+                        "ContentMismatch",
+                        "VerificationFailed",
+                        "RestoreJobFailed",
+                    ]
+                    .into_iter()
+                    .find(|reason| *reason == note.reason)
+                    .unwrap_or("(unexpected)"),
+                    note.warning,
+                )
+            })
+            .collect(),
+        jobs: plan.jobs.len(),
+        lease: plan.lease.clone(),
+        release: {
+            let mut pods: Vec<&'static str> = plan
+                .release
+                .iter()
+                .map(|pod| if pod == "db-0" { "db-0" } else { "(other)" })
+                .collect();
+            pods.sort();
+            pods
+        },
+        requeue: plan.requeue.map(|after| after.as_secs()),
+    }
+}
+
+fn expect(
+    phase: Option<RestorePhase>,
+    ready_reason: Option<&'static str>,
+    events: &[(&'static str, bool)],
+    jobs: usize,
+    lease: LeaseStep,
+    release: &[&'static str],
+    requeue: Option<u64>,
+) -> Expect {
+    Expect {
+        phase,
+        ready_reason,
+        events: events.to_vec(),
+        jobs,
+        lease,
+        release: release.to_vec(),
+        requeue,
+    }
+}
+
+#[test]
+fn every_path_of_a_reconciliation() {
+    use LeaseStep::*;
+    use RestorePhase::*;
+    const WARN: bool = true;
+    const NORMAL: bool = false;
+    let rows: Vec<(&str, Facts, Expect)> = vec![
+        (
+            "no pod reported yet: waiting for pods, nothing created",
+            facts(),
+            expect(
+                Some(Pending),
+                Some(reasons::WAITING_FOR_PODS),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the Cluster is gone before the restore ended: wait, warn",
+            Facts {
+                cluster: None,
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::CLUSTER_NOT_FOUND),
+                &[(reasons::CLUSTER_NOT_FOUND, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(15),
+            ),
+        ),
+        (
+            "the Cluster is still gone: no second Warning",
+            {
+                let mut facts = with_status(
+                    Facts {
+                        cluster: None,
+                        ..facts()
+                    },
+                    Pending,
+                    vec![],
+                );
+                facts.restore.status.as_mut().unwrap().conditions =
+                    vec![ready(reasons::CLUSTER_NOT_FOUND)];
+                facts
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::CLUSTER_NOT_FOUND),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(15),
+            ),
+        ),
+        (
+            "the Cluster is gone after the restore completed: nothing to do",
+            with_status(
+                Facts {
+                    cluster: None,
+                    ..facts()
+                },
+                Completed,
+                vec![],
+            ),
+            expect(None, None, &[], 0, Keep, &[], None),
+        ),
+        (
+            "the Cluster is gone after the restore failed: it stays failed",
+            with_status(
+                Facts {
+                    cluster: None,
+                    ..facts()
+                },
+                Failed,
+                vec![],
+            ),
+            expect(None, None, &[], 0, Keep, &[], None),
+        ),
+        (
+            "a later Cluster of the same name: fail, never write it",
+            Facts {
+                cluster: Some(cluster("another-uid")),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::CLUSTER_MISMATCH),
+                &[(reasons::CLUSTER_MISMATCH, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "completed: the verified pod gets its gate, the Lease goes back",
+            Facts {
+                agents: vec![report(VolumeState::Verified, None)],
+                ..with_status(facts(), Completed, vec![volume(VolumeState::Verified, 1)])
+            },
+            expect(None, None, &[], 0, Release, &["db-0"], Some(60)),
+        ),
+        (
+            "completed: a pod already gated is left alone",
+            Facts {
+                agents: vec![report(VolumeState::Verified, None)],
+                pods: vec![pod("db-0", true)],
+                ..with_status(facts(), Completed, vec![volume(VolumeState::Verified, 1)])
+            },
+            expect(None, None, &[], 0, Release, &[], Some(60)),
+        ),
+        (
+            "the Backup is gone: fail",
+            Facts {
+                backup: None,
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::BACKUP_NOT_FOUND),
+                &[(reasons::BACKUP_NOT_FOUND, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "the Backup is being deleted and nothing started: fail",
+            Facts {
+                backup: Some({
+                    let mut backup = backup("Completed");
+                    backup.metadata.deletion_timestamp = Some(Time(now()));
+                    backup
+                }),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::BACKUP_BEING_DELETED),
+                &[(reasons::BACKUP_BEING_DELETED, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "the Backup is being deleted under a started restore: it goes on",
+            Facts {
+                backup: Some({
+                    let mut backup = backup("Completed");
+                    backup.metadata.deletion_timestamp = Some(Time(now()));
+                    backup
+                }),
+                agents: vec![report(VolumeState::Restoring, None)],
+                jobs: vec![(
+                    decide::job_name(CLAIM, UID, 1),
+                    JobFact::Owned(JobState::Running),
+                )],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Restoring, 1)])
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RESTORING),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the Backup still runs: wait",
+            Facts {
+                backup: Some(backup("Running")),
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::BACKUP_NOT_COMPLETED),
+                &[(reasons::BACKUP_NOT_COMPLETED, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(15),
+            ),
+        ),
+        (
+            "the Backup failed: fail",
+            Facts {
+                backup: Some(backup("Failed")),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::BACKUP_NOT_COMPLETED),
+                &[(reasons::BACKUP_NOT_COMPLETED, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "the Backup was taken by a command: no manifest, fail",
+            Facts {
+                backup: Some({
+                    let mut backup = backup("Completed");
+                    backup.spec.command = Some(
+                        serde_json::from_value(
+                            json!({"image": "pg", "command": ["dump"], "prefix": "dumps"}),
+                        )
+                        .unwrap(),
+                    );
+                    backup
+                        .status
+                        .as_mut()
+                        .unwrap()
+                        .artifact
+                        .as_mut()
+                        .unwrap()
+                        .manifest_hash = None;
+                    backup
+                }),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::BACKUP_NOT_COMPLETED),
+                &[(reasons::BACKUP_NOT_COMPLETED, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "the repository is gone: wait",
+            Facts {
+                repository: None,
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::REPOSITORY_NOT_FOUND),
+                &[(reasons::REPOSITORY_NOT_FOUND, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(30),
+            ),
+        ),
+        (
+            "no StatefulSet yet: wait quietly",
+            Facts {
+                replicas: None,
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::STATEFUL_SET_NOT_FOUND),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(10),
+            ),
+        ),
+        (
+            "two volume claim templates: refused",
+            Facts {
+                cluster: Some({
+                    let mut cluster = cluster(CLUSTER_UID);
+                    cluster.spec.volume_claim_templates = vec!["data".into(), "wal".into()];
+                    cluster
+                }),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some("UnsupportedVolumeLayout"),
+                &[("UnsupportedVolumeLayout", WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "a backup of the Cluster runs: wait for it",
+            Facts {
+                backups: vec![{
+                    let mut running = backup("Running");
+                    running.metadata.name = Some("hourly".into());
+                    running
+                }],
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(holds::BACKUP_IN_PROGRESS),
+                &[(holds::BACKUP_IN_PROGRESS, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "a backup of another Cluster runs: no hold",
+            Facts {
+                backups: vec![{
+                    let mut running = backup("Running");
+                    running.spec.cluster_ref.name = "other".into();
+                    running
+                }],
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::WAITING_FOR_PODS),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the pod is reported: the first Job, after the Lease",
+            Facts {
+                agents: vec![report(VolumeState::Pending, None)],
+                ..facts()
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RESTORING),
+                &[("RestoreStarted", NORMAL)],
+                1,
+                TakeFirst,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the Job disappeared: created again, with a Warning",
+            Facts {
+                agents: vec![report(VolumeState::Restoring, None)],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Restoring, 1)])
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RESTORING),
+                &[("JobRecreated", WARN)],
+                1,
+                TakeFirst,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the Job failed: the restore fails, the Lease goes back",
+            Facts {
+                agents: vec![report(VolumeState::Restoring, None)],
+                jobs: vec![(
+                    decide::job_name(CLAIM, UID, 1),
+                    JobFact::Owned(JobState::Failed {
+                        message: "BackoffLimitExceeded".into(),
+                    }),
+                )],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Restoring, 1)])
+            },
+            expect(
+                Some(Failed),
+                Some("RestoreJobFailed"),
+                &[("RestoreJobFailed", WARN)],
+                0,
+                Release,
+                &[],
+                Some(60),
+            ),
+        ),
+        (
+            "the agent verified the volume: completed, the pod released",
+            Facts {
+                agents: vec![report(VolumeState::Verified, None)],
+                jobs: vec![(
+                    decide::job_name(CLAIM, UID, 1),
+                    JobFact::Owned(JobState::Succeeded),
+                )],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Verifying, 1)])
+            },
+            expect(
+                Some(Completed),
+                Some(reasons::COMPLETED),
+                &[("VolumeVerified", NORMAL), (reasons::COMPLETED, NORMAL)],
+                0,
+                Release,
+                &["db-0"],
+                Some(60),
+            ),
+        ),
+        (
+            "the agent found the content differs: failed, the pod held",
+            Facts {
+                agents: vec![report(VolumeState::Failed, Some("ContentMismatch"))],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Verifying, 1)])
+            },
+            expect(
+                Some(Failed),
+                Some("ContentMismatch"),
+                &[("ContentMismatch", WARN)],
+                0,
+                Release,
+                &[],
+                Some(60),
+            ),
+        ),
+        (
+            "a reason this controller does not know: VerificationFailed",
+            Facts {
+                agents: vec![report(VolumeState::Failed, Some("SomethingNew"))],
+                ..with_status(facts(), Running, vec![volume(VolumeState::Verifying, 1)])
+            },
+            expect(
+                Some(Failed),
+                Some("VerificationFailed"),
+                &[("VerificationFailed", WARN)],
+                0,
+                Release,
+                &[],
+                Some(60),
+            ),
+        ),
+    ];
+    for (name, facts, expected) in rows {
+        assert_eq!(seen(&plan(&facts)), expected, "{name}");
+    }
+}
+
+#[test]
+fn the_finalizer_comes_before_anything_else() {
+    let mut facts = facts();
+    facts.restore.metadata.finalizers = None;
+    facts.agents = vec![report(VolumeState::Pending, None)];
+    let plan = plan(&facts);
+    assert!(plan.add_finalizer);
+    assert_eq!(
+        (
+            plan.jobs.len(),
+            plan.status,
+            plan.events.len(),
+            plan.publish_gate_ca
+        ),
+        (0, None, 0, false)
+    );
+}
+
+#[test]
+fn the_gate_ca_is_published_once_the_target_is_known() {
+    assert!(plan(&facts()).publish_gate_ca);
+    assert!(
+        !plan(&Facts {
+            replicas: None,
+            ..facts()
+        })
+        .publish_gate_ca
+    );
+    assert!(
+        !plan(&Facts {
+            backup: None,
+            ..facts()
+        })
+        .publish_gate_ca
+    );
+}
+
+#[test]
+fn the_first_job_writes_the_reported_claim_on_the_reporting_node() {
+    let facts = Facts {
+        agents: vec![report(VolumeState::Pending, None)],
+        ..facts()
+    };
+    let plan = plan(&facts);
+    let job = &plan.jobs[0];
+    assert_eq!(job.metadata.name, Some(decide::job_name(CLAIM, UID, 1)));
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.node_name.as_deref(), Some("node-a"));
+    assert_eq!(pod.containers[0].image.as_deref(), Some("mover:1"));
+    let args = pod.containers[0].args.clone().unwrap();
+    assert!(
+        args.windows(2)
+            .any(|pair| pair == ["--key", "p/b-uid/data.tar.zst"]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2).any(|pair| pair == ["--restore-uid", UID]),
+        "{args:?}"
+    );
+    let status = plan.status.unwrap();
+    assert_eq!(status.volumes[0].attempts, 1);
+    assert_eq!(status.start_time, Some(Time(now())));
+}
+
+#[test]
+fn an_unchanged_status_is_not_written() {
+    let first = plan(&facts());
+    let mut again = facts();
+    again.restore.status = first.status.clone();
+    let second = plan(&again);
+    assert_eq!(second.status, None);
+    assert!(second.events.is_empty());
+}
+
+#[test]
+fn a_busy_cluster_waits_naming_the_holder() {
+    let facts = facts();
+    let plan = cluster_busy(&facts, "Backup/b-uid");
+    let status = plan.status.unwrap();
+    assert_eq!(status.phase, Some(RestorePhase::Pending));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, holds::CLUSTER_BUSY);
+    assert!(ready.message.contains("Backup/b-uid"), "{}", ready.message);
+    assert!(plan.jobs.is_empty());
+    assert_eq!(plan.requeue, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn condition_reasons_are_known_words() {
+    assert_eq!(
+        decide::condition_reason("ContentMismatch"),
+        "ContentMismatch"
+    );
+    assert_eq!(decide::condition_reason("JobDeleted"), "JobDeleted");
+    assert_eq!(
+        decide::condition_reason("Anything Else"),
+        "VerificationFailed"
+    );
+}
