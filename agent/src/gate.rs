@@ -13,8 +13,9 @@ use futures::Stream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
-use crate::daemon::{Agent, Error};
+use crate::error::Error;
 use crate::metrics;
+use crate::state::Agent;
 
 /// Serves the gate on the agent's gate address until `stop` completes.
 pub async fn serve(

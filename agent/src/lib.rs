@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod daemon;
+pub mod error;
 pub mod gate;
 pub mod hashing;
 pub mod manifest_builder;
@@ -11,8 +12,10 @@ pub mod metrics;
 pub mod mover;
 pub mod node;
 pub mod report;
-pub mod restores;
+pub mod state;
 pub mod tree;
+pub mod verification;
 pub mod verify;
+pub mod volume_state;
 pub mod volumes;
 pub mod wait;

@@ -9,12 +9,14 @@ use custody_proto::gate::{VolumeProgress, VolumeState, WaitProgress};
 use custody_proto::names;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::restores::{self, Decision, Phase, PreparePod, State, Verification, VerificationKey};
+use crate::volume_state::{
+    self, Decision, Phase, PreparePod, State, Verification, VerificationKey,
+};
 
 /// One restored volume of a gated pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeView {
-    pub volume: restores::WorkloadVolume,
+    pub volume: volume_state::WorkloadVolume,
     pub state: State,
     pub message: String,
 }
@@ -135,7 +137,7 @@ impl NodeView {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Start {
     pub key: VerificationKey,
-    pub volume: restores::WorkloadVolume,
+    pub volume: volume_state::WorkloadVolume,
 }
 
 fn claims_of(pod: &Pod) -> Vec<(String, String)> {
@@ -226,7 +228,7 @@ pub fn compute<'a>(
             volumes: Vec::new(),
             problem: None,
         };
-        match restores::workload_volumes(
+        match volume_state::workload_volumes(
             &namespace,
             &name,
             &uid,
@@ -241,7 +243,7 @@ pub fn compute<'a>(
                         state,
                         message,
                         start,
-                    } = restores::decide(&volume, &prepare, verifications);
+                    } = volume_state::decide(&volume, &prepare, verifications);
                     if let Some(key) = start {
                         starts.push(Start {
                             key,

@@ -10,10 +10,11 @@ use custody_proto::report::agent_report_client::AgentReportClient;
 use custody_proto::report::{ClockRequest, ClockSample, NodeReport, VolumeReport};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use crate::daemon::{Agent, now_unix_nanos};
 use crate::metrics;
 use crate::node::{NodeView, wire_state};
-use crate::restores::State;
+use crate::state::Agent;
+use crate::volume_state::State;
+use custody_proto::clock::now_unix_nanos;
 
 /// Exchanges per clock measurement; the one with the smallest round trip counts.
 const EXCHANGES_PER_MEASUREMENT: usize = 4;

@@ -80,7 +80,7 @@ pub async fn reconcile<K: CustodyKind>(object: Arc<K>, context: Arc<Context>) ->
         None
     };
     if let Some(note) = note {
-        crate::events::publish(&context, &*object, "CheckAnnotations", &note).await?;
+        crate::reconciler::publish(&context, &*object, "CheckAnnotations", &note).await?;
     }
     Ok(Action::await_change())
 }

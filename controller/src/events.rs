@@ -1,10 +1,7 @@
-//! Publishing Kubernetes Events on custody objects, counted in the metrics.
+//! Kubernetes Events on custody objects: what a reconciler wants said ([`Note`]) and the
+//! [`Recorder`] that publishes it, counting repeats in one series.
 
 use kube::runtime::events::{Event, EventType};
-
-use crate::error::{Error, Result};
-use crate::metrics::KindLabels;
-use crate::reconciler::{Context, CustodyKind, describe};
 
 /// An Event a reconciler wants published on the object it reconciles.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,41 +31,6 @@ impl Note {
             text: text.into(),
         }
     }
-}
-
-/// Publishes `note` on `object` as the reconciler's `action`, counting Warnings per kind.
-pub async fn publish<K: CustodyKind>(
-    context: &Context,
-    object: &K,
-    action: &str,
-    note: &Note,
-) -> Result<()> {
-    if note.warning {
-        context
-            .metrics
-            .warning_events
-            .get_or_create(&KindLabels { kind: K::LABEL })
-            .inc();
-    }
-    let event = Event {
-        type_: if note.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: note.reason.clone(),
-        note: Some(note.text.clone()),
-        action: action.to_string(),
-        secondary: None,
-    };
-    context
-        .recorder
-        .publish(&event, &object.object_ref(&()))
-        .await
-        .map_err(|source| Error::PublishEvent {
-            object: format!("{} {}", K::LABEL, describe(object)),
-            source,
-        })
 }
 
 /// How long a published Event is remembered: the same Event again within this time becomes

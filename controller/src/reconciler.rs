@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::annotations::Kind;
 use crate::error::{Error, Result};
-use crate::events::Recorder;
+use crate::events::{Note, Recorder};
 use crate::metrics::{ErrorLabels, KindLabels, Metrics};
 use custody_kube::api::{
     Backup, BackupPlan, BackupRepository, Cluster, HasConditions, NodeAgent, Restore,
@@ -179,4 +180,39 @@ pub fn describe<K: Resource>(object: &K) -> String {
         Some(namespace) => format!("{namespace}/{}", object.name_any()),
         None => object.name_any(),
     }
+}
+
+/// Publishes `note` on `object` as the reconciler's `action`, counting Warnings per kind.
+pub async fn publish<K: CustodyKind>(
+    context: &Context,
+    object: &K,
+    action: &str,
+    note: &Note,
+) -> Result<()> {
+    if note.warning {
+        context
+            .metrics
+            .warning_events
+            .get_or_create(&KindLabels { kind: K::LABEL })
+            .inc();
+    }
+    let event = Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason.clone(),
+        note: Some(note.text.clone()),
+        action: action.to_string(),
+        secondary: None,
+    };
+    context
+        .recorder
+        .publish(&event, &object.object_ref(&()))
+        .await
+        .map_err(|source| Error::PublishEvent {
+            object: format!("{} {}", K::LABEL, describe(object)),
+            source,
+        })
 }

@@ -259,7 +259,8 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
                 reason: desired.reason.to_string(),
                 text: desired.message.clone(),
             };
-            crate::events::publish(&context, repository.as_ref(), "CheckRepository", &note).await?;
+            crate::reconciler::publish(&context, repository.as_ref(), "CheckRepository", &note)
+                .await?;
         }
     }
     Ok(Action::requeue(recheck_after(&probe)))

@@ -1,5 +1,5 @@
 use super::*;
-use crate::restores::Outcome;
+use crate::volume_state::Outcome;
 
 fn pod(value: serde_json::Value) -> Pod {
     serde_json::from_value(value).expect("pod")

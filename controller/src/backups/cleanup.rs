@@ -34,7 +34,7 @@ async fn event(
         reason: reason.to_string(),
         text,
     };
-    if let Err(error) = crate::events::publish(&context.base, backup, ACTION, &note).await {
+    if let Err(error) = crate::reconciler::publish(&context.base, backup, ACTION, &note).await {
         tracing::info!(backup = backup.name_any(), reason, note = note.text, %error, "event not published");
     }
     Ok(())

@@ -139,7 +139,7 @@ impl Writer<'_> {
             reason: reason.to_string(),
             text,
         };
-        crate::events::publish(&self.context.base, self.backup, ACTION, &note).await
+        crate::reconciler::publish(&self.context.base, self.backup, ACTION, &note).await
     }
 
     /// Pending with a reason; a Warning Event when the reason is new.

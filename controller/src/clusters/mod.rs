@@ -48,7 +48,7 @@ async fn event(
         reason: reason.to_string(),
         text,
     };
-    crate::events::publish(context, cluster, "Restore", &note).await
+    crate::reconciler::publish(context, cluster, "Restore", &note).await
 }
 
 async fn run(cluster: &Cluster, context: &Context) -> Result<Action> {

@@ -103,7 +103,7 @@ impl Plan<'_> {
             reason: reason.to_string(),
             text,
         };
-        crate::events::publish(self.context, self.plan, "Schedule", &note).await
+        crate::reconciler::publish(self.context, self.plan, "Schedule", &note).await
     }
 }
 

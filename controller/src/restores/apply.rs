@@ -85,7 +85,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
         holds::lease::release(client, &namespace, cluster_uid, &me).await?;
     }
     for note in &plan.events {
-        crate::events::publish(&context.base, restore, ACTION, note).await?;
+        crate::reconciler::publish(&context.base, restore, ACTION, note).await?;
     }
     for pod in &plan.release {
         set_readiness_gate(context, &namespace, pod, &restore.name_any()).await?;

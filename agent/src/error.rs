@@ -1,0 +1,20 @@
+//! The agent process's errors.
+
+/// The agent's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Setup(#[from] custody_kube::Error),
+    #[error("reading {path}: {source}")]
+    ReadTls {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving the gate on {address}: {source}")]
+    ServeGate {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}

@@ -1,0 +1,125 @@
+//! What the agent's tasks share: the pods of this node as the watch sees them, the
+//! verifications run so far, and the node's view that the gate and the reports read.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::runtime::reflector::Store;
+use tokio::sync::{Notify, watch};
+
+use crate::cli::AgentOptions;
+use crate::metrics::{Metrics, StateLabels};
+use crate::node::{self, NodeView, Start};
+use crate::volume_state::{Verification, VerificationKey};
+
+/// Everything the agent's tasks share.
+pub struct Agent {
+    pub client: Client,
+    pub options: AgentOptions,
+    pub pods: Store<Pod>,
+    pub metrics: Arc<Metrics>,
+    pub(crate) verifications: Mutex<BTreeMap<VerificationKey, Verification>>,
+    pub(crate) changed: Notify,
+    pub(crate) view: watch::Sender<Arc<NodeView>>,
+    /// Set once the pod watch has listed the node's pods. (The reflector's own readiness
+    /// wakes only one waiter, and several tasks wait here.)
+    pub(crate) synced: watch::Sender<bool>,
+}
+
+impl Agent {
+    /// The agent's state before the pod watch has listed anything.
+    pub fn new(client: Client, options: AgentOptions, pods: Store<Pod>) -> Agent {
+        Agent {
+            client,
+            options,
+            pods,
+            metrics: Arc::new(Metrics::default()),
+            verifications: Mutex::new(BTreeMap::new()),
+            changed: Notify::new(),
+            view: watch::channel(Arc::new(NodeView::default())).0,
+            synced: watch::channel(false).0,
+        }
+    }
+
+    /// The latest view of the node.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<NodeView>> {
+        self.view.subscribe()
+    }
+
+    /// Waits until the pod watch has listed the node's pods; false when the agent stops.
+    pub async fn wait_until_synced(&self) -> bool {
+        self.synced
+            .subscribe()
+            .wait_for(|synced| *synced)
+            .await
+            .is_ok()
+    }
+
+    /// Something changed: the node's view is computed again.
+    pub fn wake(&self) {
+        self.changed.notify_one();
+    }
+
+    /// The pod watch has listed the node's pods.
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Waits for a change, then computes the node's view again and publishes it; the
+    /// verifications to start now come back (already recorded as running). `None` when the
+    /// agent stops.
+    pub async fn next_starts(&self) -> Option<Vec<Start>> {
+        self.changed.notified().await;
+        if !self.wait_until_synced().await {
+            return None;
+        }
+        let pods = self.pods.state();
+        let mut verifications = self.verifications.lock().expect("not poisoned");
+        let (mut view, starts) = node::compute(pods.iter().map(AsRef::as_ref), &verifications);
+        // Forget verifications of pods that left the node.
+        verifications.retain(|key, _| view.pods.contains(&key.pod_uid));
+        if !starts.is_empty() {
+            for start in &starts {
+                verifications.insert(start.key.clone(), Verification::Running { note: None });
+            }
+            view = node::compute(pods.iter().map(AsRef::as_ref), &verifications).0;
+        }
+        self.publish(view);
+        Some(starts)
+    }
+
+    fn publish(&self, view: NodeView) {
+        let counts = view.counts();
+        for state in ["Pending", "Restoring", "Verifying", "Verified", "Failed"] {
+            self.metrics
+                .volumes
+                .get_or_create(&StateLabels { state })
+                .set(counts.get(state).copied().unwrap_or(0) as i64);
+        }
+        self.view.send_if_modified(|current| {
+            if **current == view {
+                return false;
+            }
+            *current = Arc::new(view);
+            true
+        });
+    }
+
+    /// Records how a verification stands, and wakes the view.
+    pub fn record(&self, key: &VerificationKey, verification: Verification) {
+        let mut verifications = self.verifications.lock().expect("not poisoned");
+        // A pod that left the node while its volume was verified has no entry any more.
+        if let Some(entry) = verifications.get_mut(key) {
+            *entry = verification;
+        }
+        drop(verifications);
+        self.changed.notify_one();
+    }
+
+    /// Records what a running verification waits for.
+    pub fn note(&self, key: &VerificationKey, note: String) {
+        self.record(key, Verification::Running { note: Some(note) });
+    }
+}

@@ -1,0 +1,413 @@
+use super::*;
+
+const UID: &str = "1b2f";
+
+fn artifact(prefix: &str) -> Artifact {
+    Artifact {
+        repository: "store".into(),
+        endpoint: "http://s3".into(),
+        bucket: "b".into(),
+        prefix: prefix.into(),
+        key: format!("{prefix}/data.tar.zst"),
+        manifest_key: format!("{prefix}/manifest.jsonl"),
+        ..Artifact::default()
+    }
+}
+
+fn other<'a>(uid: &'a str, artifact: Option<&'a Artifact>) -> Other<'a> {
+    Other {
+        namespace: "ns",
+        name: "other",
+        uid,
+        artifact,
+    }
+}
+
+#[test]
+fn deletes_go_to_the_current_endpoint_while_the_repository_exists() {
+    let repository = |endpoint: &str, bucket: &str, ca: Option<&str>, secret: &str| {
+        BackupRepository::new(
+            "store",
+            serde_json::from_value(serde_json::json!({
+                "endpoint": endpoint, "bucket": bucket, "caBundle": ca, "region": "eu-1",
+                "forcePathStyle": true, "credentialsSecretRef": {"name": secret},
+            }))
+            .unwrap(),
+        )
+    };
+    let then = repository("https://old:9000", "b", Some("OLD CA"), "old-keys");
+    let recorded = Artifact {
+        prefix: "p/1b2f".into(),
+        key: "p/1b2f/data.tar.zst".into(),
+        manifest_key: "p/1b2f/manifest.jsonl".into(),
+        ..Artifact::located_in(&then)
+    };
+    assert_eq!(recorded.ca_bundle.as_deref(), Some("OLD CA"));
+    assert_eq!(recorded.credentials_secret.as_deref(), Some("old-keys"));
+    assert_eq!(
+        (
+            recorded.repository.as_str(),
+            recorded.endpoint.as_str(),
+            recorded.region.as_deref(),
+            recorded.force_path_style,
+            recorded.bucket.as_str()
+        ),
+        ("store", "https://old:9000", Some("eu-1"), true, "b")
+    );
+    let moved = repository("https://new:9000", "renamed", Some("NEW CA"), "new-keys");
+    // (repository now, url, bucket, CA, Secret)
+    let rows = [
+        (
+            Some(&then),
+            "https://old:9000",
+            "b",
+            Some("OLD CA"),
+            "old-keys",
+        ),
+        (
+            Some(&moved),
+            "https://new:9000",
+            "b",
+            Some("NEW CA"),
+            "new-keys",
+        ),
+        (None, "https://old:9000", "b", Some("OLD CA"), "old-keys"),
+    ];
+    for (now, url, bucket, ca, secret) in rows {
+        let (endpoint, secret_name) = delete_endpoint(&recorded, now);
+        let row = format!("{now:?}");
+        assert_eq!(endpoint.url, url, "{row}");
+        assert_eq!(endpoint.bucket, bucket, "the recorded bucket: {row}");
+        assert_eq!(
+            endpoint.ca_bundle.as_deref(),
+            ca.map(str::as_bytes),
+            "{row}"
+        );
+        assert_eq!(endpoint.region, "eu-1", "{row}");
+        assert!(endpoint.path_style, "{row}");
+        assert_eq!(secret_name, secret, "{row}");
+    }
+}
+
+#[test]
+fn contests() {
+    let mine = artifact("custody/ns/db/1b2f");
+    let neighbour = artifact("custody/ns/db/9c9c");
+    let parent = artifact("custody/ns/db");
+    let child = artifact("custody/ns/db/1b2f/nested");
+    let mut same_keys = artifact("custody/ns/db/7a7a");
+    same_keys.key = mine.key.clone();
+    let mut other_bucket = artifact("custody/ns/db");
+    other_bucket.bucket = "elsewhere".into();
+    let mut foreign = artifact("custody/ns/db/1b2f");
+    foreign.key = "dumps/db-2026-11-30T10:00:00Z.sql".into();
+    let rows: Vec<(&str, &Artifact, Vec<Other>, Option<&str>)> = vec![
+        ("alone", &mine, vec![], None),
+        (
+            "a neighbour with its own prefix",
+            &mine,
+            vec![other("9c9c", Some(&neighbour))],
+            None,
+        ),
+        (
+            "itself in the list",
+            &mine,
+            vec![other(UID, Some(&mine))],
+            None,
+        ),
+        (
+            "another not started",
+            &mine,
+            vec![other("5d5d", None)],
+            None,
+        ),
+        (
+            "another bucket",
+            &mine,
+            vec![other("5d5d", Some(&other_bucket))],
+            None,
+        ),
+        (
+            "another's prefix holds my keys",
+            &mine,
+            vec![other("5d5d", Some(&parent))],
+            Some("KeyClaimedByAnother"),
+        ),
+        (
+            "another's keys under my prefix",
+            &mine,
+            vec![other("5d5d", Some(&child))],
+            Some("KeyClaimedByAnother"),
+        ),
+        (
+            "another recorded the same key",
+            &mine,
+            vec![other("7a7a", Some(&same_keys))],
+            Some("KeyClaimedByAnother"),
+        ),
+        (
+            "prefix without my UID",
+            &parent,
+            vec![],
+            Some("KeyNotProvenOwn"),
+        ),
+        (
+            "prefix ending in another UID",
+            &neighbour,
+            vec![],
+            Some("KeyNotProvenOwn"),
+        ),
+        (
+            "a key outside the prefix",
+            &foreign,
+            vec![],
+            Some("KeyNotProvenOwn"),
+        ),
+    ];
+    for (name, artifact, others, refused) in rows {
+        match (contest(artifact, UID, &others), refused) {
+            (Contest::Proven { keys }, None) => {
+                assert_eq!(
+                    keys,
+                    [artifact.key.clone(), artifact.manifest_key.clone()],
+                    "{name}"
+                );
+            }
+            (Contest::Refused { reason, .. }, Some(expected)) => {
+                assert_eq!(reason, expected, "{name}")
+            }
+            (outcome, _) => panic!("{name}: {outcome:?}"),
+        }
+    }
+    // A UID that merely ends the same way is not this Backup's.
+    assert!(matches!(
+        contest(&artifact("custody/ns/db/x1b2f"), UID, &[]),
+        Contest::Refused { .. }
+    ));
+    // Reserved characters are keys like any other.
+    let odd = artifact("custody/ns/my db#1?x=%2F/1b2f");
+    assert!(matches!(contest(&odd, UID, &[]), Contest::Proven { .. }));
+}
+
+#[test]
+fn deletion_steps() {
+    let mine = artifact("custody/ns/db/1b2f");
+    let proven = Some(Contest::Proven {
+        keys: vec![mine.key.clone(), mine.manifest_key.clone()],
+    });
+    let refused = Some(Contest::Refused {
+        reason: "KeyClaimedByAnother",
+        message: "x".into(),
+    });
+    let readers = vec!["shop".to_string()];
+    let base = Deleting {
+        has_finalizer: true,
+        skip: false,
+        policy: DeletionPolicy::Delete,
+        artifact: Some(&mine),
+        readers: &[],
+        contest: proven.clone(),
+    };
+    let rows: Vec<(&str, Deleting, &str)> = vec![
+        ("proven: delete", base.clone(), "Delete"),
+        (
+            "finalizer gone",
+            Deleting {
+                has_finalizer: false,
+                ..base.clone()
+            },
+            "Nothing",
+        ),
+        (
+            "a restore reads it",
+            Deleting {
+                readers: &readers,
+                ..base.clone()
+            },
+            "Wait",
+        ),
+        (
+            "a restore reads it, even with skip",
+            Deleting {
+                readers: &readers,
+                skip: true,
+                ..base.clone()
+            },
+            "Wait",
+        ),
+        (
+            "skip annotation",
+            Deleting {
+                skip: true,
+                ..base.clone()
+            },
+            "ArtifactKept",
+        ),
+        (
+            "retain",
+            Deleting {
+                policy: DeletionPolicy::Retain,
+                ..base.clone()
+            },
+            "ArtifactKept",
+        ),
+        (
+            "nothing recorded",
+            Deleting {
+                artifact: None,
+                ..base.clone()
+            },
+            "NoArtifact",
+        ),
+        (
+            "contested",
+            Deleting {
+                contest: refused.clone(),
+                ..base.clone()
+            },
+            "KeyClaimedByAnother",
+        ),
+        (
+            "not contested",
+            Deleting {
+                contest: None,
+                ..base.clone()
+            },
+            "KeyNotProvenOwn",
+        ),
+    ];
+    for (name, facts, expected) in rows {
+        let got = match step(&facts) {
+            Step::Nothing => "Nothing",
+            Step::Wait { .. } => "Wait",
+            Step::Delete { .. } => "Delete",
+            Step::Release {
+                reason, warning, ..
+            } => {
+                assert_eq!(
+                    warning,
+                    matches!(reason, "KeyClaimedByAnother" | "KeyNotProvenOwn"),
+                    "{name}"
+                );
+                reason
+            }
+        };
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+#[test]
+fn an_attributed_dump_is_contested_again() {
+    use crate::attribution::{Offset, OtherRun, Run};
+    use custody_kube::api::AttributionEvidence;
+    const S: i64 = 1_000_000_000;
+    let t = 1_796_000_000 * S;
+    let run = Run {
+        start: t,
+        end: t + 20 * S,
+        offset: Some(Offset {
+            offset: 30 * S,
+            round_trip: 1_000_000,
+        }),
+    };
+    let mut mine = artifact("custody/pg-dumps");
+    // Named by a node 30 s ahead, 5 s into the run.
+    mine.key = "custody/pg-dumps/db-20261130T005355Z.dump".into();
+    mine.manifest_key = String::new();
+    mine.attribution = Some(AttributionEvidence {
+        corrected_name_time_nanos: t + 5 * S,
+        last_modified_nanos: t + 6 * S,
+        window_start_nanos: t - S,
+        window_end_nanos: t + 21 * S,
+    });
+    let other = |start: i64, end: i64, key: Option<&str>| OtherRun {
+        name: "other".into(),
+        start,
+        end: Some(end),
+        key: key.map(str::to_string),
+        offset: None,
+    };
+    let unattributed = Artifact {
+        attribution: None,
+        ..mine.clone()
+    };
+    let rows: Vec<(&str, &Artifact, Vec<OtherRun>, Option<&str>)> = vec![
+        ("alone", &mine, vec![], None),
+        (
+            "an earlier run",
+            &mine,
+            vec![other(t - 100 * S, t - 50 * S, Some("custody/pg-dumps/old"))],
+            None,
+        ),
+        (
+            "a run at the same time",
+            &mine,
+            vec![other(t + 2 * S, t + 9 * S, None)],
+            Some("OverlappingRun"),
+        ),
+        (
+            "recorded by another",
+            &mine,
+            vec![other(t - 100 * S, t - 50 * S, Some(mine.key.as_str()))],
+            Some("DumpClaimedByAnother"),
+        ),
+        (
+            "never attributed",
+            &unattributed,
+            vec![],
+            Some("KeyNotProvenOwn"),
+        ),
+    ];
+    for (name, artifact, others, refused) in rows {
+        match (contest_attributed(artifact, &run, &others), refused) {
+            (Contest::Proven { keys }, None) => assert_eq!(keys, [mine.key.clone()], "{name}"),
+            (Contest::Refused { reason, .. }, Some(expected)) => {
+                assert_eq!(reason, expected, "{name}")
+            }
+            (outcome, _) => panic!("{name}: {outcome:?}"),
+        }
+    }
+    // Without the node's offset the dump cannot be contested into proof.
+    let unmeasured = Run {
+        offset: None,
+        ..run
+    };
+    assert!(matches!(
+        contest_attributed(&mine, &unmeasured, &[]),
+        Contest::Refused {
+            reason: "NoClockOffset",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_failed_delete_waits_out_its_backoff() {
+    assert_eq!(wait_before_retry(0, Some(100), 100), None, "never failed");
+    assert_eq!(wait_before_retry(1, None, 100), None, "no time recorded");
+    assert_eq!(
+        wait_before_retry(1, Some(100), 100),
+        Some(Duration::from_secs(5))
+    );
+    assert_eq!(
+        wait_before_retry(1, Some(100), 104),
+        Some(Duration::from_secs(1))
+    );
+    assert_eq!(wait_before_retry(1, Some(100), 105), None);
+    assert_eq!(
+        wait_before_retry(3, Some(100), 110),
+        Some(Duration::from_secs(10))
+    );
+    assert_eq!(
+        wait_before_retry(20, Some(100), 399),
+        Some(Duration::from_secs(1))
+    );
+    assert_eq!(wait_before_retry(20, Some(100), 400), None);
+}
+
+#[test]
+fn backoff_doubles_and_is_capped() {
+    let seconds: Vec<u64> = (0..9).map(|n| backoff(n).as_secs()).collect();
+    assert_eq!(seconds, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+    assert_eq!(backoff(u32::MAX).as_secs(), 300);
+}
