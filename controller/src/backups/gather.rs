@@ -1,0 +1,239 @@
+//! The reads of one reconciliation of a Backup, into [`Facts`]. A read that only matters at
+//! a later step is made only when what was read before leads there: the hold, the claim and
+//! the node before the Job exists; the mover's report or the command's dumps once it ended.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use super::BackupContext;
+use super::decide::{self, JobState};
+use super::plan::{Facts, JobFact, Listing, repository_name};
+use crate::attribution::Candidate;
+use crate::error::{Error, Result};
+use custody_kube::api::{
+    Backup, BackupPhase, BackupRepository, ClockMeasurement, Cluster, NodeAgent, Restore,
+};
+
+/// Reads what [`super::plan::plan`] decides on.
+pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
+    let client = &context.base.client;
+    let namespace = backup.namespace().unwrap_or_default();
+    let mut facts = Facts {
+        backup,
+        now: Timestamp::now(),
+        mover_image: context.mover_image.clone(),
+        cluster: None,
+        repository: None,
+        job: JobFact::Missing,
+        restores: Vec::new(),
+        claim_uid: None,
+        mounted_on: None,
+        clock: None,
+        report: None,
+        listing: None,
+        others: Vec::new(),
+    };
+    let phase = facts.backup.status.as_ref().and_then(|status| status.phase);
+    if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
+        return Ok(facts);
+    }
+    let cluster_name = &facts.backup.spec.cluster_ref.name;
+    facts.cluster = Api::<Cluster>::namespaced(client.clone(), &namespace)
+        .get_opt(cluster_name)
+        .await
+        .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
+    let Some(cluster) = &facts.cluster else {
+        return Ok(facts);
+    };
+    if let Some(name) = repository_name(&facts.backup, cluster) {
+        facts.repository = Api::<BackupRepository>::namespaced(client.clone(), &namespace)
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?;
+    }
+    let Some(template) = cluster.spec.volume_claim_templates.first() else {
+        return Ok(facts);
+    };
+    let claim = decide::claim_name(template, &cluster.spec.stateful_set_ref.name);
+    let uid = facts.backup.metadata.uid.clone().unwrap_or_default();
+    let job_name = decide::job_name(&facts.backup.name_any(), &uid);
+    let job = Api::<Job>::namespaced(client.clone(), &namespace)
+        .get_opt(&job_name)
+        .await
+        .map_err(Error::read(format!("Job {namespace}/{job_name}")))?;
+    facts.job = match &job {
+        None => JobFact::Missing,
+        Some(job) if !decide::owned_by(job, &uid) => JobFact::Foreign,
+        Some(job) => JobFact::Owned(decide::job_state(job)),
+    };
+    match &facts.job {
+        JobFact::Missing => {
+            let started = facts
+                .backup
+                .status
+                .as_ref()
+                .is_some_and(|status| status.start_time.is_some());
+            if !started {
+                facts.restores = Api::<Restore>::namespaced(client.clone(), &namespace)
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(Error::read(format!("Restores in {namespace}")))?
+                    .items;
+            }
+            facts.claim_uid = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
+                .get_opt(&claim)
+                .await
+                .map_err(Error::read(format!(
+                    "PersistentVolumeClaim {namespace}/{claim}"
+                )))?
+                .and_then(|claim| claim.metadata.uid);
+            facts.mounted_on = mounted_on(client, &namespace, &claim).await?;
+            if !started && let Some(node) = &facts.mounted_on {
+                facts.clock = clock(client, node).await;
+            }
+        }
+        JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
+            match (&facts.backup.spec.command, &facts.repository) {
+                (None, _) => facts.report = report(client, &namespace, &job_name).await?,
+                (Some(command), Some(repository)) => {
+                    facts.listing = Some(listing(client, repository, &command.prefix).await?);
+                    facts.others = Api::<Backup>::namespaced(client.clone(), &namespace)
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(Error::read(format!("Backups in {namespace}")))?
+                        .items;
+                }
+                (Some(_), None) => {}
+            }
+        }
+        JobFact::Owned(JobState::Running) | JobFact::Foreign => {}
+    }
+    Ok(facts)
+}
+
+/// The node where a running pod mounts `claim`: the backup reads it there.
+async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Option<String>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::read(format!("pods in {namespace}")))?
+        .items
+        .into_iter()
+        .filter(|pod| {
+            pod.status
+                .as_ref()
+                .and_then(|status| status.phase.as_deref())
+                == Some("Running")
+        })
+        .find_map(|pod| {
+            let spec = pod.spec?;
+            let mounts = spec.volumes.iter().flatten().any(|volume| {
+                volume
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|source| source.claim_name == claim)
+            });
+            mounts.then_some(spec.node_name).flatten()
+        }))
+}
+
+/// The clock offset the agent on `node` measured, if it has.
+async fn clock(client: &Client, node: &str) -> Option<ClockMeasurement> {
+    let agent = Api::<NodeAgent>::all(client.clone())
+        .get_opt(node)
+        .await
+        .ok()
+        .flatten()?;
+    let status = agent.status?;
+    Some(ClockMeasurement {
+        offset_nanoseconds: status.clock_offset_nanoseconds?,
+        round_trip_nanoseconds: status.round_trip_nanoseconds?,
+        measured_at: status.last_heartbeat_time?,
+    })
+}
+
+/// The mover's report: the termination message of its Job's pod.
+async fn report(client: &Client, namespace: &str, job_name: &str) -> Result<Option<String>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+        .await
+        .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
+        .items
+        .iter()
+        .flat_map(|pod| pod.status.iter())
+        .flat_map(|status| status.container_statuses.iter().flatten())
+        .filter_map(|container| {
+            container
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .message
+                .clone()
+        })
+        .next_back())
+}
+
+/// What a command left under its prefix. An API server that cannot be read is an error (the
+/// reconciliation is retried); a repository that cannot be read is the Backup's failure.
+async fn listing(
+    client: &Client,
+    repository: &BackupRepository,
+    command_prefix: &str,
+) -> Result<std::result::Result<Listing, (&'static str, String)>> {
+    let namespace = repository.namespace().unwrap_or_default();
+    let prefix = decide::command_prefix(
+        repository.spec.prefix.as_deref().unwrap_or_default(),
+        command_prefix,
+    );
+    let secret_name = &repository.spec.credentials_secret_ref.name;
+    let credentials = match custody_kube::s3::credentials(client, &namespace, secret_name).await {
+        Ok(credentials) => credentials,
+        Err(custody_kube::s3::CredentialsError::Read { source, .. }) => {
+            return Err(Error::read(format!("Secret {namespace}/{secret_name}"))(
+                source,
+            ));
+        }
+        Err(error) => return Ok(Err(("CredentialsMissing", error.to_string()))),
+    };
+    let endpoint = crate::repositories::endpoint_of(repository);
+    let s3 = match custody_kube::s3::client(&endpoint, &credentials) {
+        Ok(s3) => s3,
+        Err(error) => return Ok(Err(("InvalidRepository", error.to_string()))),
+    };
+    let mut listing = Listing::default();
+    let mut token = None;
+    loop {
+        let page = match s3
+            .list_objects_v2()
+            .bucket(&endpoint.bucket)
+            .prefix(format!("{prefix}/"))
+            .set_continuation_token(token.clone())
+            .send()
+            .await
+        {
+            Ok(page) => page,
+            Err(error) => return Ok(Err(("ListFailed", custody_kube::s3::sdk_error(&error)))),
+        };
+        for object in page.contents() {
+            let (Some(key), Some(modified)) = (object.key(), object.last_modified()) else {
+                continue;
+            };
+            let nanos = modified.secs() * 1_000_000_000 + i64::from(modified.subsec_nanos());
+            listing
+                .sizes
+                .insert(key.to_string(), object.size().unwrap_or_default());
+            listing.candidates.push(Candidate {
+                key: key.to_string(),
+                last_modified: nanos,
+            });
+        }
+        token = page.next_continuation_token().map(str::to_string);
+        if token.is_none() {
+            return Ok(Ok(listing));
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The Job of one Backup: `custody-mover backup`, or the user's own command, on the node where
+//! the claim is mounted, owned by the Backup and labelled with its, the Cluster's and the
+//! claim's UIDs.
+
+use std::collections::BTreeMap;
+
+use custody_proto::mover::Invocation;
+use k8s_openapi::api::batch::v1::Job;
+use kube::Resource;
+
+use super::SOURCE_PATH;
+use super::decide::{LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
+use custody_kube::api::{Backup, BackupRepository};
+
+/// What a backup Job is made of.
+pub struct JobInputs<'a> {
+    pub name: &'a str,
+    pub backup: &'a Backup,
+    pub cluster_uid: &'a str,
+    pub claim: &'a str,
+    pub claim_uid: &'a str,
+    pub node: &'a str,
+    pub repository: &'a BackupRepository,
+    pub prefix: &'a str,
+    pub image: &'a str,
+}
+
+/// The Job, as plain data: `custody-mover backup` (or the user's command) pinned to the node
+/// that mounts the claim, reading it read-only.
+pub fn spec(inputs: JobInputs<'_>) -> Job {
+    let uid = inputs.backup.metadata.uid.clone().unwrap_or_default();
+    let labels: BTreeMap<String, String> = [
+        (
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_BACKUP,
+        ),
+        (LABEL_BACKUP_UID, uid.as_str()),
+        (LABEL_CLUSTER_UID, inputs.cluster_uid),
+        (LABEL_CLAIM_UID, inputs.claim_uid),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    let env = custody_kube::s3::mover_env(&inputs.repository.spec);
+    let owner = inputs.backup.controller_owner_ref(&()).map(|mut owner| {
+        owner.block_owner_deletion = Some(true);
+        owner
+    });
+    let container = match &inputs.backup.spec.command {
+        None => serde_json::json!({
+            "name": "mover",
+            "image": inputs.image,
+            "command": ["custody-mover"],
+            "args": Invocation::Backup {
+                source: SOURCE_PATH.to_string(),
+                prefix: inputs.prefix.to_string(),
+                backup_uid: uid.clone(),
+                cluster_uid: inputs.cluster_uid.to_string(),
+            }
+            .args(),
+            "env": env,
+            "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+            // Reads every file whatever its owner; never writes the volume.
+            "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+        }),
+        Some(command) => {
+            let mut env = env;
+            env.push(serde_json::json!({"name": custody_proto::mover::env::PREFIX, "value": inputs.prefix}));
+            serde_json::json!({
+                "name": "backup",
+                "image": command.image,
+                "command": command.command,
+                "env": env,
+                "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+                "securityContext": {"allowPrivilegeEscalation": false},
+            })
+        }
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": inputs.name,
+            "labels": labels,
+            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": inputs.node,
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.claim, "readOnly": true}}],
+                },
+            },
+        },
+    }))
+    .expect("a valid Job")
+}

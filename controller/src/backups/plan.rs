@@ -1,0 +1,556 @@
+//! What one reconciliation of a Backup does, decided from what it read: [`plan`] takes the
+//! [`Facts`] and returns a [`Plan`] (the status to write, the Job to create, the credentials
+//! Secret to hold, the Lease step, the Events, when to look again). No API client here.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+
+use super::decide::{self, JobState};
+use super::job::{self, JobInputs};
+use super::reasons;
+use crate::attribution::Candidate;
+use crate::conditions::{self, Desired, Status, types};
+use crate::events::Note;
+use crate::holds::{self, Hold, Run};
+use custody_kube::api::{
+    Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus,
+    ClockMeasurement, Cluster, HasConditions, Restore, RestorePhase,
+};
+
+/// What a reconciliation knows about the Backup's Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobFact {
+    /// No Job of the Backup's name.
+    Missing,
+    /// A Job of that name this Backup did not create.
+    Foreign,
+    /// The Backup's own Job.
+    Owned(JobState),
+}
+
+/// What a user's command left under its prefix, for attribution.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub candidates: Vec<Candidate>,
+    /// Object sizes by key.
+    pub sizes: BTreeMap<String, i64>,
+}
+
+/// Everything a reconciliation of a Backup read, as plain data. Facts that only matter at a
+/// later step (the claim, the node, the mover's report, the dump listing) are read only when
+/// the facts before them lead there.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// The Backup as the API server has it now.
+    pub backup: Backup,
+    pub now: Timestamp,
+    /// Image of `custody-mover`.
+    pub mover_image: String,
+    pub cluster: Option<Cluster>,
+    /// The repository the Backup (or else its Cluster) names, if it exists.
+    pub repository: Option<BackupRepository>,
+    pub job: JobFact,
+    /// Restores of the namespace (read before the Backup starts: the hold).
+    pub restores: Vec<Restore>,
+    /// The UID of the claim to back up, if it exists (read before the Backup starts).
+    pub claim_uid: Option<String>,
+    /// The node where a running pod mounts the claim.
+    pub mounted_on: Option<String>,
+    /// The clock offset that node's agent measured.
+    pub clock: Option<ClockMeasurement>,
+    /// The mover's termination message, once its Job finished.
+    pub report: Option<String>,
+    /// What a command left under its prefix, once its Job finished: the listing, or why it
+    /// could not be read (`reason`, `message`).
+    pub listing: Option<Result<Listing, (&'static str, String)>>,
+    /// Every Backup of the namespace, when a command's dump is attributed.
+    pub others: Vec<Backup>,
+}
+
+/// The coordination Lease step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseStep {
+    Keep,
+    /// Take it before anything starts; when another run holds it, do [`cluster_busy`].
+    TakeFirst,
+    /// The run is over: give it back.
+    Release,
+}
+
+/// What one reconciliation does, in this order: add the finalizer (and nothing else), take
+/// the Lease, hold the credentials Secret, write the status (the artifact's keys before the
+/// Job exists), create the Job, release the Lease, publish the Events, look again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub add_finalizer: bool,
+    pub lease: LeaseStep,
+    /// The credentials Secret to mark as needed by Backups before the artifact is recorded.
+    pub hold_secret: Option<String>,
+    pub status: Option<BackupStatus>,
+    pub job: Option<Job>,
+    pub events: Vec<Note>,
+    /// When to reconcile again without a change; `None` waits for one.
+    pub requeue: Option<Duration>,
+}
+
+impl Plan {
+    fn wait_for_change() -> Plan {
+        Plan {
+            add_finalizer: false,
+            lease: LeaseStep::Keep,
+            hold_secret: None,
+            status: None,
+            job: None,
+            events: Vec::new(),
+            requeue: None,
+        }
+    }
+}
+
+/// The plan of one reconciliation (the Backup is not being deleted: see [`super::cleanup`]).
+pub fn plan(facts: &Facts) -> Plan {
+    let backup = &facts.backup;
+    if !backup
+        .finalizers()
+        .iter()
+        .any(|name| name == crate::artifacts::FINALIZER)
+    {
+        // Before anything is written anywhere: the artifact is always dealt with on deletion.
+        return Plan {
+            add_finalizer: true,
+            ..Plan::wait_for_change()
+        };
+    }
+    let phase = backup.status.as_ref().and_then(|status| status.phase);
+    if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
+        return Plan::wait_for_change();
+    }
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let uid = backup.metadata.uid.clone().unwrap_or_default();
+    let cluster_name = &backup.spec.cluster_ref.name;
+    let Some(cluster) = &facts.cluster else {
+        return wait(
+            facts,
+            reasons::CLUSTER_NOT_FOUND,
+            format!("Cluster {cluster_name} does not exist in this namespace"),
+            30,
+        );
+    };
+    let Some(repository_name) = repository_name(backup, cluster) else {
+        return wait(
+            facts,
+            reasons::NO_REPOSITORY,
+            format!("neither the Backup nor Cluster {cluster_name} names a BackupRepository"),
+            60,
+        );
+    };
+    let Some(repository) = &facts.repository else {
+        return wait(
+            facts,
+            reasons::REPOSITORY_NOT_FOUND,
+            format!("BackupRepository {repository_name} does not exist in this namespace"),
+            30,
+        );
+    };
+    let repository_ready = repository
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == types::READY);
+    if repository_ready.is_none_or(|condition| condition.status != "True") {
+        return wait(
+            facts,
+            reasons::REPOSITORY_NOT_READY,
+            format!(
+                "BackupRepository {repository_name} is not ready: {}",
+                repository_ready
+                    .map(|condition| condition.message.clone())
+                    .unwrap_or_else(|| "not checked yet".to_string())
+            ),
+            15,
+        );
+    }
+    let Some(template) = cluster.spec.volume_claim_templates.first() else {
+        return wait(
+            facts,
+            reasons::CLAIM_NOT_FOUND,
+            format!("Cluster {cluster_name} lists no volume claim template"),
+            60,
+        );
+    };
+    let claim = decide::claim_name(template, &cluster.spec.stateful_set_ref.name);
+    let job_name = decide::job_name(&name, &uid);
+    let status = backup.status.clone().unwrap_or_default();
+
+    match &facts.job {
+        JobFact::Foreign => wait(
+            facts,
+            reasons::JOB_NAME_TAKEN,
+            format!("Job {job_name} exists but was not created by this Backup; it is left alone"),
+            60,
+        ),
+        JobFact::Owned(JobState::Running) => {
+            let ready = waiting(
+                reasons::RUNNING,
+                format!(
+                    "backing up claim {claim} on node {}",
+                    status.node_name.clone().unwrap_or_default()
+                ),
+            );
+            Plan {
+                status: next_status(backup, status, BackupPhase::Running, &ready, facts.now),
+                requeue: Some(Duration::from_secs(60)),
+                ..Plan::wait_for_change()
+            }
+        }
+        JobFact::Owned(state) => {
+            let outcome = match &backup.spec.command {
+                None => finished(status.artifact.as_ref(), &job_name, state, &facts.report),
+                Some(command) => attributed(facts, state, repository, &command.prefix),
+            };
+            let mut plan = conclude(facts, status, outcome);
+            plan.lease = LeaseStep::Release;
+            plan
+        }
+        JobFact::Missing => start(facts, cluster, repository, &namespace, &claim, &job_name),
+    }
+}
+
+/// The plan when another run holds the Cluster's Lease: wait, naming it.
+pub fn cluster_busy(facts: &Facts, holder: &str) -> Plan {
+    wait(
+        facts,
+        holds::CLUSTER_BUSY,
+        format!(
+            "Cluster {} is claimed by {holder}; the backup starts once it is free",
+            facts.backup.spec.cluster_ref.name
+        ),
+        5,
+    )
+}
+
+/// The repository a Backup uses: its own reference, else its Cluster's.
+pub fn repository_name(backup: &Backup, cluster: &Cluster) -> Option<String> {
+    backup
+        .spec
+        .repository_ref
+        .as_ref()
+        .or(cluster.spec.repository_ref.as_ref())
+        .map(|reference| reference.name.clone())
+}
+
+/// The Backup has no Job yet: wait for a restore of the Cluster, for the claim and a pod
+/// mounting it; then record the keys and create the Job, under the Cluster's Lease.
+fn start(
+    facts: &Facts,
+    cluster: &Cluster,
+    repository: &BackupRepository,
+    namespace: &str,
+    claim: &str,
+    job_name: &str,
+) -> Plan {
+    let backup = &facts.backup;
+    let uid = backup.metadata.uid.clone().unwrap_or_default();
+    let cluster_name = &backup.spec.cluster_ref.name;
+    let mut status = backup.status.clone().unwrap_or_default();
+    if status.start_time.is_none()
+        && let Hold::Wait { reason, message } =
+            holds::backup_hold(cluster_name, &restore_runs(&facts.restores, cluster_name))
+    {
+        // Not started: a restore of the Cluster goes first.
+        return wait(facts, reason, message, 5);
+    }
+    let Some(claim_uid) = &facts.claim_uid else {
+        return wait(
+            facts,
+            reasons::CLAIM_NOT_FOUND,
+            format!("PersistentVolumeClaim {claim} does not exist"),
+            15,
+        );
+    };
+    let Some(mounted_on) = &facts.mounted_on else {
+        return wait(
+            facts,
+            reasons::VOLUME_NOT_MOUNTED,
+            format!("no running pod mounts claim {claim}; the backup runs where it is mounted"),
+            10,
+        );
+    };
+
+    // The keys first: recorded before anything is uploaded, so that the key is provably this
+    // Backup's even if the controller stops right after. (A command's dump has a name only
+    // the command knows: it is attributed after the run.)
+    let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
+    let command = &backup.spec.command;
+    let prefix = match command {
+        None => decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid),
+        Some(command) => decide::command_prefix(repository_prefix, &command.prefix),
+    };
+    let (key, manifest_key) = custody_proto::mover::object_keys(&prefix);
+    let mut plan = Plan {
+        lease: LeaseStep::TakeFirst,
+        requeue: Some(Duration::from_secs(60)),
+        ..Plan::wait_for_change()
+    };
+    if status.start_time.is_none() {
+        // The credentials must outlive the artifact's record, even in a namespace teardown.
+        plan.hold_secret = Some(repository.spec.credentials_secret_ref.name.clone());
+        status.node_name = Some(mounted_on.clone());
+        status.start_time = Some(Time(facts.now));
+        status.node_clock = facts.clock.clone();
+        if command.is_none() {
+            status.artifact = Some(Artifact {
+                prefix: prefix.clone(),
+                key: key.clone(),
+                manifest_key,
+                ..Artifact::located_in(repository)
+            });
+        }
+        let ready = waiting(
+            reasons::RUNNING,
+            match command {
+                None => format!("backing up claim {claim} on node {mounted_on} to {key}"),
+                Some(_) => format!(
+                    "running the backup command on node {mounted_on}, writing under {prefix}/"
+                ),
+            },
+        );
+        plan.status = next_status(
+            backup,
+            status.clone(),
+            BackupPhase::Running,
+            &ready,
+            facts.now,
+        );
+    }
+    // A Backup that started on a node keeps it.
+    let node = status
+        .node_name
+        .clone()
+        .unwrap_or_else(|| mounted_on.clone());
+    plan.job = Some(job::spec(JobInputs {
+        name: job_name,
+        backup,
+        cluster_uid: cluster.metadata.uid.as_deref().unwrap_or_default(),
+        claim,
+        claim_uid,
+        node: &node,
+        repository,
+        prefix: &prefix,
+        image: &facts.mover_image,
+    }));
+    let recorded = if command.is_some() {
+        format!("{prefix}/")
+    } else {
+        key
+    };
+    plan.events.push(Note::normal(
+        "BackupStarted",
+        format!("Job {job_name} backs up claim {claim} on node {node} to {recorded}"),
+    ));
+    plan
+}
+
+/// How a volume backup's finished Job ends: the mover's report, checked against the keys
+/// recorded before it started.
+fn finished(
+    recorded: Option<&Artifact>,
+    job_name: &str,
+    state: &JobState,
+    report: &Option<String>,
+) -> Result<Artifact, (&'static str, String)> {
+    let recorded = recorded.cloned().unwrap_or_default();
+    match (state, report) {
+        (_, Some(report)) => {
+            decide::completion(&recorded, &custody_proto::mover::read_report(report))
+        }
+        (JobState::Failed { message }, None) => Err((decide::JOB_FAILED, message.clone())),
+        (_, None) => Err((
+            decide::MOVER_REPORT_MISSING,
+            format!("Job {job_name} succeeded without a report from the mover"),
+        )),
+    }
+}
+
+/// After a command backup's Job: which dump under the shared prefix is this run's, by two
+/// clocks ([`crate::attribution`]); recorded only when exactly one fits.
+fn attributed(
+    facts: &Facts,
+    state: &JobState,
+    repository: &BackupRepository,
+    command_prefix: &str,
+) -> Result<Artifact, (&'static str, String)> {
+    if let JobState::Failed { message } = state {
+        return Err((decide::JOB_FAILED, message.clone()));
+    }
+    let listing = match &facts.listing {
+        Some(Ok(listing)) => listing,
+        Some(Err((reason, message))) => return Err((reason, message.clone())),
+        None => return Err((decide::JOB_FAILED, "the dump listing was not read".into())),
+    };
+    let backup = &facts.backup;
+    let uid = backup.metadata.uid.clone().unwrap_or_default();
+    let others = decide::other_runs(&facts.others, &uid, &repository.name_any(), command_prefix);
+    let status = backup.status.clone().unwrap_or_default();
+    let run = decide::run_of(&status, facts.now.as_nanosecond() as i64);
+    let found = crate::attribution::attribute(&run, &listing.candidates, &others)
+        .map_err(|refusal| (refusal.reason, refusal.message))?;
+    Ok(Artifact {
+        prefix: decide::command_prefix(
+            repository.spec.prefix.as_deref().unwrap_or_default(),
+            command_prefix,
+        ),
+        size_bytes: listing.sizes.get(&found.key).copied(),
+        key: found.key.clone(),
+        manifest_key: String::new(),
+        attribution: Some(AttributionEvidence {
+            corrected_name_time_nanos: found.corrected,
+            last_modified_nanos: found.last_modified,
+            window_start_nanos: found.window.0,
+            window_end_nanos: found.window.1,
+        }),
+        ..Artifact::located_in(repository)
+    })
+}
+
+/// The Backup ends: Completed with its artifact, or Failed with the reason.
+fn conclude(
+    facts: &Facts,
+    mut status: BackupStatus,
+    outcome: Result<Artifact, (&'static str, String)>,
+) -> Plan {
+    status.completion_time = Some(Time(facts.now));
+    let command = facts.backup.spec.command.is_some();
+    let (phase, ready, note) = match outcome {
+        Ok(artifact) => {
+            let message = if command {
+                format!(
+                    "the dump {} is this run's: its name's time, corrected by the node's clock offset, and its LastModified fall within the run",
+                    artifact.key
+                )
+            } else {
+                format!(
+                    "{} bytes at {} (manifest BLAKE3 {})",
+                    artifact.size_bytes.unwrap_or_default(),
+                    artifact.key,
+                    artifact.manifest_hash.clone().unwrap_or_default()
+                )
+            };
+            status.artifact = Some(artifact);
+            let event = if command {
+                "DumpAttributed"
+            } else {
+                "BackupCompleted"
+            };
+            (
+                BackupPhase::Completed,
+                Desired {
+                    type_: types::READY,
+                    status: Status::True,
+                    reason: reasons::COMPLETED,
+                    message: message.clone(),
+                },
+                Note::normal(event, message),
+            )
+        }
+        Err((reason, message)) => (
+            BackupPhase::Failed,
+            waiting(reason, message.clone()),
+            Note::warning(reason, message),
+        ),
+    };
+    Plan {
+        status: next_status(&facts.backup, status, phase, &ready, facts.now),
+        events: vec![note],
+        ..Plan::wait_for_change()
+    }
+}
+
+/// The Restores of `cluster` as the hold sees them.
+fn restore_runs<'a>(restores: &'a [Restore], cluster: &str) -> Vec<Run<'a>> {
+    restores
+        .iter()
+        .filter(|restore| restore.spec.cluster_ref.name == cluster)
+        .map(|restore| Run {
+            name: restore.metadata.name.as_deref().unwrap_or_default(),
+            started: true,
+            terminal: restore.metadata.deletion_timestamp.is_some()
+                || matches!(
+                    restore.status.as_ref().and_then(|status| status.phase),
+                    Some(RestorePhase::Completed | RestorePhase::Failed)
+                ),
+        })
+        .collect()
+}
+
+fn waiting(reason: &'static str, message: String) -> Desired {
+    Desired {
+        type_: types::READY,
+        status: Status::False,
+        reason,
+        message,
+    }
+}
+
+/// Pending with a reason; a Warning Event when the reason is new; look again after `retry`
+/// seconds.
+fn wait(facts: &Facts, reason: &'static str, message: String, retry: u64) -> Plan {
+    let backup = &facts.backup;
+    let new_reason = !backup
+        .conditions()
+        .iter()
+        .any(|condition| condition.type_ == types::READY && condition.reason == reason);
+    let status = backup.status.clone().unwrap_or_default();
+    Plan {
+        status: next_status(
+            backup,
+            status,
+            BackupPhase::Pending,
+            &waiting(reason, message.clone()),
+            facts.now,
+        ),
+        events: if new_reason {
+            vec![Note::warning(reason, message)]
+        } else {
+            Vec::new()
+        },
+        requeue: Some(Duration::from_secs(retry)),
+        ..Plan::wait_for_change()
+    }
+}
+
+/// The status with `phase`, `ready` and the rest of `status`; `None` when nothing changes.
+/// Conditions other writers own are theirs: only `Ready` is compared and written.
+pub fn next_status(
+    backup: &Backup,
+    mut status: BackupStatus,
+    phase: BackupPhase,
+    ready: &Desired,
+    now: Timestamp,
+) -> Option<BackupStatus> {
+    let current = backup.status.clone().unwrap_or_default();
+    status.phase = Some(phase);
+    let condition = conditions::next(&current.conditions, ready, backup.meta().generation, now);
+    status.conditions = match condition {
+        Some(condition) => vec![condition],
+        None => current
+            .conditions
+            .iter()
+            .filter(|condition| condition.type_ == ready.type_)
+            .cloned()
+            .collect(),
+    };
+    let mut compare = current;
+    compare
+        .conditions
+        .retain(|condition| condition.type_ == ready.type_);
+    (compare != status).then_some(status)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,636 @@
+//! Every path a reconciliation of a Backup takes, as rows: the facts it read, and what the
+//! plan says (phase and reason written, Events, the Job, the Secret held, the Lease step,
+//! requeue).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+use crate::attribution::Candidate;
+
+const UID: &str = "b0b0b0b0-0000-4000-8000-000000000001";
+const NODE: &str = "node-a";
+
+fn now() -> Timestamp {
+    "2026-11-30T12:00:00Z".parse().unwrap()
+}
+
+fn backup(command: bool) -> Backup {
+    let mut spec = json!({"clusterRef": {"name": "orders"}});
+    if command {
+        spec["command"] = json!({"image": "pg", "command": ["dump"], "prefix": "dumps"});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Backup",
+        "metadata": {"name": "nightly", "namespace": "ns", "uid": UID, "generation": 1,
+            "finalizers": [crate::artifacts::FINALIZER]},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn cluster(repository: bool) -> Cluster {
+    let mut spec = json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]});
+    if repository {
+        spec["repositoryRef"] = json!({"name": "store"});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": "orders", "namespace": "ns", "uid": "cluster-uid"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn repository(ready: &str) -> BackupRepository {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "BackupRepository",
+        "metadata": {"name": "store", "namespace": "ns"},
+        "spec": {"endpoint": "http://s3", "bucket": "bucket", "prefix": "custody",
+            "credentialsSecretRef": {"name": "s3"}},
+        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "Available",
+            "message": "the bucket answers", "lastTransitionTime": "2026-11-30T11:00:00Z"}]},
+    }))
+    .unwrap()
+}
+
+fn restore(phase: &str) -> Restore {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1",
+        "kind": "Restore",
+        "metadata": {"name": "orders", "namespace": "ns"},
+        "spec": {"clusterRef": {"name": "orders"}, "backupRef": {"name": "older"}},
+        "status": {"phase": phase},
+    }))
+    .unwrap()
+}
+
+/// A Backup ready to start: its Cluster names a ready repository, the claim exists and a
+/// running pod on `node-a` mounts it.
+fn facts() -> Facts {
+    Facts {
+        backup: backup(false),
+        now: now(),
+        mover_image: "mover:1".into(),
+        cluster: Some(cluster(true)),
+        repository: Some(repository("True")),
+        job: JobFact::Missing,
+        restores: Vec::new(),
+        claim_uid: Some("claim-uid".into()),
+        mounted_on: Some(NODE.into()),
+        clock: None,
+        report: None,
+        listing: None,
+        others: Vec::new(),
+    }
+}
+
+/// The Backup after its keys were recorded and its Job created on `node-a`.
+fn started(mut facts: Facts, state: JobState) -> Facts {
+    let keys = custody_proto::mover::object_keys(&format!("custody/ns/orders/{UID}"));
+    facts.backup.status = Some(BackupStatus {
+        phase: Some(BackupPhase::Running),
+        node_name: Some(NODE.into()),
+        start_time: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+        artifact: (facts.backup.spec.command.is_none()).then(|| Artifact {
+            prefix: format!("custody/ns/orders/{UID}"),
+            key: keys.0,
+            manifest_key: keys.1,
+            ..Artifact::default()
+        }),
+        ..BackupStatus::default()
+    });
+    facts.job = JobFact::Owned(state);
+    facts
+}
+
+fn report(key_uid: &str) -> Option<String> {
+    let (key, manifest_key) =
+        custody_proto::mover::object_keys(&format!("custody/ns/orders/{key_uid}"));
+    Some(
+        json!({"key": key, "manifestKey": manifest_key, "sizeBytes": 42, "checksum": "c",
+            "manifestHash": "m", "files": 1, "entries": 1, "totalBytes": 5})
+        .to_string(),
+    )
+}
+
+#[derive(Debug, PartialEq)]
+struct Expect {
+    phase: Option<BackupPhase>,
+    reason: Option<String>,
+    events: Vec<(String, bool)>,
+    job: bool,
+    hold_secret: bool,
+    lease: LeaseStep,
+    requeue: Option<u64>,
+}
+
+fn seen(plan: &Plan) -> Expect {
+    Expect {
+        phase: plan.status.as_ref().and_then(|status| status.phase),
+        reason: plan
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.first())
+            .map(|ready| ready.reason.clone()),
+        events: plan
+            .events
+            .iter()
+            .map(|note| (note.reason.clone(), note.warning))
+            .collect(),
+        job: plan.job.is_some(),
+        hold_secret: plan.hold_secret.is_some(),
+        lease: plan.lease.clone(),
+        requeue: plan.requeue.map(|after| after.as_secs()),
+    }
+}
+
+fn expect(
+    phase: Option<BackupPhase>,
+    reason: Option<&str>,
+    events: &[(&str, bool)],
+    job: bool,
+    hold_secret: bool,
+    lease: LeaseStep,
+    requeue: Option<u64>,
+) -> Expect {
+    Expect {
+        phase,
+        reason: reason.map(str::to_string),
+        events: events
+            .iter()
+            .map(|(reason, warning)| (reason.to_string(), *warning))
+            .collect(),
+        job,
+        hold_secret,
+        lease,
+        requeue,
+    }
+}
+
+#[test]
+fn every_path_of_a_reconciliation() {
+    use BackupPhase::*;
+    use LeaseStep::*;
+    const WARN: bool = true;
+    const NORMAL: bool = false;
+    let pending = |reason: &str, retry: u64| {
+        expect(
+            Some(Pending),
+            Some(reason),
+            &[(reason, WARN)],
+            false,
+            false,
+            Keep,
+            Some(retry),
+        )
+    };
+    let rows: Vec<(&str, Facts, Expect)> = vec![
+        (
+            "ready: record the keys, hold the Secret, create the Job under the Lease",
+            facts(),
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "completed: nothing to do",
+            {
+                let mut facts = started(facts(), JobState::Succeeded);
+                facts.backup.status.as_mut().unwrap().phase = Some(Completed);
+                facts
+            },
+            expect(None, None, &[], false, false, Keep, None),
+        ),
+        (
+            "failed: nothing to do",
+            {
+                let mut facts = facts();
+                facts.backup.status = Some(BackupStatus {
+                    phase: Some(Failed),
+                    ..BackupStatus::default()
+                });
+                facts
+            },
+            expect(None, None, &[], false, false, Keep, None),
+        ),
+        (
+            "no Cluster",
+            Facts {
+                cluster: None,
+                ..facts()
+            },
+            pending(reasons::CLUSTER_NOT_FOUND, 30),
+        ),
+        (
+            "no repository named",
+            Facts {
+                cluster: Some(cluster(false)),
+                ..facts()
+            },
+            pending(reasons::NO_REPOSITORY, 60),
+        ),
+        (
+            "the repository does not exist",
+            Facts {
+                repository: None,
+                ..facts()
+            },
+            pending(reasons::REPOSITORY_NOT_FOUND, 30),
+        ),
+        (
+            "the repository is not ready",
+            Facts {
+                repository: Some(repository("False")),
+                ..facts()
+            },
+            pending(reasons::REPOSITORY_NOT_READY, 15),
+        ),
+        (
+            "no volume claim template",
+            Facts {
+                cluster: Some({
+                    let mut cluster = cluster(true);
+                    cluster.spec.volume_claim_templates.clear();
+                    cluster
+                }),
+                ..facts()
+            },
+            pending(reasons::CLAIM_NOT_FOUND, 60),
+        ),
+        (
+            "a restore of the Cluster is not over: wait for it",
+            Facts {
+                restores: vec![restore("Running")],
+                ..facts()
+            },
+            pending(holds::RESTORE_IN_PROGRESS, 5),
+        ),
+        (
+            "a finished restore holds nothing",
+            Facts {
+                restores: vec![restore("Completed")],
+                ..facts()
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "the claim does not exist",
+            Facts {
+                claim_uid: None,
+                ..facts()
+            },
+            pending(reasons::CLAIM_NOT_FOUND, 15),
+        ),
+        (
+            "no running pod mounts the claim",
+            Facts {
+                mounted_on: None,
+                ..facts()
+            },
+            pending(reasons::VOLUME_NOT_MOUNTED, 10),
+        ),
+        (
+            "started, the Job not yet created: created on the recorded node, keys not rewritten",
+            Facts {
+                job: JobFact::Missing,
+                mounted_on: Some("node-b".into()),
+                ..started(facts(), JobState::Running)
+            },
+            expect(
+                None,
+                None,
+                &[("BackupStarted", NORMAL)],
+                true,
+                false,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "a Job of that name is someone else's",
+            Facts {
+                job: JobFact::Foreign,
+                ..facts()
+            },
+            pending(reasons::JOB_NAME_TAKEN, 60),
+        ),
+        (
+            "the Job runs",
+            {
+                let mut facts = started(facts(), JobState::Running);
+                facts.backup.status.as_mut().unwrap().phase = Some(Pending);
+                facts
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[],
+                false,
+                false,
+                Keep,
+                Some(60),
+            ),
+        ),
+        (
+            "the mover reports the recorded keys: completed, the Lease goes back",
+            Facts {
+                report: report(UID),
+                ..started(facts(), JobState::Succeeded)
+            },
+            expect(
+                Some(Completed),
+                Some(reasons::COMPLETED),
+                &[("BackupCompleted", NORMAL)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "the mover reports other keys: failed",
+            Facts {
+                report: report("another-uid"),
+                ..started(facts(), JobState::Succeeded)
+            },
+            expect(
+                Some(Failed),
+                Some(decide::ARTIFACT_KEY_MISMATCH),
+                &[(decide::ARTIFACT_KEY_MISMATCH, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "the mover failed with a reason",
+            Facts {
+                report: Some(custody_proto::mover::failure_text(
+                    custody_proto::reasons::MoverFailure::UploadFailed,
+                    "the bucket is gone".into(),
+                )),
+                ..started(
+                    facts(),
+                    JobState::Failed {
+                        message: "BackoffLimitExceeded".into(),
+                    },
+                )
+            },
+            expect(
+                Some(Failed),
+                Some("UploadFailed"),
+                &[("UploadFailed", WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "the Job failed without a report",
+            started(
+                facts(),
+                JobState::Failed {
+                    message: "DeadlineExceeded".into(),
+                },
+            ),
+            expect(
+                Some(Failed),
+                Some(decide::JOB_FAILED),
+                &[(decide::JOB_FAILED, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "the Job succeeded without a report",
+            started(facts(), JobState::Succeeded),
+            expect(
+                Some(Failed),
+                Some(decide::MOVER_REPORT_MISSING),
+                &[(decide::MOVER_REPORT_MISSING, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "a command's dumps could not be listed",
+            Facts {
+                backup: backup(true),
+                listing: Some(Err(("ListFailed", "the server answered HTTP 503".into()))),
+                ..started(
+                    Facts {
+                        backup: backup(true),
+                        ..facts()
+                    },
+                    JobState::Succeeded,
+                )
+            },
+            expect(
+                Some(Failed),
+                Some("ListFailed"),
+                &[("ListFailed", WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "a command wrote nothing in its run",
+            Facts {
+                listing: Some(Ok(Listing::default())),
+                ..started(
+                    Facts {
+                        backup: backup(true),
+                        ..facts()
+                    },
+                    JobState::Succeeded,
+                )
+            },
+            expect(
+                Some(Failed),
+                Some("NoClockOffset"),
+                &[("NoClockOffset", WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "a command's Job failed",
+            started(
+                Facts {
+                    backup: backup(true),
+                    ..facts()
+                },
+                JobState::Failed {
+                    message: "exit 1".into(),
+                },
+            ),
+            expect(
+                Some(Failed),
+                Some(decide::JOB_FAILED),
+                &[(decide::JOB_FAILED, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+    ];
+    for (name, facts, expected) in rows {
+        assert_eq!(seen(&plan(&facts)), expected, "{name}");
+    }
+}
+
+#[test]
+fn the_finalizer_comes_before_anything_else() {
+    let mut facts = facts();
+    facts.backup.metadata.finalizers = None;
+    let plan = plan(&facts);
+    assert!(plan.add_finalizer);
+    assert_eq!(
+        (plan.job, plan.status, plan.hold_secret),
+        (None, None, None)
+    );
+}
+
+#[test]
+fn the_keys_are_recorded_with_the_node_and_its_clock() {
+    let clock = ClockMeasurement {
+        offset_nanoseconds: 5,
+        round_trip_nanoseconds: 7,
+        measured_at: Time(now()),
+    };
+    let plan = plan(&Facts {
+        clock: Some(clock.clone()),
+        ..facts()
+    });
+    let status = plan.status.unwrap();
+    let artifact = status.artifact.unwrap();
+    assert_eq!(
+        artifact.key,
+        format!("custody/ns/orders/{UID}/data.tar.zst")
+    );
+    assert_eq!(artifact.repository, "store");
+    assert_eq!(status.node_name.as_deref(), Some(NODE));
+    assert_eq!(status.node_clock, Some(clock));
+    assert_eq!(plan.hold_secret.as_deref(), Some("s3"));
+    let job = plan.job.unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.node_name.as_deref(), Some(NODE));
+    let args = pod.containers[0].args.clone().unwrap();
+    assert!(
+        args.windows(2)
+            .any(|pair| pair == ["--prefix", &format!("custody/ns/orders/{UID}")]),
+        "{args:?}"
+    );
+}
+
+#[test]
+fn a_command_records_no_keys_before_its_run() {
+    let plan = plan(&Facts {
+        backup: backup(true),
+        ..facts()
+    });
+    let status = plan.status.unwrap();
+    assert_eq!(status.artifact, None);
+    assert!(
+        plan.events[0].text.contains("custody/dumps/"),
+        "{:?}",
+        plan.events
+    );
+}
+
+#[test]
+fn a_dump_in_the_run_is_attributed() {
+    let mut facts = started(
+        Facts {
+            backup: backup(true),
+            ..facts()
+        },
+        JobState::Succeeded,
+    );
+    let status = facts.backup.status.as_mut().unwrap();
+    status.node_clock = Some(ClockMeasurement {
+        offset_nanoseconds: 0,
+        round_trip_nanoseconds: 1_000_000,
+        measured_at: Time(now()),
+    });
+    let key = "custody/dumps/db-20261130T115930Z.dump".to_string();
+    let modified: Timestamp = "2026-11-30T11:59:40Z".parse().unwrap();
+    facts.listing = Some(Ok(Listing {
+        candidates: vec![Candidate {
+            key: key.clone(),
+            last_modified: modified.as_nanosecond() as i64,
+        }],
+        sizes: [(key.clone(), 9)].into_iter().collect(),
+    }));
+    let plan = plan(&facts);
+    let status = plan.status.expect("a status");
+    assert_eq!(
+        status.phase,
+        Some(BackupPhase::Completed),
+        "{:?}",
+        plan.events
+    );
+    let artifact = status.artifact.unwrap();
+    assert_eq!(
+        (artifact.key.as_str(), artifact.size_bytes),
+        (key.as_str(), Some(9))
+    );
+    assert!(artifact.attribution.is_some());
+    assert_eq!(plan.events[0].reason, "DumpAttributed");
+}
+
+#[test]
+fn a_busy_cluster_waits_naming_the_holder() {
+    let plan = cluster_busy(&facts(), "Restore/r-uid");
+    let status = plan.status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Pending));
+    assert_eq!(status.conditions[0].reason, holds::CLUSTER_BUSY);
+    assert!(status.conditions[0].message.contains("Restore/r-uid"));
+    assert_eq!(plan.job, None);
+}
+
+#[test]
+fn a_repeated_wait_neither_rewrites_nor_warns_again() {
+    let first = plan(&Facts {
+        cluster: None,
+        ..facts()
+    });
+    let mut again = Facts {
+        cluster: None,
+        ..facts()
+    };
+    again.backup.status = first.status;
+    let second = plan(&again);
+    assert_eq!(second.status, None);
+    assert!(second.events.is_empty());
+}
