@@ -92,6 +92,42 @@ pub fn next(
     })
 }
 
+/// The conditions for `wanted`, in its order: each as [`next`] would write it, or as it is
+/// when nothing changes.
+pub fn wanted(
+    current: &[Condition],
+    wanted: &[Desired],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    wanted
+        .iter()
+        .map(|desired| {
+            next(current, desired, generation, now).unwrap_or_else(|| {
+                current
+                    .iter()
+                    .find(|condition| condition.type_ == desired.type_)
+                    .cloned()
+                    .expect("next() is None only when the condition exists")
+            })
+        })
+        .collect()
+}
+
+/// Of `current`, the conditions of the types in `wanted`: the ones a writer owns (others,
+/// such as `AnnotationsRecognized`, belong to other field managers).
+pub fn owned(current: &[Condition], wanted: &[Desired]) -> Vec<Condition> {
+    current
+        .iter()
+        .filter(|condition| {
+            wanted
+                .iter()
+                .any(|desired| desired.type_ == condition.type_)
+        })
+        .cloned()
+        .collect()
+}
+
 /// Whether writing `next` flips the status of its type (or adds the type).
 pub fn flips(current: &[Condition], next: &Condition) -> bool {
     current

@@ -25,6 +25,17 @@ pub fn holder(kind: &str, uid: &str) -> String {
     format!("{kind}/{uid}")
 }
 
+/// What a run does with its Cluster's coordination Lease in one reconciliation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// Nothing.
+    Keep,
+    /// Take it before anything starts; when another run holds it, wait instead.
+    TakeFirst,
+    /// The run is over: give it back.
+    Release,
+}
+
 /// Another run of the same Cluster, as the checks see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Run<'a> {
@@ -364,6 +375,23 @@ pub mod lease {
                     Err(source) => Err(write_error(source)),
                 }
             }
+        }
+    }
+
+    /// Gives the claim back when `step` says the run is over (nothing to give back once
+    /// the Cluster is gone: a Lease left behind names a run that is over, and is taken over).
+    pub async fn settle(
+        client: &Client,
+        namespace: &str,
+        cluster: Option<&custody_kube::api::Cluster>,
+        me: &str,
+        step: &super::LeaseStep,
+    ) -> Result<()> {
+        match cluster.and_then(|cluster| cluster.metadata.uid.as_deref()) {
+            Some(cluster_uid) if *step == super::LeaseStep::Release => {
+                release(client, namespace, cluster_uid, me).await
+            }
+            _ => Ok(()),
         }
     }
 

@@ -7,6 +7,25 @@ use kube::api::ObjectMeta;
 
 use custody_kube::api::{GROUP, VERSION};
 
+/// Labels from `(key, value)` pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+/// The owner reference that makes `owner` the controller of what custody creates for it,
+/// blocking its deletion until the owned object is gone.
+pub fn controller_reference<K: kube::Resource<DynamicType = ()>>(
+    owner: &K,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    owner.controller_owner_ref(&()).map(|mut reference| {
+        reference.block_owner_deletion = Some(true);
+        reference
+    })
+}
+
 /// Whether `meta` is owned by the custody object of `kind` with `uid`, as a controller
 /// reference and by the label `label`.
 pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str, label: &str) -> bool {

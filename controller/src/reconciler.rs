@@ -174,6 +174,32 @@ where
         .boxed()
 }
 
+/// Look again after `after`, or when something changes.
+pub fn requeue(after: Option<Duration>) -> Action {
+    match after {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    }
+}
+
+/// Creates `job` in `namespace`; one already there under its name (created by an earlier
+/// attempt of the same reconciliation) is fine.
+pub async fn create_job(
+    client: &Client,
+    namespace: &str,
+    job: &k8s_openapi::api::batch::v1::Job,
+) -> Result<()> {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
+    match jobs.create(&kube::api::PostParams::default(), job).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(Error::Create {
+            object: format!("Job {namespace}/{}", job.name_any()),
+            source,
+        }),
+    }
+}
+
 /// `namespace/name`, or `name` for a cluster-scoped object.
 pub fn describe<K: Resource>(object: &K) -> String {
     match &object.meta().namespace {

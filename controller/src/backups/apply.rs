@@ -2,13 +2,13 @@
 //! in the order the plan documents.
 
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use super::plan::{self, Facts, LeaseStep, Plan};
+use super::plan::{self, Facts, Plan};
 use super::{ACTION, BackupContext, FIELD_MANAGER, cleanup};
-use crate::error::{Error, Result};
-use crate::holds;
+use crate::error::Result;
+use crate::holds::{self, LeaseStep};
 use custody_kube::api::Backup;
 
 /// Carries out `plan`, decided on `facts`.
@@ -46,31 +46,11 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         );
     }
     if let Some(job) = &plan.job {
-        let jobs = Api::namespaced(client.clone(), &namespace);
-        match jobs.create(&PostParams::default(), job).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Create {
-                    object: format!("Job {namespace}/{}", job.name_any()),
-                    source,
-                });
-            }
-        }
+        crate::reconciler::create_job(client, &namespace, job).await?;
     }
-    if plan.lease == LeaseStep::Release
-        && let Some(cluster_uid) = facts
-            .cluster
-            .as_ref()
-            .and_then(|cluster| cluster.metadata.uid.as_deref())
-    {
-        holds::lease::release(client, &namespace, cluster_uid, &me).await?;
-    }
+    holds::lease::settle(client, &namespace, facts.cluster.as_ref(), &me, &plan.lease).await?;
     for note in &plan.events {
         crate::reconciler::publish(&context.base, backup, ACTION, note).await?;
     }
-    Ok(match plan.requeue {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    Ok(crate::reconciler::requeue(plan.requeue))
 }

@@ -2,11 +2,8 @@
 //! the claim is mounted, owned by the Backup and labelled with its, the Cluster's and the
 //! claim's UIDs.
 
-use std::collections::BTreeMap;
-
 use custody_proto::mover::Invocation;
 use k8s_openapi::api::batch::v1::Job;
-use kube::Resource;
 
 use super::SOURCE_PATH;
 use super::decide::{LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
@@ -29,7 +26,7 @@ pub struct JobInputs<'a> {
 /// that mounts the claim, reading it read-only.
 pub fn spec(inputs: JobInputs<'_>) -> Job {
     let uid = inputs.backup.metadata.uid.clone().unwrap_or_default();
-    let labels: BTreeMap<String, String> = [
+    let labels = crate::ownership::labels(&[
         (
             custody_proto::names::LABEL_ROLE,
             custody_proto::names::ROLE_BACKUP,
@@ -37,15 +34,9 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         (LABEL_BACKUP_UID, uid.as_str()),
         (LABEL_CLUSTER_UID, inputs.cluster_uid),
         (LABEL_CLAIM_UID, inputs.claim_uid),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_string(), value.to_string()))
-    .collect();
+    ]);
     let env = custody_kube::s3::mover_env(&inputs.repository.spec);
-    let owner = inputs.backup.controller_owner_ref(&()).map(|mut owner| {
-        owner.block_owner_deletion = Some(true);
-        owner
-    });
+    let owner = crate::ownership::controller_reference(inputs.backup);
     let container = match &inputs.backup.spec.command {
         None => serde_json::json!({
             "name": "mover",

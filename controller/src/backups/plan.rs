@@ -16,7 +16,7 @@ use super::reasons;
 use crate::attribution::Candidate;
 use crate::conditions::{self, Desired, Status, types};
 use crate::events::Note;
-use crate::holds::{self, Hold, Run};
+use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
     Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus,
     ClockMeasurement, Cluster, HasConditions, Restore, RestorePhase,
@@ -70,16 +70,6 @@ pub struct Facts {
     pub listing: Option<Result<Listing, (&'static str, String)>>,
     /// Every Backup of the namespace, when a command's dump is attributed.
     pub others: Vec<Backup>,
-}
-
-/// The coordination Lease step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LeaseStep {
-    Keep,
-    /// Take it before anything starts; when another run holds it, do [`cluster_busy`].
-    TakeFirst,
-    /// The run is over: give it back.
-    Release,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), take
@@ -533,23 +523,13 @@ pub fn next_status(
     ready: &Desired,
     now: Timestamp,
 ) -> Option<BackupStatus> {
-    let current = backup.status.clone().unwrap_or_default();
+    let mut current = backup.status.clone().unwrap_or_default();
+    let wanted = std::slice::from_ref(ready);
     status.phase = Some(phase);
-    let condition = conditions::next(&current.conditions, ready, backup.meta().generation, now);
-    status.conditions = match condition {
-        Some(condition) => vec![condition],
-        None => current
-            .conditions
-            .iter()
-            .filter(|condition| condition.type_ == ready.type_)
-            .cloned()
-            .collect(),
-    };
-    let mut compare = current;
-    compare
-        .conditions
-        .retain(|condition| condition.type_ == ready.type_);
-    (compare != status).then_some(status)
+    status.conditions =
+        conditions::wanted(&current.conditions, wanted, backup.meta().generation, now);
+    current.conditions = conditions::owned(&current.conditions, wanted);
+    (current != status).then_some(status)
 }
 
 #[cfg(test)]

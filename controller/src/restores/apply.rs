@@ -8,14 +8,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::Action;
 
 use super::gather::TeardownFacts;
-use super::plan::{Facts, LeaseStep, Plan};
+use super::plan::{Facts, Plan};
 use super::{ACTION, FIELD_MANAGER, GATE_CA_CONFIG_MAP, RestoreContext, decide, plan};
 use crate::error::{Error, Result};
-use crate::holds;
+use crate::holds::{self, LeaseStep};
 use custody_kube::api::Restore;
 
 /// Carries out `plan`, decided on `facts`.
@@ -41,18 +41,8 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
     {
         plan = plan::cluster_busy(facts, &holder);
     }
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
     for job in &plan.jobs {
-        match jobs.create(&PostParams::default(), job).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Create {
-                    object: format!("Job {namespace}/{}", job.name_any()),
-                    source,
-                });
-            }
-        }
+        crate::reconciler::create_job(client, &namespace, job).await?;
     }
     if let Some(status) = &plan.status {
         crate::status::apply(&restores, &restore.name_any(), FIELD_MANAGER, &what, status).await?;
@@ -76,24 +66,14 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
             "restore status"
         );
     }
-    if plan.lease == LeaseStep::Release
-        && let Some(cluster_uid) = facts
-            .cluster
-            .as_ref()
-            .and_then(|cluster| cluster.metadata.uid.as_deref())
-    {
-        holds::lease::release(client, &namespace, cluster_uid, &me).await?;
-    }
+    holds::lease::settle(client, &namespace, facts.cluster.as_ref(), &me, &plan.lease).await?;
     for note in &plan.events {
         crate::reconciler::publish(&context.base, restore, ACTION, note).await?;
     }
     for pod in &plan.release {
         set_readiness_gate(context, &namespace, pod, &restore.name_any()).await?;
     }
-    Ok(match plan.requeue {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    Ok(crate::reconciler::requeue(plan.requeue))
 }
 
 /// Sets the readiness gate condition of a pod whose restored volumes are all verified.

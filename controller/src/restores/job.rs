@@ -1,11 +1,8 @@
 //! The prepareData Job of one volume: `custody-mover restore` pinned to the node where the
 //! volume is mounted, owned by the Restore and labelled with its UID.
 
-use std::collections::BTreeMap;
-
 use custody_proto::mover::Invocation;
 use k8s_openapi::api::batch::v1::Job;
-use kube::Resource;
 
 use super::TARGET_PATH;
 use super::decide::{self, LABEL_RESTORE_UID};
@@ -26,21 +23,15 @@ pub struct JobInputs<'a> {
 /// The Job, as plain data.
 pub fn spec(inputs: &JobInputs<'_>) -> Job {
     let uid = inputs.restore.metadata.uid.clone().unwrap_or_default();
-    let labels: BTreeMap<String, String> = [
+    let labels = crate::ownership::labels(&[
         (
             custody_proto::names::LABEL_ROLE,
             custody_proto::names::ROLE_PREPARE_DATA,
         ),
         (LABEL_RESTORE_UID, uid.as_str()),
         (LABEL_CLUSTER_UID, inputs.cluster_uid),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_string(), value.to_string()))
-    .collect();
-    let owner = inputs.restore.controller_owner_ref(&()).map(|mut owner| {
-        owner.block_owner_deletion = Some(true);
-        owner
-    });
+    ]);
+    let owner = crate::ownership::controller_reference(inputs.restore);
     serde_json::from_value(serde_json::json!({
         "metadata": {
             "name": inputs.create.name,

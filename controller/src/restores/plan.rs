@@ -17,7 +17,7 @@ use super::job::{self, JobInputs};
 use super::{reasons, types};
 use crate::conditions::{self, Desired, Status};
 use crate::events::Note;
-use crate::holds::{self, Hold, Run};
+use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
     Artifact, Backup, BackupPhase, BackupRepository, Cluster, ReportedVolume, Restore,
     RestorePhase, RestoreStatus, VolumeRestoreStatus, VolumeState,
@@ -47,18 +47,6 @@ pub struct Facts {
     pub jobs: Vec<(String, JobFact)>,
     /// Pods labelled with the Restore's UID (workload pods and prepareData pods).
     pub pods: Vec<Pod>,
-}
-
-/// The coordination Lease step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LeaseStep {
-    /// Nothing to do.
-    Keep,
-    /// Take it before creating the Jobs; when another run holds it, do [`cluster_busy`]
-    /// instead.
-    TakeFirst,
-    /// The restore is over: give it back.
-    Release,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), publish
@@ -557,28 +545,15 @@ pub fn next_status(
     wanted: &[Desired],
     now: Timestamp,
 ) -> Option<RestoreStatus> {
-    let current = restore.status.clone().unwrap_or_default();
-    let generation = restore.metadata.generation;
-    status.conditions = wanted
-        .iter()
-        .map(|desired| {
-            conditions::next(&current.conditions, desired, generation, now).unwrap_or_else(|| {
-                current
-                    .conditions
-                    .iter()
-                    .find(|condition| condition.type_ == desired.type_)
-                    .cloned()
-                    .expect("next() is None only when the condition exists")
-            })
-        })
-        .collect();
-    let mut compare = current;
-    compare.conditions.retain(|condition| {
-        wanted
-            .iter()
-            .any(|desired| desired.type_ == condition.type_)
-    });
-    (status != compare).then_some(status)
+    let mut current = restore.status.clone().unwrap_or_default();
+    status.conditions = conditions::wanted(
+        &current.conditions,
+        wanted,
+        restore.metadata.generation,
+        now,
+    );
+    current.conditions = conditions::owned(&current.conditions, wanted);
+    (status != current).then_some(status)
 }
 
 /// Of the `releasable` pods, those that exist and whose readiness gate is not set yet.
