@@ -12,13 +12,20 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::cli::AgentOptions;
 use crate::error::Error;
-use crate::state::Agent;
+use crate::state::{Agent, Watch};
+use custody_kube::api::Restore;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(options: AgentOptions) -> Result<(), Error> {
     let client = custody_kube::process::client(options.kubeconfig.as_deref()).await?;
-    let (reader, writer) = reflector::store::<Pod>();
-    let agent = Arc::new(Agent::new(client.clone(), options.clone(), reader));
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let (restore_reader, restore_writer) = reflector::store::<Restore>();
+    let agent = Arc::new(Agent::new(
+        client.clone(),
+        options.clone(),
+        pod_reader,
+        restore_reader,
+    ));
     tracing::info!(node = options.node_name, kubelet_root = %options.kubelet_root.display(), "starting");
 
     let stop = custody_kube::process::wait_for_signal().boxed().shared();
@@ -27,27 +34,20 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
     // proportional to one node.
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = format!("spec.nodeName={}", options.node_name);
-    let watch = {
-        let agent = agent.clone();
-        watcher(pods, watcher::Config::default().fields(&selector))
-            .default_backoff()
-            .modify(|pod| {
-                pod.managed_fields_mut().clear();
-            })
-            .reflect(writer)
-            .for_each(move |event| {
-                match event {
-                    Ok(event) => {
-                        if matches!(event, watcher::Event::InitDone) {
-                            agent.mark_synced();
-                        }
-                        agent.wake()
-                    }
-                    Err(error) => tracing::warn!(%error, "pod watch"),
-                }
-                futures::future::ready(())
-            })
-    };
+    let pod_watch = watch(
+        agent.clone(),
+        Watch::Pods,
+        watcher(pods, watcher::Config::default().fields(&selector)),
+        pod_writer,
+    );
+    // Every Restore: what their statuses record as verified releases pods for good.
+    let restores: Api<Restore> = Api::all(client.clone());
+    let restore_watch = watch(
+        agent.clone(),
+        Watch::Restores,
+        watcher(restores, watcher::Config::default()),
+        restore_writer,
+    );
 
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let health = custody_kube::http::Health {
@@ -59,14 +59,15 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
         async move {
             if agent.wait_until_synced().await {
                 ready.store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!("pod watch synced");
+                tracing::info!("pods and Restores listed");
             }
         }
     });
 
     let result = tokio::select! {
         _ = stop.clone() => Ok(()),
-        _ = watch => Ok(()),
+        _ = pod_watch => Ok(()),
+        _ = restore_watch => Ok(()),
         _ = maintain(agent.clone()) => Ok(()),
         served = custody_kube::http::serve(options.http_address, health, stop.clone()) => served.map_err(Error::from),
         served = crate::gate::serve(agent.clone(), stop.clone()) => served,
@@ -74,6 +75,34 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
     };
     tracing::info!("stopped");
     result
+}
+
+/// Keeps `writer`'s store current from `events`, waking the node's view on every change.
+async fn watch<K>(
+    agent: Arc<Agent>,
+    which: Watch,
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    writer: reflector::store::Writer<K>,
+) where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    events
+        .default_backoff()
+        .modify(|object| object.managed_fields_mut().clear())
+        .reflect(writer)
+        .for_each(|event| {
+            match event {
+                Ok(event) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        agent.mark_synced(which);
+                    }
+                    agent.wake()
+                }
+                Err(error) => tracing::warn!(watch = ?which, %error, "watch"),
+            }
+            futures::future::ready(())
+        })
+        .await
 }
 
 /// Starts the verifications the node's view calls for, until the agent stops.

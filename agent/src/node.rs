@@ -10,7 +10,7 @@ use custody_proto::names;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::volume_state::{
-    self, Decision, Phase, PreparePod, State, Verification, VerificationKey,
+    self, Decision, Phase, PreparePod, Recorded, State, Verification, VerificationKey,
 };
 
 /// One restored volume of a gated pod.
@@ -27,7 +27,7 @@ pub struct GatedPod {
     pub namespace: String,
     pub name: String,
     pub volumes: Vec<VolumeView>,
-    /// Set when the pod's restore annotations cannot be followed; the pod stays gated.
+    /// Set when what the pod waits for cannot be read; the pod stays gated.
     pub problem: Option<String>,
 }
 
@@ -200,11 +200,31 @@ pub fn prepare_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<PrepareP
     found
 }
 
-/// Computes the view of the node from its pods and the verifications so far, and the
-/// verifications to start.
+/// The plain environment values of the pod's injected `custody-wait` container, if it has one.
+fn wait_env(pod: &Pod) -> Option<BTreeMap<String, String>> {
+    let container = pod
+        .spec
+        .as_ref()?
+        .init_containers
+        .as_ref()?
+        .iter()
+        .find(|container| container.name == names::WAIT_CONTAINER)?;
+    Some(
+        container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|variable| Some((variable.name.clone(), variable.value.clone()?)))
+            .collect(),
+    )
+}
+
+/// Computes the view of the node from its pods, the verifications so far and the ones the
+/// Restores record, and the verifications to start.
 pub fn compute<'a>(
     pods: impl IntoIterator<Item = &'a Pod> + Clone,
     verifications: &BTreeMap<VerificationKey, Verification>,
+    recorded: &Recorded,
 ) -> (NodeView, Vec<Start>) {
     let prepare = prepare_pods(pods.clone());
     let mut view = NodeView::default();
@@ -219,23 +239,20 @@ pub fn compute<'a>(
         let empty = BTreeMap::new();
         let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
         let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-        if !annotations.contains_key(names::ANNOTATION_RESTORED_CLAIMS) {
+        let Some(target) =
+            volume_state::restore_target(wait_env(pod).as_ref(), labels, annotations)
+        else {
             continue;
-        }
+        };
         let mut gated = GatedPod {
             namespace: namespace.clone(),
             name: name.clone(),
             volumes: Vec::new(),
             problem: None,
         };
-        match volume_state::workload_volumes(
-            &namespace,
-            &name,
-            &uid,
-            labels,
-            annotations,
-            &claims_of(pod),
-        ) {
+        match target.and_then(|target| {
+            volume_state::workload_volumes(&namespace, &name, &uid, &target, &claims_of(pod))
+        }) {
             Err(problem) => gated.problem = Some(problem),
             Ok(volumes) => {
                 for volume in volumes {
@@ -243,7 +260,7 @@ pub fn compute<'a>(
                         state,
                         message,
                         start,
-                    } = volume_state::decide(&volume, &prepare, verifications);
+                    } = volume_state::decide(&volume, &prepare, verifications, recorded);
                     if let Some(key) = start {
                         starts.push(Start {
                             key,

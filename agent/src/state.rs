@@ -1,9 +1,10 @@
-//! What the agent's tasks share: the pods of this node as the watch sees them, the
-//! verifications run so far, and the node's view that the gate and the reports read.
+//! What the agent's tasks share: the pods of this node and the Restores as the watches see
+//! them, the verifications run so far, and the node's view that the gate and the reports read.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use custody_kube::api::{Restore, VolumeState};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::runtime::reflector::Store;
@@ -12,34 +13,73 @@ use tokio::sync::{Notify, watch};
 use crate::cli::AgentOptions;
 use crate::metrics::{Metrics, StateLabels};
 use crate::node::{self, NodeView, Start};
-use crate::volume_state::{Verification, VerificationKey};
+use crate::volume_state::{Recorded, Verification, VerificationKey};
 
 /// Everything the agent's tasks share.
 pub struct Agent {
     pub client: Client,
     pub options: AgentOptions,
     pub pods: Store<Pod>,
+    /// Every Restore: the verifications their statuses record.
+    pub restores: Store<Restore>,
     pub metrics: Arc<Metrics>,
     pub(crate) verifications: Mutex<BTreeMap<VerificationKey, Verification>>,
     pub(crate) changed: Notify,
     pub(crate) view: watch::Sender<Arc<NodeView>>,
-    /// Set once the pod watch has listed the node's pods. (The reflector's own readiness
-    /// wakes only one waiter, and several tasks wait here.)
-    pub(crate) synced: watch::Sender<bool>,
+    /// Which watches have listed everything: the node's pods, the Restores. (The reflector's
+    /// own readiness wakes only one waiter, and several tasks wait here.)
+    pub(crate) synced: watch::Sender<Synced>,
+}
+
+/// Which of the agent's watches have listed everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Synced {
+    pub pods: bool,
+    pub restores: bool,
+}
+
+/// One of the agent's watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watch {
+    Pods,
+    Restores,
+}
+
+/// The claims the Restores' statuses record as verified.
+pub fn recorded<'a>(restores: impl IntoIterator<Item = &'a Restore>) -> Recorded {
+    restores
+        .into_iter()
+        .flat_map(|restore| {
+            let namespace = restore.metadata.namespace.clone().unwrap_or_default();
+            let uid = restore.metadata.uid.clone().unwrap_or_default();
+            restore
+                .status
+                .iter()
+                .flat_map(|status| status.volumes.iter())
+                .filter(|volume| volume.state == VolumeState::Verified)
+                .map(move |volume| (namespace.clone(), uid.clone(), volume.claim_name.clone()))
+        })
+        .collect()
 }
 
 impl Agent {
     /// The agent's state before the pod watch has listed anything.
-    pub fn new(client: Client, options: AgentOptions, pods: Store<Pod>) -> Agent {
+    pub fn new(
+        client: Client,
+        options: AgentOptions,
+        pods: Store<Pod>,
+        restores: Store<Restore>,
+    ) -> Agent {
         Agent {
             client,
             options,
             pods,
+            restores,
             metrics: Arc::new(Metrics::default()),
             verifications: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
             view: watch::channel(Arc::new(NodeView::default())).0,
-            synced: watch::channel(false).0,
+            synced: watch::channel(Synced::default()).0,
         }
     }
 
@@ -48,11 +88,13 @@ impl Agent {
         self.view.subscribe()
     }
 
-    /// Waits until the pod watch has listed the node's pods; false when the agent stops.
+    /// Waits until the watches have listed the node's pods and the Restores (before that, a
+    /// volume whose verification a Restore records could be verified again); false when the
+    /// agent stops.
     pub async fn wait_until_synced(&self) -> bool {
         self.synced
             .subscribe()
-            .wait_for(|synced| *synced)
+            .wait_for(|synced| synced.pods && synced.restores)
             .await
             .is_ok()
     }
@@ -62,9 +104,12 @@ impl Agent {
         self.changed.notify_one();
     }
 
-    /// The pod watch has listed the node's pods.
-    pub fn mark_synced(&self) {
-        self.synced.send_replace(true);
+    /// A watch has listed everything.
+    pub fn mark_synced(&self, watch: Watch) {
+        self.synced.send_modify(|synced| match watch {
+            Watch::Pods => synced.pods = true,
+            Watch::Restores => synced.restores = true,
+        });
     }
 
     /// Waits for a change, then computes the node's view again and publishes it; the
@@ -76,15 +121,17 @@ impl Agent {
             return None;
         }
         let pods = self.pods.state();
+        let recorded = recorded(self.restores.state().iter().map(AsRef::as_ref));
         let mut verifications = self.verifications.lock().expect("not poisoned");
-        let (mut view, starts) = node::compute(pods.iter().map(AsRef::as_ref), &verifications);
+        let (mut view, starts) =
+            node::compute(pods.iter().map(AsRef::as_ref), &verifications, &recorded);
         // Forget verifications of pods that left the node.
         verifications.retain(|key, _| view.pods.contains(&key.pod_uid));
         if !starts.is_empty() {
             for start in &starts {
                 verifications.insert(start.key.clone(), Verification::Running { note: None });
             }
-            view = node::compute(pods.iter().map(AsRef::as_ref), &verifications).0;
+            view = node::compute(pods.iter().map(AsRef::as_ref), &verifications, &recorded).0;
         }
         self.publish(view);
         Some(starts)

@@ -8,7 +8,7 @@
 //! is verified afresh.
 
 use custody_proto::reasons::VolumeFailure;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use custody_proto::names;
 
@@ -128,7 +128,15 @@ pub struct Decision {
     pub start: Option<VerificationKey>,
 }
 
+/// Claims whose verification a Restore's status records, as `(namespace, Restore UID,
+/// claim)`: the controller wrote them from an agent's report, and they stay verified.
+pub type Recorded = BTreeSet<(String, String, String)>;
+
 /// Decides one volume's state.
+///
+/// A claim the Restore's status records as verified is verified, for good: its pod is released
+/// on every later start (an agent restart, init containers run again, the prepareData pod long
+/// gone) without reading the volume again, which the application has changed since.
 ///
 /// `prepare` may hold any pods; only those for the same namespace, claim and Restore UID
 /// count. A succeeded pod wins over active ones (its output is what the volume holds); among
@@ -138,7 +146,22 @@ pub fn decide(
     volume: &WorkloadVolume,
     prepare: &[PreparePod],
     verifications: &BTreeMap<VerificationKey, Verification>,
+    recorded: &Recorded,
 ) -> Decision {
+    if recorded.contains(&(
+        volume.namespace.clone(),
+        volume.restore_uid.clone(),
+        volume.claim_name.clone(),
+    )) {
+        return Decision {
+            state: State::Verified { at_unix_nanos: 0 },
+            message: format!(
+                "verified for Restore {} (recorded in its status; not read again)",
+                volume.restore_name
+            ),
+            start: None,
+        };
+    }
     let mine: Vec<&PreparePod> = prepare
         .iter()
         .filter(|pod| {
@@ -228,36 +251,81 @@ pub fn decide(
     }
 }
 
-/// Reads the restored volumes of a workload pod from its labels, annotations and volumes.
-///
-/// `claims` are the pod's `(volume name, claim name)` pairs. A claim listed in the annotation
-/// that the pod does not mount is reported as an error: the pod would otherwise be released
-/// without that data.
+/// The Restore a gated pod waits for, and the claims of the pod it writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreTarget {
+    pub name: String,
+    pub uid: String,
+    pub claims: Vec<String>,
+}
+
+/// What a pod is held for. A pod with the injected `custody-wait` is under restore for good
+/// (its spec cannot change): the Restore and claims come from that container's environment,
+/// never from labels or annotations anyone who may patch the pod can remove. A pod admitted
+/// by an older webhook (no such environment) falls back to its labels and annotations.
+/// `None`: the pod is not under restore. `Err`: it is, and what it waits for cannot be read
+/// (it stays held).
+pub fn restore_target(
+    wait_env: Option<&BTreeMap<String, String>>,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Result<RestoreTarget, String>> {
+    let (source, name, uid, claims) = match wait_env {
+        Some(env) if env.contains_key(names::ENV_RESTORE_UID) => (
+            "custody-wait's environment",
+            env.get(names::ENV_RESTORE),
+            env.get(names::ENV_RESTORE_UID),
+            env.get(names::ENV_RESTORED_CLAIMS),
+        ),
+        Some(_) | None if annotations.contains_key(names::ANNOTATION_RESTORED_CLAIMS) => (
+            "the pod's labels and annotations",
+            annotations.get(names::ANNOTATION_RESTORE),
+            labels.get(names::LABEL_RESTORE_UID),
+            annotations.get(names::ANNOTATION_RESTORED_CLAIMS),
+        ),
+        Some(_) => {
+            return Some(Err(format!(
+                "{} names no Restore: the pod stays held",
+                names::WAIT_CONTAINER
+            )));
+        }
+        None => return None,
+    };
+    let read = |value: Option<&String>, what: &str| {
+        value
+            .filter(|value| !value.trim().is_empty())
+            .cloned()
+            .ok_or_else(|| format!("{source} names no {what}"))
+    };
+    let target = (|| {
+        let name = read(name, "Restore")?;
+        let uid = read(uid, "Restore UID")?;
+        let claims: Vec<String> = read(claims, "restored claim")?
+            .split(',')
+            .map(str::trim)
+            .filter(|claim| !claim.is_empty())
+            .map(str::to_string)
+            .collect();
+        if claims.is_empty() {
+            return Err(format!("{source} names no restored claim"));
+        }
+        Ok(RestoreTarget { name, uid, claims })
+    })();
+    Some(target)
+}
+
+/// The restored volumes of a workload pod: each claim of `target` must be mounted by exactly
+/// one of the pod's volumes (`claims`: `(volume name, claim name)`), or the pod would be
+/// released without that data.
 pub fn workload_volumes(
     namespace: &str,
     pod_name: &str,
     pod_uid: &str,
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
+    target: &RestoreTarget,
     claims: &[(String, String)],
 ) -> Result<Vec<WorkloadVolume>, String> {
-    let Some(listed) = annotations.get(names::ANNOTATION_RESTORED_CLAIMS) else {
-        return Ok(Vec::new());
-    };
-    let restore_name = annotations
-        .get(names::ANNOTATION_RESTORE)
-        .filter(|name| !name.is_empty())
-        .ok_or_else(|| format!("annotation {} is missing", names::ANNOTATION_RESTORE))?;
-    let restore_uid = labels
-        .get(names::LABEL_RESTORE_UID)
-        .filter(|uid| !uid.is_empty())
-        .ok_or_else(|| format!("label {} is missing", names::LABEL_RESTORE_UID))?;
     let mut volumes = Vec::new();
-    for claim in listed
-        .split(',')
-        .map(str::trim)
-        .filter(|claim| !claim.is_empty())
-    {
+    for claim in &target.claims {
         let mounted: Vec<&(String, String)> = claims
             .iter()
             .filter(|(_, claim_name)| claim_name == claim)
@@ -273,16 +341,10 @@ pub fn workload_volumes(
             pod_name: pod_name.to_string(),
             pod_uid: pod_uid.to_string(),
             volume: volume.clone(),
-            claim_name: claim.to_string(),
-            restore_name: restore_name.clone(),
-            restore_uid: restore_uid.clone(),
+            claim_name: claim.clone(),
+            restore_name: target.name.clone(),
+            restore_uid: target.uid.clone(),
         });
-    }
-    if volumes.is_empty() {
-        return Err(format!(
-            "annotation {} names no claim",
-            names::ANNOTATION_RESTORED_CLAIMS
-        ));
     }
     Ok(volumes)
 }

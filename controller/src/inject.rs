@@ -1,7 +1,9 @@
 //! What the admission webhook does to a pod of a Cluster under restore, as a pure function:
 //! `custody-wait` as the first init container (a projected token of audience `custody`, the
 //! node's address from the downward API, the gate's CA), the readiness gate, and the labels and
-//! annotations that tell the node agent which claims to verify. Nothing injected needs more
+//! annotations that tell a person which Restore holds the pod. What the node agent holds the
+//! pod for is in `custody-wait`'s environment (the Restore, its UID, the claims): a pod's spec
+//! cannot change after admission, its labels and annotations can. Nothing injected needs more
 //! than the restricted Pod Security Standard allows. Applying it twice changes nothing; a stale
 //! `custody-wait` (older image or settings) is replaced.
 //!
@@ -12,7 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodReadinessGate, Volume};
 use custody_proto::names;
 
 /// Name of the injected init container.
-pub const WAIT_CONTAINER: &str = "custody-wait";
+pub use custody_proto::names::WAIT_CONTAINER;
 /// Name of the injected volume (token and CA).
 pub const GATE_VOLUME: &str = "custody-gate";
 /// Where `custody-wait` finds the token and the CA.
@@ -34,7 +36,7 @@ pub struct Injection {
     pub claim_templates: Vec<String>,
 }
 
-fn wait_container(injection: &Injection) -> Container {
+fn wait_container(injection: &Injection, claims: &[String]) -> Container {
     serde_json::from_value(serde_json::json!({
         "name": WAIT_CONTAINER,
         "image": injection.image,
@@ -44,6 +46,9 @@ fn wait_container(injection: &Injection) -> Container {
             {"name": "CUSTODY_AGENT_ADDRESS", "value": format!("$(HOST_IP):{}", names::GATE_PORT)},
             {"name": "CUSTODY_TOKEN_FILE", "value": format!("{GATE_MOUNT}/token")},
             {"name": "CUSTODY_CA_FILE", "value": format!("{GATE_MOUNT}/ca.crt")},
+            {"name": names::ENV_RESTORE, "value": injection.restore_name},
+            {"name": names::ENV_RESTORE_UID, "value": injection.restore_uid},
+            {"name": names::ENV_RESTORED_CLAIMS, "value": claims.join(",")},
         ],
         "volumeMounts": [{"name": GATE_VOLUME, "mountPath": GATE_MOUNT, "readOnly": true}],
         "securityContext": {
@@ -94,7 +99,7 @@ pub fn inject(mut pod: Pod, injection: &Injection) -> Pod {
     annotations.insert(names::ANNOTATION_RESTORED_CLAIMS.into(), claims.join(","));
 
     let spec = pod.spec.get_or_insert_default();
-    let mut init = vec![wait_container(injection)];
+    let mut init = vec![wait_container(injection, &claims)];
     init.extend(
         spec.init_containers
             .take()

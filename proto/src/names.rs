@@ -30,3 +30,16 @@ pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 /// TokenReview `extra` key naming the node the bound pod was scheduled to.
 pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+
+/// Name of the init container the admission webhook injects into pods under restore.
+pub const WAIT_CONTAINER: &str = "custody-wait";
+/// In the injected `custody-wait` container's environment: the name of the Restore the pod
+/// waits for. A pod's spec cannot change after it is created, so the agent holds the pod for
+/// what this environment says, not for labels and annotations anyone who may patch the pod
+/// can remove.
+pub const ENV_RESTORE: &str = "CUSTODY_RESTORE";
+/// In the injected `custody-wait` container's environment: the UID of that Restore.
+pub const ENV_RESTORE_UID: &str = "CUSTODY_RESTORE_UID";
+/// In the injected `custody-wait` container's environment: the comma-separated claims of the
+/// pod that the Restore writes.
+pub const ENV_RESTORED_CLAIMS: &str = "CUSTODY_RESTORED_CLAIMS";

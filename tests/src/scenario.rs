@@ -33,7 +33,7 @@ pub struct Setup {
     pub namespace: TestNamespace,
     pub kubelet: Arc<FakeKubelet>,
     pub source: LoopVolume,
-    _pki: Pki,
+    pub pki: Pki,
     pub controller: ControllerProcess,
     pub agent: AgentProcess,
     pub jobs: PodRunner,
@@ -61,9 +61,9 @@ impl Setup {
         }
         self.agent = AgentProcess::start(
             &self.kubelet,
-            &self._pki,
+            &self.pki,
             AgentArgs {
-                flags: report_flags(&self.controller, &self._pki, self._report_token.path()),
+                flags: report_flags(&self.controller, &self.pki, self._report_token.path()),
                 gate: Some(self.gate),
                 wrapper,
                 envs,
@@ -410,7 +410,7 @@ async fn setup_full(
         namespace,
         kubelet,
         source,
-        _pki: pki,
+        pki,
         controller,
         agent,
         jobs,

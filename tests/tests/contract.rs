@@ -30,7 +30,7 @@ fn the_agent_gates_an_injected_pod_on_the_clusters_claims() {
             claim_templates: vec!["data".into(), "wal".into()],
         },
     );
-    let (view, starts) = node::compute([&injected], &BTreeMap::new());
+    let (view, starts) = node::compute([&injected], &BTreeMap::new(), &Default::default());
     assert!(starts.is_empty());
     let gated = &view.gated["pod-uid"];
     assert_eq!(gated.problem, None);
@@ -53,4 +53,12 @@ fn the_agent_gates_an_injected_pod_on_the_clusters_claims() {
         ]
     );
     assert!(!gated.released(), "a freshly injected pod is held");
+
+    // What the agent holds the pod for is in its spec: removing the labels and annotations
+    // (anyone who may patch the pod can) changes nothing.
+    let mut stripped = injected.clone();
+    stripped.metadata.labels = None;
+    stripped.metadata.annotations = None;
+    let (view, _) = node::compute([&stripped], &BTreeMap::new(), &Default::default());
+    assert_eq!(view.gated["pod-uid"], *gated);
 }

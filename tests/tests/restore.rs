@@ -799,3 +799,217 @@ async fn the_webhook_certificate_is_renewed_under_the_same_ca_and_the_api_server
     assert!(pod.metadata.uid.is_some());
     setup.finish().await;
 }
+
+/// The agent's count of verifications it finished, of any result.
+fn verifications_finished(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("custody_agent_verifications_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 15, item 1: once the Restore recorded a volume as verified, its pod is released on
+/// every later start — after the application changed the volume, the agent restarted and
+/// the prepareData Job and its pods are gone — without the volume being read again, and the
+/// node never reports it as failed.
+#[tokio::test]
+async fn a_completed_restore_never_holds_its_pod_again() {
+    let mut setup = setup("again").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let restores: Api<Restore> = setup.namespace.api();
+    await_condition(
+        &restores,
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    eventually("custody-wait released the pod", TIMEOUT, || {
+        let runs = workloads.runs();
+        async move {
+            runs.iter()
+                .any(|run| run.container == "custody-wait" && run.exit_code == 0)
+                .then_some(())
+                .ok_or_else(|| format!("{runs:?}"))
+        }
+    })
+    .await;
+
+    // The completed restore cleans up its prepareData Jobs, and with them their pods.
+    let jobs: Api<Job> = setup.namespace.api();
+    let pods: Api<Pod> = setup.namespace.api();
+    let prepare_data = format!("{}={}", names::LABEL_ROLE, names::ROLE_PREPARE_DATA);
+    eventually("the prepareData Job and its pod gone", TIMEOUT, || {
+        let (jobs, pods, selector) = (jobs.clone(), pods.clone(), prepare_data.clone());
+        async move {
+            let params = ListParams::default().labels(&selector);
+            let left = jobs
+                .list(&params)
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len()
+                + pods
+                    .list(&params)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+            (left == 0)
+                .then_some(())
+                .ok_or_else(|| format!("{left} left"))
+        }
+    })
+    .await;
+
+    // The database writes: the volume no longer matches the backup's manifest.
+    std::fs::write(target.path().join("written-after-the-restore"), b"new rows").unwrap();
+    std::fs::write(
+        target.path().join("base/16384/0001"),
+        b"changed by the application",
+    )
+    .unwrap();
+
+    // A DaemonSet rollout: the agent starts again with nothing in memory.
+    setup.restart_agent(&[], vec![]);
+    // The pod's sandbox restarts: its init container asks the gate again, with its own token.
+    let pod = pods.get("shop-0").await.unwrap();
+    let token = custody_tests::kubelet::pod_token(&client, &pod, names::GATE_AUDIENCE).await;
+    let mut wait = custody_tests::agent::WaitProcess::start(&setup.agent, &setup.pki, &token);
+    let exit = wait.await_exit(Duration::from_secs(30));
+    assert!(
+        exit.success(),
+        "custody-wait held a restored pod: {:?}",
+        wait.output.all()
+    );
+    wait.output.await_line("released", Duration::from_secs(10));
+    // Nothing was read again, and the node reports the volume verified, never failed.
+    assert_eq!(verifications_finished(&setup.agent.metrics()), 0);
+    let agents: Api<NodeAgent> = Api::all(client.clone());
+    let node = setup.kubelet.node.clone();
+    let agent = await_condition(
+        &agents,
+        &node,
+        "the volume reported verified",
+        TIMEOUT,
+        |agent: &NodeAgent| {
+            agent
+                .status
+                .as_ref()
+                .and_then(|status| status.volumes.as_ref())
+                .is_some_and(|volumes| volumes.verified == 1)
+        },
+    )
+    .await;
+    assert_eq!(agent.status.unwrap().volumes.unwrap().failed, 0);
+    let restore = restores.get("shop").await.unwrap();
+    assert_eq!(restore_phase(&restore), Some(RestorePhase::Completed));
+    drop(workloads);
+    setup.finish().await;
+}
+
+/// Issue 15, item 2: what a held pod waits for comes from its spec (`custody-wait`'s
+/// environment, which cannot change), so removing its restore labels and annotations with a
+/// patch does not release it; it is released once its volume is verified, as ever.
+#[tokio::test]
+async fn removing_the_restore_labels_and_annotations_does_not_release_a_held_pod() {
+    let setup = setup("strip").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let target = LoopVolume::new(64);
+    setup.jobs.set_running(false);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let pods: Api<Pod> = setup.namespace.api();
+    await_condition(&pods, "shop-0", "scheduled", TIMEOUT, |pod: &Pod| {
+        pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
+            == Some(setup.kubelet.node.as_str())
+    })
+    .await;
+    let patch = json!({"metadata": {
+        "labels": {names::LABEL_RESTORE_UID: null},
+        "annotations": {names::ANNOTATION_RESTORE: null, names::ANNOTATION_RESTORED_CLAIMS: null},
+    }});
+    let stripped = pods
+        .patch(
+            "shop-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    assert!(!stripped.labels().contains_key(names::LABEL_RESTORE_UID));
+    assert!(
+        !stripped
+            .annotations()
+            .contains_key(names::ANNOTATION_RESTORED_CLAIMS)
+    );
+
+    // The gate still holds the pod on its claim; custody-wait has not let it start.
+    let token = custody_tests::kubelet::pod_token(&client, &stripped, names::GATE_AUDIENCE).await;
+    let answer = eventually("the gate's answer for the stripped pod", TIMEOUT, || {
+        let (gate, pki, token) = (setup.agent.gate, &setup.pki, token.clone());
+        async move {
+            custody_tests::agent::ask_gate(gate, pki, Some(&token))
+                .await
+                .map_err(|status| status.to_string())
+        }
+    })
+    .await;
+    assert!(!answer.released, "{answer:?}");
+    assert_eq!(
+        answer
+            .volumes
+            .iter()
+            .map(|volume| volume.claim_name.as_str())
+            .collect::<Vec<_>>(),
+        ["data-shop-0"]
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !workloads
+            .runs()
+            .iter()
+            .any(|run| run.container == "custody-wait" && run.exit_code == 0),
+        "custody-wait released a pod whose volume was never written: {:?}",
+        workloads.runs()
+    );
+
+    // The restore goes on as ever: written, verified, released, the readiness gate set.
+    setup.jobs.set_running(true);
+    let restores: Api<Restore> = setup.namespace.api();
+    await_condition(
+        &restores,
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    await_condition(
+        &pods,
+        "shop-0",
+        "the readiness gate set",
+        TIMEOUT,
+        |pod: &Pod| {
+            pod.status
+                .as_ref()
+                .and_then(|status| status.conditions.as_ref())
+                .is_some_and(|conditions| {
+                    conditions.iter().any(|condition| {
+                        condition.type_ == "custody.io/restore-verified"
+                            && condition.status == "True"
+                    })
+                })
+        },
+    )
+    .await;
+    drop(workloads);
+    setup.finish().await;
+}

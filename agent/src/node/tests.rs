@@ -53,7 +53,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
         prepare("prep-wal", "wal-pg-0", "Running"),
         bystander(),
     ];
-    let (view, starts) = compute(&pods, &BTreeMap::new());
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0].key.prepare_pod_uid, "prep-data-uid");
     assert_eq!(starts[0].volume.volume, "data");
@@ -92,7 +92,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
         (key("data", "prep-data"), verified(10)),
         (key("wal", "prep-wal"), verified(20)),
     ]);
-    let (view, starts) = compute(&done, &verifications);
+    let (view, starts) = compute(&done, &verifications, &Recorded::new());
     assert!(starts.is_empty());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(progress.released);
@@ -101,7 +101,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
 
     // One verified, one not: still gated.
     let half = BTreeMap::from([(key("data", "prep-data"), verified(10))]);
-    let (view, _) = compute(&done, &half);
+    let (view, _) = compute(&done, &half, &Recorded::new());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
     assert_eq!(progress.verified_at_unix_nanos, 0);
@@ -113,7 +113,7 @@ fn a_failed_prepare_pod_names_its_exit() {
         workload("data-pg-0"),
         prepare("prep-data", "data-pg-0", "Failed"),
     ];
-    let (view, _) = compute(&pods, &BTreeMap::new());
+    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
     let volume = &view.gated["pod-uid"].volumes[0];
     assert!(
         matches!(&volume.state, State::Failed { reason, .. } if reason.as_str() == "PrepareDataFailed")
@@ -128,7 +128,7 @@ fn a_failed_prepare_pod_names_its_exit() {
 #[test]
 fn pods_not_under_restore_pass_and_unknown_pods_get_no_answer() {
     let pods = [bystander()];
-    let (view, _) = compute(&pods, &BTreeMap::new());
+    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
     let progress = view.progress("web-uid", "db", "web").unwrap();
     assert!(progress.released && progress.volumes.is_empty());
     assert_eq!(view.progress("gone-uid", "db", "gone"), None);
@@ -137,11 +137,68 @@ fn pods_not_under_restore_pass_and_unknown_pods_get_no_answer() {
 #[test]
 fn inconsistent_restore_annotations_keep_the_pod_gated() {
     let pods = [workload("data-pg-0,not-mounted")];
-    let (view, starts) = compute(&pods, &BTreeMap::new());
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
     assert!(starts.is_empty());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
     assert_eq!(progress.volumes.len(), 1);
     assert_eq!(progress.volumes[0].reason, "InvalidRestoreAnnotations");
     assert_eq!(progress.volumes[0].state, VolumeState::Failed as i32);
+}
+
+/// A workload pod as the webhook admits it: `custody-wait` names the Restore and claims; the
+/// labels and annotations were removed afterwards by a patch.
+fn injected_then_stripped() -> Pod {
+    pod(serde_json::json!({
+        "metadata": {"name": "pg-0", "namespace": "db", "uid": "pod-uid"},
+        "spec": {
+            "initContainers": [{"name": names::WAIT_CONTAINER, "env": [
+                {"name": names::ENV_RESTORE, "value": "pg-restore"},
+                {"name": names::ENV_RESTORE_UID, "value": "restore-uid"},
+                {"name": names::ENV_RESTORED_CLAIMS, "value": "data-pg-0"},
+                {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            ]}],
+            "containers": [],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-pg-0"}}],
+        },
+    }))
+}
+
+#[test]
+fn removing_labels_and_annotations_does_not_release_a_held_pod() {
+    let pods = [injected_then_stripped()];
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    assert!(starts.is_empty());
+    let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
+    assert!(!progress.released, "{progress:?}");
+    assert_eq!(progress.volumes.len(), 1);
+    assert_eq!(progress.volumes[0].claim_name, "data-pg-0");
+    // custody-wait with nothing to wait for holds the pod too.
+    let mut empty = injected_then_stripped();
+    empty
+        .spec
+        .as_mut()
+        .unwrap()
+        .init_containers
+        .as_mut()
+        .unwrap()[0]
+        .env = None;
+    let (view, _) = compute(&[empty], &BTreeMap::new(), &Recorded::new());
+    assert!(!view.progress("pod-uid", "db", "pg-0").unwrap().released);
+}
+
+#[test]
+fn a_pod_whose_volume_the_restore_records_verified_is_released_without_a_verification() {
+    let pods = [injected_then_stripped()];
+    let recorded: Recorded = [(
+        "db".to_string(),
+        "restore-uid".to_string(),
+        "data-pg-0".to_string(),
+    )]
+    .into();
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &recorded);
+    assert!(starts.is_empty(), "{starts:?}");
+    let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
+    assert!(progress.released, "{progress:?}");
+    assert_eq!(view.counts().get("Failed"), None);
 }

@@ -185,7 +185,7 @@ fn states_follow_the_prepare_pods_and_verifications() {
         },
     ];
     for row in rows {
-        let decision = decide(&volume(), &row.prepare, row.verifications);
+        let decision = decide(&volume(), &row.prepare, row.verifications, &Recorded::new());
         assert!(
             (row.state)(&decision.state),
             "{}: got {:?}",
@@ -204,19 +204,122 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 #[test]
-fn workload_volumes_come_from_the_annotations_and_the_pod_spec() {
+fn a_verification_the_restore_records_stands_without_reading_the_volume() {
+    let recorded: Recorded = [(
+        "db".to_string(),
+        "restore-uid".to_string(),
+        "data-pg-0".to_string(),
+    )]
+    .into();
+    // Whatever else is known, even a failed verification of the since-changed volume.
+    let failed: BTreeMap<VerificationKey, Verification> = [(
+        key("a"),
+        Verification::Done(Outcome::Failed {
+            reason: VolumeFailure::ContentMismatch,
+            message: "changed since".into(),
+        }),
+    )]
+    .into();
+    for (name, prepare, verifications) in [
+        ("the prepareData pod is gone", vec![], &BTreeMap::new()),
+        (
+            "the prepareData pod succeeded, nothing verified yet",
+            vec![prepare("a", Phase::Succeeded)],
+            &BTreeMap::new(),
+        ),
+        (
+            "a verification of the changed volume failed",
+            vec![prepare("a", Phase::Succeeded)],
+            &failed,
+        ),
+    ] {
+        let decision = decide(&volume(), &prepare, verifications, &recorded);
+        assert!(
+            matches!(decision.state, State::Verified { .. }),
+            "{name}: {decision:?}"
+        );
+        assert_eq!(decision.start, None, "{name}");
+    }
+    // Another Restore's record, another claim's or another namespace's: not this volume's.
+    for other in [
+        ("db", "other-restore", "data-pg-0"),
+        ("db", "restore-uid", "wal-pg-0"),
+        ("other", "restore-uid", "data-pg-0"),
+    ] {
+        let recorded: Recorded = [(
+            other.0.to_string(),
+            other.1.to_string(),
+            other.2.to_string(),
+        )]
+        .into();
+        let decision = decide(&volume(), &[], &BTreeMap::new(), &recorded);
+        assert_eq!(decision.state, State::Pending, "{other:?}");
+    }
+}
+
+fn target(claims: &[&str]) -> RestoreTarget {
+    RestoreTarget {
+        name: "pg-restore".into(),
+        uid: "restore-uid".into(),
+        claims: claims.iter().map(|claim| claim.to_string()).collect(),
+    }
+}
+
+#[test]
+fn what_a_pod_waits_for_comes_from_custody_wait_not_from_labels() {
+    let env = map(&[
+        (names::ENV_RESTORE, "pg-restore"),
+        (names::ENV_RESTORE_UID, "restore-uid"),
+        (names::ENV_RESTORED_CLAIMS, "data-pg-0, wal-pg-0"),
+    ]);
     let labels = map(&[(names::LABEL_RESTORE_UID, "restore-uid")]);
     let annotations = map(&[
         (names::ANNOTATION_RESTORE, "pg-restore"),
         (names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0, wal-pg-0"),
     ]);
+    let wanted = Some(Ok(target(&["data-pg-0", "wal-pg-0"])));
+    assert_eq!(restore_target(Some(&env), &labels, &annotations), wanted);
+    // Labels and annotations removed by a patch change nothing.
+    let none = BTreeMap::new();
+    assert_eq!(restore_target(Some(&env), &none, &none), wanted);
+    // Nor do labels and annotations that say something else.
+    let forged = map(&[
+        (names::ANNOTATION_RESTORE, "pg-restore"),
+        (names::ANNOTATION_RESTORED_CLAIMS, "scratch-pg-0"),
+    ]);
+    assert_eq!(restore_target(Some(&env), &none, &forged), wanted);
+    // custody-wait without what it waits for holds the pod.
+    assert!(matches!(
+        restore_target(Some(&none), &none, &none),
+        Some(Err(_))
+    ));
+    let partial = map(&[(names::ENV_RESTORE_UID, "restore-uid")]);
+    assert!(matches!(
+        restore_target(Some(&partial), &labels, &annotations),
+        Some(Err(_))
+    ));
+    // A pod admitted by an older webhook: its labels and annotations.
+    assert_eq!(restore_target(Some(&none), &labels, &annotations), wanted);
+    assert_eq!(restore_target(None, &labels, &annotations), wanted);
+    // Not under restore.
+    assert_eq!(restore_target(None, &labels, &none), None);
+}
+
+#[test]
+fn workload_volumes_come_from_the_target_and_the_pod_spec() {
     let claims = vec![
         ("data".to_string(), "data-pg-0".to_string()),
         ("wal".to_string(), "wal-pg-0".to_string()),
         ("scratch".to_string(), "scratch-pg-0".to_string()),
     ];
-    let volumes =
-        workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &claims).unwrap();
+    let volumes = workload_volumes(
+        "db",
+        "pg-0",
+        "pod-uid",
+        &target(&["data-pg-0", "wal-pg-0"]),
+        &claims,
+    )
+    .unwrap();
     assert_eq!(
         volumes
             .iter()
@@ -226,26 +329,19 @@ fn workload_volumes_come_from_the_annotations_and_the_pod_spec() {
     );
     assert_eq!(volumes[0], volume());
 
-    // Not under restore.
-    assert_eq!(
-        workload_volumes("db", "pg-0", "pod-uid", &labels, &BTreeMap::new(), &claims),
-        Ok(vec![])
-    );
-
     let refused = [
         (
             "no Restore name",
             map(&[(names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0")]),
-            labels.clone(),
+            map(&[(names::LABEL_RESTORE_UID, "restore-uid")]),
         ),
-        ("no Restore UID", annotations.clone(), BTreeMap::new()),
         (
-            "a claim the pod does not mount",
+            "no Restore UID",
             map(&[
                 (names::ANNOTATION_RESTORE, "pg-restore"),
-                (names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0,missing"),
+                (names::ANNOTATION_RESTORED_CLAIMS, "data-pg-0"),
             ]),
-            labels.clone(),
+            BTreeMap::new(),
         ),
         (
             "an empty claim list",
@@ -253,20 +349,39 @@ fn workload_volumes_come_from_the_annotations_and_the_pod_spec() {
                 (names::ANNOTATION_RESTORE, "pg-restore"),
                 (names::ANNOTATION_RESTORED_CLAIMS, " , "),
             ]),
-            labels.clone(),
+            map(&[(names::LABEL_RESTORE_UID, "restore-uid")]),
         ),
     ];
     for (name, annotations, labels) in refused {
         assert!(
-            workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &claims).is_err(),
+            matches!(restore_target(None, &labels, &annotations), Some(Err(_))),
             "{name}"
         );
     }
-
+    assert!(
+        workload_volumes(
+            "db",
+            "pg-0",
+            "pod-uid",
+            &target(&["data-pg-0", "missing"]),
+            &claims
+        )
+        .is_err(),
+        "a claim the pod does not mount"
+    );
     let twice = vec![
         ("data".to_string(), "data-pg-0".to_string()),
         ("again".to_string(), "data-pg-0".to_string()),
         ("wal".to_string(), "wal-pg-0".to_string()),
     ];
-    assert!(workload_volumes("db", "pg-0", "pod-uid", &labels, &annotations, &twice).is_err());
+    assert!(
+        workload_volumes(
+            "db",
+            "pg-0",
+            "pod-uid",
+            &target(&["data-pg-0", "wal-pg-0"]),
+            &twice
+        )
+        .is_err()
+    );
 }

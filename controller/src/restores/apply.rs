@@ -44,6 +44,21 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
     for job in &plan.jobs {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }
+    for (name, job_uid) in &plan.delete_jobs {
+        delete_job(
+            client,
+            &namespace,
+            name,
+            job_uid,
+            PropagationPolicy::Background,
+        )
+        .await?;
+        tracing::info!(
+            namespace,
+            job = name,
+            "deleted the prepareData Job of a completed restore"
+        );
+    }
     if let Some(status) = &plan.status {
         crate::status::apply(&restores, &restore.name_any(), FIELD_MANAGER, &what, status).await?;
         tracing::info!(
@@ -160,7 +175,6 @@ pub async fn teardown(
         return Ok(Action::await_change());
     }
     let plan = decide::teardown(&facts.jobs, &facts.pods, &uid);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
     for name in &plan.delete {
         // The precondition makes the API server refuse if the Job was replaced by another of
         // the same name since it was read.
@@ -171,24 +185,18 @@ pub async fn teardown(
         else {
             continue;
         };
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Foreground),
-            preconditions: Some(kube::api::Preconditions {
-                uid: job.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
+        let Some(job_uid) = &job.metadata.uid else {
+            continue;
         };
-        match jobs.delete(name, &params).await {
-            Ok(_) => tracing::info!(namespace, job = name, "deleted prepareData Job"),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Delete {
-                    object: format!("Job {namespace}/{name}"),
-                    source,
-                });
-            }
-        }
+        delete_job(
+            client,
+            &namespace,
+            name,
+            job_uid,
+            PropagationPolicy::Foreground,
+        )
+        .await?;
+        tracing::info!(namespace, job = name, "deleted prepareData Job");
     }
     if plan.waiting {
         return Ok(Action::requeue(Duration::from_secs(2)));
@@ -202,4 +210,32 @@ pub async fn teardown(
     crate::finalizers::remove(&restores, restore, decide::FINALIZER, &what).await?;
     tracing::info!(namespace, name = restore.name_any(), "restore torn down");
     Ok(Action::await_change())
+}
+
+/// Deletes this Restore's Job `name`, only if it still has `uid` (the API server refuses a
+/// Job replaced by another of the same name since it was read); one already gone is fine.
+async fn delete_job(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    propagation: PropagationPolicy,
+) -> Result<()> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let params = DeleteParams {
+        propagation_policy: Some(propagation),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match jobs.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(source) => Err(Error::Delete {
+            object: format!("Job {namespace}/{name}"),
+            source,
+        }),
+    }
 }

@@ -386,6 +386,20 @@ pub fn reports_for<'a>(
     found
 }
 
+/// The pods the agents report volumes of under this Restore, by name.
+pub fn reported_pods<'a>(
+    agents: impl IntoIterator<Item = (&'a str, &'a [ReportedVolume])>,
+    namespace: &str,
+    restore_uid: &str,
+) -> BTreeSet<String> {
+    agents
+        .into_iter()
+        .flat_map(|(_, volumes)| volumes)
+        .filter(|volume| volume.namespace == namespace && volume.restore_uid == restore_uid)
+        .map(|volume| volume.pod_name.clone())
+        .collect()
+}
+
 /// The pods whose every volume under this Restore is Verified, by name: their readiness gate
 /// may be set.
 pub fn releasable_pods(reports: &BTreeMap<String, (&ReportedVolume, &str)>) -> BTreeSet<String> {

@@ -14,7 +14,9 @@ use super::decide::{self, JobFact, LABEL_RESTORE_UID};
 use super::plan::Facts;
 use crate::backups::decide::job_state;
 use crate::error::{Error, Result};
-use custody_kube::api::{Backup, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase};
+use custody_kube::api::{
+    Backup, BackupRepository, Cluster, NodeAgent, ReportedVolume, Restore, RestorePhase,
+};
 use custody_proto::reasons::VolumeFailure;
 
 /// Reads what [`super::plan::plan`] decides on.
@@ -27,7 +29,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         .get_opt(cluster_name)
         .await
         .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
-    let agents = Api::<NodeAgent>::all(client.clone())
+    let agents: Vec<(String, Vec<ReportedVolume>)> = Api::<NodeAgent>::all(client.clone())
         .list(&ListParams::default())
         .await
         .map_err(Error::read("NodeAgents"))?
@@ -52,12 +54,25 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
             (agent.spec.node_name, volumes)
         })
         .collect();
-    let pods = list(
-        &Api::<Pod>::namespaced(client.clone(), &namespace),
+    // The pods the agents report under this Restore, read by name: their readiness gates are
+    // set from the reports, whatever labels someone may have removed from them.
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let mut pods = Vec::new();
+    for name in decide::reported_pods(
+        agents
+            .iter()
+            .map(|(node, volumes)| (node.as_str(), volumes.as_slice())),
+        &namespace,
         &uid,
-        "pods",
-    )
-    .await?;
+    ) {
+        if let Some(pod) = pods_api
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(format!("Pod {namespace}/{name}")))?
+        {
+            pods.push(pod);
+        }
+    }
     let mut facts = Facts {
         restore,
         now: Timestamp::now(),
@@ -70,13 +85,20 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         backups: Vec::new(),
         jobs: Vec::new(),
         pods,
+        finished_jobs: Vec::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
         status.phase,
         Some(RestorePhase::Completed | RestorePhase::Failed)
     ) {
-        // A final Restore only keeps its pods' gates.
+        // A final Restore only keeps its pods' gates and cleans up its Jobs.
+        facts.finished_jobs = list(
+            &Api::<Job>::namespaced(client.clone(), &namespace),
+            &uid,
+            "Jobs",
+        )
+        .await?;
         return Ok(facts);
     }
 

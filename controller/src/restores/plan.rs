@@ -45,8 +45,10 @@ pub struct Facts {
     pub backups: Vec<Backup>,
     /// The Jobs the Restore's status names, by name.
     pub jobs: Vec<(String, JobFact)>,
-    /// Pods labelled with the Restore's UID (workload pods and prepareData pods).
+    /// The pods the agents report under this Restore.
     pub pods: Vec<Pod>,
+    /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
+    pub finished_jobs: Vec<Job>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), publish
@@ -61,6 +63,9 @@ pub struct Plan {
     pub lease: LeaseStep,
     /// prepareData Jobs to create.
     pub jobs: Vec<Job>,
+    /// This Restore's own Jobs to delete, `(name, UID)`: a completed Restore's volumes are
+    /// recorded as verified in its status, so their prepareData Jobs are no longer needed.
+    pub delete_jobs: Vec<(String, String)>,
     /// The status to write; `None` when it would not change.
     pub status: Option<RestoreStatus>,
     pub events: Vec<Note>,
@@ -77,6 +82,7 @@ impl Plan {
             publish_gate_ca: false,
             lease: LeaseStep::Keep,
             jobs: Vec::new(),
+            delete_jobs: Vec::new(),
             status: None,
             events: Vec::new(),
             release: BTreeSet::new(),
@@ -174,8 +180,25 @@ pub fn plan(facts: &Facts) -> Plan {
             .map(|volume| volume.claim_name.clone())
             .collect();
         let reports = decide::reports_for(agents(), &namespace, &uid, &claims);
+        let delete_jobs = if phase == Some(RestorePhase::Completed) {
+            decide::teardown(&facts.finished_jobs, &[], &uid)
+                .delete
+                .into_iter()
+                .filter_map(|name| {
+                    let job = facts
+                        .finished_jobs
+                        .iter()
+                        .find(|job| job.name_any() == name)?;
+                    Some((name, job.metadata.uid.clone()?))
+                })
+                .collect()
+        } else {
+            // A failed Restore keeps its Jobs (and their pods' logs) until it is deleted.
+            Vec::new()
+        };
         return Plan {
             lease: LeaseStep::Release,
+            delete_jobs,
             release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
             ..Plan::after(60)
         };
@@ -412,6 +435,7 @@ pub fn plan(facts: &Facts) -> Plan {
     Plan {
         add_finalizer: false,
         publish_gate_ca: true,
+        delete_jobs: Vec::new(),
         lease: if !jobs.is_empty() {
             LeaseStep::TakeFirst
         } else if over {

@@ -1,6 +1,7 @@
 //! Every path a reconciliation of a Restore takes, as rows: the facts it read, and what the
 //! plan says (phase and reason written, Events, Jobs, Lease step, pods released, requeue).
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -136,6 +137,7 @@ fn facts() -> Facts {
         backups: Vec::new(),
         jobs: Vec::new(),
         pods: vec![pod("db-0", false)],
+        finished_jobs: Vec::new(),
     }
 }
 
@@ -810,4 +812,43 @@ fn condition_reasons_are_known_words() {
         decide::condition_reason("Anything Else"),
         "VerificationFailed"
     );
+}
+
+fn prepare_job(name: &str, owner_uid: &str) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
+            "labels": {decide::LABEL_RESTORE_UID: UID},
+            "ownerReferences": [{"apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+                "name": "orders", "uid": owner_uid, "controller": true}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_completed_restore_deletes_its_own_jobs_and_a_failed_one_keeps_them() {
+    let jobs = vec![
+        prepare_job("mine", UID),
+        prepare_job("look-alike", "someone-else"),
+    ];
+    let completed = plan(&Facts {
+        finished_jobs: jobs.clone(),
+        ..with_status(
+            facts(),
+            RestorePhase::Completed,
+            vec![volume(VolumeState::Verified, 1)],
+        )
+    });
+    assert_eq!(
+        completed.delete_jobs,
+        vec![("mine".to_string(), "mine-uid".to_string())]
+    );
+    let failed = plan(&Facts {
+        finished_jobs: jobs,
+        ..with_status(
+            facts(),
+            RestorePhase::Failed,
+            vec![volume(VolumeState::Failed, 1)],
+        )
+    });
+    assert!(failed.delete_jobs.is_empty());
 }
