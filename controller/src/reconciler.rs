@@ -200,6 +200,36 @@ pub async fn create_job(
     }
 }
 
+/// Marks claim `claim` as holding real data, saying how custody knows (`how`): see
+/// [`custody_proto::names::ANNOTATION_KNOWN_DATA`]. A claim that is gone needs no mark.
+pub async fn mark_known_data(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+    how: &str,
+) -> Result<()> {
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        custody_proto::names::ANNOTATION_KNOWN_DATA: how,
+    }}});
+    match claims
+        .patch(
+            claim,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(Error::Patch {
+            object: format!("PersistentVolumeClaim {namespace}/{claim}"),
+            source,
+        }),
+    }
+}
+
 /// `namespace/name`, or `name` for a cluster-scoped object.
 pub fn describe<K: Resource>(object: &K) -> String {
     match &object.meta().namespace {

@@ -43,3 +43,10 @@ pub const ENV_RESTORE_UID: &str = "CUSTODY_RESTORE_UID";
 /// In the injected `custody-wait` container's environment: the comma-separated claims of the
 /// pod that the Restore writes.
 pub const ENV_RESTORED_CLAIMS: &str = "CUSTODY_RESTORED_CLAIMS";
+
+/// On a PersistentVolumeClaim: custody knows the claim holds real data (an earlier Restore
+/// verified it, or a Backup copied it), with which run. A pod labelled with a Cluster that no
+/// longer exists is admitted only when every claim it mounts carries this.
+pub const ANNOTATION_KNOWN_DATA: &str = "custody.io/known-data";
+/// The label that names a pod's Cluster: pods carrying it go through the admission webhook.
+pub const LABEL_CLUSTER: &str = "custody.io/cluster";

@@ -1013,3 +1013,96 @@ async fn removing_the_restore_labels_and_annotations_does_not_release_a_held_pod
     drop(workloads);
     setup.finish().await;
 }
+
+/// Issue 15, item 2: a pod labelled with a Cluster that does not exist is refused, saying so;
+/// once a restore verified its claims, an application whose Cluster is deleted on purpose
+/// still recreates its pods (its claims are marked as holding known data).
+#[tokio::test]
+async fn a_pod_of_a_cluster_that_does_not_exist_is_refused_unless_its_claims_hold_known_data() {
+    let setup = setup("ghost").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let pods: Api<Pod> = setup.namespace.api();
+
+    let ghost: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "ghost-0", "labels": {names::LABEL_CLUSTER: "ghost"}},
+        "spec": {"containers": [{"name": "db", "image": "registry.invalid/db:16"}]},
+    }))
+    .unwrap();
+    let refused = pods
+        .create(&kube::api::PostParams::default(), &ghost)
+        .await
+        .expect_err("a pod of a Cluster that does not exist was admitted");
+    let message = refused.to_string();
+    assert!(
+        message.contains("Cluster ghost does not exist"),
+        "{message}"
+    );
+    assert!(message.contains("custody.io/cluster=ghost"), "{message}");
+
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let restores: Api<Restore> = setup.namespace.api();
+    await_condition(
+        &restores,
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    let claims: Api<PersistentVolumeClaim> = setup.namespace.api();
+    let claim = await_condition(
+        &claims,
+        "data-shop-0",
+        "marked as known data",
+        TIMEOUT,
+        |claim: &PersistentVolumeClaim| {
+            claim
+                .annotations()
+                .contains_key(names::ANNOTATION_KNOWN_DATA)
+        },
+    )
+    .await;
+    let restore_uid = restores.get("shop").await.unwrap().metadata.uid.unwrap();
+    assert!(claim.annotations()[names::ANNOTATION_KNOWN_DATA].contains(&restore_uid));
+
+    // The Cluster is deleted on purpose; the StatefulSet stays and its pod is recreated.
+    let clusters: Api<Cluster> = setup.namespace.api();
+    clusters
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Cluster gone", TIMEOUT, || {
+        let clusters = clusters.clone();
+        async move {
+            match clusters.get_opt("shop").await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        }
+    })
+    .await;
+    let old = pods.get("shop-0").await.unwrap();
+    pods.delete("shop-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    custody_tests::kubelet::finish_deletion(&pods, &old).await;
+    let recreated = await_condition(&pods, "shop-0", "recreated", TIMEOUT, |pod: &Pod| {
+        pod.metadata.uid != old.metadata.uid
+    })
+    .await;
+    assert!(
+        recreated
+            .spec
+            .unwrap()
+            .init_containers
+            .unwrap_or_default()
+            .iter()
+            .all(|container| container.name != names::WAIT_CONTAINER),
+        "no restore is left to hold the pod for"
+    );
+    drop(workloads);
+    setup.finish().await;
+}

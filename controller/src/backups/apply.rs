@@ -48,6 +48,9 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
     if let Some(job) = &plan.job {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }
+    if let Some((claim, how)) = &plan.mark_claim {
+        crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
+    }
     holds::lease::settle(client, &namespace, facts.cluster.as_ref(), &me, &plan.lease).await?;
     for note in &plan.events {
         crate::reconciler::publish(&context.base, backup, ACTION, note).await?;

@@ -83,6 +83,9 @@ pub struct Plan {
     pub hold_secret: Option<String>,
     pub status: Option<BackupStatus>,
     pub job: Option<Job>,
+    /// The claim to mark as holding known data, `(claim, how custody knows)`: a completed
+    /// Backup copied it.
+    pub mark_claim: Option<(String, String)>,
     pub events: Vec<Note>,
     /// When to reconcile again without a change; `None` waits for one.
     pub requeue: Option<Duration>,
@@ -96,6 +99,7 @@ impl Plan {
             hold_secret: None,
             status: None,
             job: None,
+            mark_claim: None,
             events: Vec::new(),
             requeue: None,
         }
@@ -203,8 +207,15 @@ pub fn plan(facts: &Facts) -> Plan {
                 None => finished(status.artifact.as_ref(), &job_name, state, &facts.report),
                 Some(command) => attributed(facts, state, repository, &command.prefix),
             };
+            let completed = outcome.is_ok();
             let mut plan = conclude(facts, status, outcome);
             plan.lease = LeaseStep::Release;
+            if completed {
+                plan.mark_claim = Some((
+                    claim.clone(),
+                    format!("copied by Backup {namespace}/{name} ({uid})"),
+                ));
+            }
             plan
         }
         JobFact::Missing => start(facts, cluster, repository, &namespace, &claim, &job_name),

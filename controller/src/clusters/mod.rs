@@ -49,11 +49,19 @@ async fn gather(cluster: &Cluster, client: &kube::Client) -> Result<plan::Facts>
         .await
         .map_err(Error::read(format!("Restore {namespace}/{restore_name}")))?;
     let set_name = &cluster.spec.stateful_set_ref.name;
-    let workload = match Api::<StatefulSet>::namespaced(client.clone(), &namespace)
+    let set = Api::<StatefulSet>::namespaced(client.clone(), &namespace)
         .get_opt(set_name)
         .await
-        .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?
-    {
+        .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?;
+    let template_labelled = set.as_ref().map(|set| {
+        set.spec
+            .as_ref()
+            .and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|metadata| metadata.labels.as_ref())
+            .and_then(|labels| labels.get(custody_proto::names::LABEL_CLUSTER))
+            == Some(&cluster.name_any())
+    });
+    let workload = match set {
         None => Workload::Missing,
         Some(set) => Workload::Replicas {
             wanted: set
@@ -73,6 +81,7 @@ async fn gather(cluster: &Cluster, client: &kube::Client) -> Result<plan::Facts>
         now: Timestamp::now(),
         restore,
         workload,
+        template_labelled,
     })
 }
 

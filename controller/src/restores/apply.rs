@@ -44,6 +44,9 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
     for job in &plan.jobs {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }
+    for (claim, how) in &plan.mark_claims {
+        crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
+    }
     for (name, job_uid) in &plan.delete_jobs {
         delete_job(
             client,

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -16,6 +16,7 @@ use crate::backups::decide::job_state;
 use crate::error::{Error, Result};
 use custody_kube::api::{
     Backup, BackupRepository, Cluster, NodeAgent, ReportedVolume, Restore, RestorePhase,
+    VolumeState,
 };
 use custody_proto::reasons::VolumeFailure;
 
@@ -86,6 +87,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         jobs: Vec::new(),
         pods,
         finished_jobs: Vec::new(),
+        unmarked_claims: Vec::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -99,6 +101,30 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
             "Jobs",
         )
         .await?;
+        if status.phase == Some(RestorePhase::Completed) {
+            let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace);
+            for volume in status
+                .volumes
+                .iter()
+                .filter(|volume| volume.state == VolumeState::Verified)
+            {
+                let claim = &volume.claim_name;
+                let unmarked = claims
+                    .get_opt(claim)
+                    .await
+                    .map_err(Error::read(format!(
+                        "PersistentVolumeClaim {namespace}/{claim}"
+                    )))?
+                    .is_some_and(|claim| {
+                        !claim
+                            .annotations()
+                            .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
+                    });
+                if unmarked {
+                    facts.unmarked_claims.push(claim.clone());
+                }
+            }
+        }
         return Ok(facts);
     }
 

@@ -49,6 +49,8 @@ pub struct Facts {
     pub pods: Vec<Pod>,
     /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
     pub finished_jobs: Vec<Job>,
+    /// Verified claims not yet marked as holding known data (read once it completed).
+    pub unmarked_claims: Vec<String>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), publish
@@ -66,6 +68,8 @@ pub struct Plan {
     /// This Restore's own Jobs to delete, `(name, UID)`: a completed Restore's volumes are
     /// recorded as verified in its status, so their prepareData Jobs are no longer needed.
     pub delete_jobs: Vec<(String, String)>,
+    /// Claims to mark as holding known data, `(claim, how custody knows)`.
+    pub mark_claims: Vec<(String, String)>,
     /// The status to write; `None` when it would not change.
     pub status: Option<RestoreStatus>,
     pub events: Vec<Note>,
@@ -83,6 +87,7 @@ impl Plan {
             lease: LeaseStep::Keep,
             jobs: Vec::new(),
             delete_jobs: Vec::new(),
+            mark_claims: Vec::new(),
             status: None,
             events: Vec::new(),
             release: BTreeSet::new(),
@@ -196,9 +201,18 @@ pub fn plan(facts: &Facts) -> Plan {
             // A failed Restore keeps its Jobs (and their pods' logs) until it is deleted.
             Vec::new()
         };
+        let how = format!(
+            "verified by Restore {namespace}/{} ({uid})",
+            restore.name_any()
+        );
         return Plan {
             lease: LeaseStep::Release,
             delete_jobs,
+            mark_claims: facts
+                .unmarked_claims
+                .iter()
+                .map(|claim| (claim.clone(), how.clone()))
+                .collect(),
             release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
             ..Plan::after(60)
         };
@@ -436,6 +450,7 @@ pub fn plan(facts: &Facts) -> Plan {
         add_finalizer: false,
         publish_gate_ca: true,
         delete_jobs: Vec::new(),
+        mark_claims: Vec::new(),
         lease: if !jobs.is_empty() {
             LeaseStep::TakeFirst
         } else if over {

@@ -26,7 +26,7 @@ use crate::inject::Injection;
 use custody_kube::api::{Cluster, Restore, RestorePhase};
 
 /// The label that names a pod's Cluster.
-pub const LABEL_CLUSTER: &str = "custody.io/cluster";
+pub use custody_proto::names::LABEL_CLUSTER;
 /// The path the API server calls.
 pub const PATH: &str = "/mutate-pods";
 
@@ -57,13 +57,26 @@ pub struct RestoreFacts<'a> {
 /// The decision for a pod of Cluster `cluster_name` (from its label): pods of a Cluster under
 /// restore are guarded until its own Restore completed; a pod that cannot be guarded yet (the
 /// Restore not created, or not the Cluster's own) is refused rather than admitted unguarded.
+///
+/// A pod labelled with a Cluster that does not exist is refused (a typo, or a StatefulSet
+/// applied before its Cluster: the Cluster may yet say to restore into its claims), unless
+/// custody knows every claim it mounts holds real data (`known_data`: an earlier Restore
+/// verified it or a Backup copied it; `false` when it mounts none), so that an application
+/// whose Cluster was deleted on purpose can still recreate its pods. Removing the label from
+/// the pod template opts the application out of custody's gate altogether.
 pub fn admit(
     cluster_name: &str,
     cluster: Option<(&Cluster, bool)>,
     restore: Option<RestoreFacts<'_>>,
+    known_data: bool,
 ) -> Admission {
     let Some((cluster, deleting)) = cluster else {
-        return Admission::Allow;
+        if known_data {
+            return Admission::Allow;
+        }
+        return Admission::Deny(format!(
+            "Cluster {cluster_name} does not exist in this namespace: a pod labelled {LABEL_CLUSTER}={cluster_name} is admitted once it exists (apply the Cluster first, or fix the label), or remove the label from the pod template to run it without custody"
+        ));
     };
     let Some(spec) = &cluster.spec.restore else {
         return Admission::Allow;
@@ -143,6 +156,10 @@ async fn decide(
         .as_ref()
         .and_then(|cluster| cluster.metadata.uid.clone())
         .unwrap_or_default();
+    let known_data = match &cluster {
+        Some(_) => false,
+        None => claims_hold_known_data(&context.client, &namespace, &pod).await?,
+    };
     let decision = admit(
         &cluster_name,
         cluster
@@ -154,6 +171,7 @@ async fn decide(
             owned: crate::ownership::controlled_by(&restore.metadata, "Cluster", &cluster_uid),
             phase: restore.status.as_ref().and_then(|status| status.phase),
         }),
+        known_data,
     );
     let pod_name = pod
         .metadata
@@ -216,6 +234,39 @@ async fn decide(
                 .map_err(|error| Error::Webhook(format!("serializing the patch: {error}")))
         }
     }
+}
+
+/// Whether the pod mounts at least one claim and custody knows each of them holds real data
+/// (their [`custody_proto::names::ANNOTATION_KNOWN_DATA`]).
+async fn claims_hold_known_data(client: &Client, namespace: &str, pod: &Pod) -> Result<bool> {
+    let claims: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .filter_map(|volume| Some(volume.persistent_volume_claim.as_ref()?.claim_name.as_str()))
+        .collect();
+    if claims.is_empty() {
+        return Ok(false);
+    }
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    for claim in claims {
+        let known = api
+            .get_opt(claim)
+            .await
+            .map_err(Error::read(format!(
+                "PersistentVolumeClaim {namespace}/{claim}"
+            )))?
+            .is_some_and(|claim| {
+                claim
+                    .annotations()
+                    .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
+            });
+        if !known {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 async fn mutate(

@@ -45,10 +45,10 @@ fn admission_decisions() {
     );
     let rows: Vec<Row> = vec![
         (
-            "no such Cluster: not custody's",
+            "no such Cluster (a typo, or the StatefulSet applied first): refused",
             None,
             None,
-            Some(Admission::Allow),
+            None,
         ),
         (
             "Cluster without restore",
@@ -100,7 +100,7 @@ fn admission_decisions() {
         ),
     ];
     for (name, cluster, restore, expected) in rows {
-        let decision = admit("db", cluster, restore);
+        let decision = admit("db", cluster, restore, false);
         match expected {
             Some(expected) => assert_eq!(decision, expected, "{name}"),
             None => assert!(
@@ -109,4 +109,20 @@ fn admission_decisions() {
             ),
         }
     }
+}
+
+#[test]
+fn a_pod_of_a_deleted_cluster_is_admitted_only_on_claims_known_to_hold_data() {
+    assert_eq!(admit("db", None, None, true), Admission::Allow);
+    let Admission::Deny(message) = admit("db", None, None, false) else {
+        panic!("admitted");
+    };
+    assert!(message.contains("Cluster db does not exist"), "{message}");
+    assert!(message.contains("custody.io/cluster=db"), "{message}");
+    // Known data changes nothing for a Cluster that exists: its restore decides.
+    let restoring = cluster(true);
+    assert!(matches!(
+        admit("db", Some((&restoring, false)), None, true),
+        Admission::Deny(_)
+    ));
 }

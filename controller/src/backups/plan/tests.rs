@@ -634,3 +634,16 @@ fn a_repeated_wait_neither_rewrites_nor_warns_again() {
     assert_eq!(second.status, None);
     assert!(second.events.is_empty());
 }
+
+#[test]
+fn a_completed_backup_marks_its_claim_as_known_data_and_a_failed_one_does_not() {
+    let completed = plan(&Facts {
+        report: report(UID),
+        ..started(facts(), JobState::Succeeded)
+    });
+    let (claim, how) = completed.mark_claim.expect("marked");
+    assert_eq!(claim, "data-db-0");
+    assert!(how.contains(UID), "{how}");
+    let failed = plan(&started(facts(), JobState::Succeeded));
+    assert_eq!(failed.mark_claim, None);
+}

@@ -138,6 +138,7 @@ fn facts() -> Facts {
         jobs: Vec::new(),
         pods: vec![pod("db-0", false)],
         finished_jobs: Vec::new(),
+        unmarked_claims: Vec::new(),
     }
 }
 
@@ -442,6 +443,51 @@ fn every_path_of_a_reconciliation() {
             ),
         ),
         (
+            "the Backup is being deleted, the volumes known but none started: fail",
+            Facts {
+                backup: Some({
+                    let mut backup = backup("Completed");
+                    backup.metadata.deletion_timestamp = Some(Time(now()));
+                    backup
+                }),
+                ..with_status(facts(), Pending, vec![volume(VolumeState::Pending, 0)])
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::BACKUP_BEING_DELETED),
+                &[(reasons::BACKUP_BEING_DELETED, WARN)],
+                0,
+                Keep,
+                &[],
+                None,
+            ),
+        ),
+        (
+            "an owner that is not its controlling Cluster does not count",
+            {
+                let mut facts = facts();
+                facts.restore.metadata.owner_references = Some(
+                    serde_json::from_value(json!([
+                        {"apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+                         "name": "orders", "uid": "not-the-controller", "controller": false},
+                        {"apiVersion": "v1", "kind": "ConfigMap",
+                         "name": "orders", "uid": "a-controller-of-another-kind", "controller": true},
+                    ]))
+                    .unwrap(),
+                );
+                facts
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::WAITING_FOR_PODS),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
             "the Backup still runs: wait",
             Facts {
                 backup: Some(backup("Running")),
@@ -731,6 +777,15 @@ fn the_finalizer_comes_before_anything_else() {
 #[test]
 fn the_gate_ca_is_published_once_the_target_is_known() {
     assert!(plan(&facts()).publish_gate_ca);
+    // Also while a backup holds the restore, or another run holds the Cluster.
+    let mut held = facts();
+    held.backups = vec![{
+        let mut running = backup("Running");
+        running.metadata.name = Some("hourly".into());
+        running
+    }];
+    assert!(plan(&held).publish_gate_ca);
+    assert!(cluster_busy(&facts(), "Backup/b").publish_gate_ca);
     assert!(
         !plan(&Facts {
             replicas: None,
@@ -851,4 +906,65 @@ fn a_completed_restore_deletes_its_own_jobs_and_a_failed_one_keeps_them() {
         )
     });
     assert!(failed.delete_jobs.is_empty());
+}
+
+#[test]
+fn only_a_volume_verified_in_this_reconciliation_is_announced() {
+    let second = "data-db-1";
+    let reported = |claim: &str, pod: &str| ReportedVolume {
+        claim_name: claim.into(),
+        pod_name: pod.into(),
+        ..report(VolumeState::Verified, None).1.remove(0)
+    };
+    let facts = Facts {
+        replicas: Some(2),
+        agents: vec![(
+            "node-a".into(),
+            vec![reported(CLAIM, "db-0"), reported(second, "db-1")],
+        )],
+        jobs: vec![(
+            decide::job_name(second, UID, 1),
+            JobFact::Owned(JobState::Succeeded),
+        )],
+        ..with_status(
+            facts(),
+            RestorePhase::Running,
+            vec![
+                volume(VolumeState::Verified, 1),
+                VolumeRestoreStatus {
+                    claim_name: second.into(),
+                    job_name: Some(decide::job_name(second, UID, 1)),
+                    ..volume(VolumeState::Verifying, 1)
+                },
+            ],
+        )
+    };
+    let plan = plan(&facts);
+    let announced: Vec<&str> = plan
+        .events
+        .iter()
+        .filter(|note| note.reason == "VolumeVerified")
+        .map(|note| note.text.as_str())
+        .collect();
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert!(announced[0].contains(second), "{announced:?}");
+}
+
+#[test]
+fn a_completed_restore_marks_its_verified_claims_as_known_data() {
+    let plan = plan(&Facts {
+        unmarked_claims: vec![CLAIM.to_string()],
+        ..with_status(
+            facts(),
+            RestorePhase::Completed,
+            vec![volume(VolumeState::Verified, 1)],
+        )
+    });
+    assert_eq!(plan.mark_claims.len(), 1);
+    assert_eq!(plan.mark_claims[0].0, CLAIM);
+    assert!(
+        plan.mark_claims[0].1.contains(UID),
+        "{:?}",
+        plan.mark_claims
+    );
 }
