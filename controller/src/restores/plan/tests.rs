@@ -373,6 +373,24 @@ fn every_path_of_a_reconciliation() {
             expect(None, None, &[], 0, Release, &["db-0"], Some(60)),
         ),
         (
+            "completed: a pod with other conditions true but not the gate gets the gate",
+            Facts {
+                agents: vec![report(VolumeState::Verified, None)],
+                pods: vec![
+                    serde_json::from_value(json!({
+                        "metadata": {"name": "db-0", "namespace": "ns"},
+                        "status": {"conditions": [
+                            {"type": "PodScheduled", "status": "True"},
+                            {"type": crate::inject::READINESS_GATE, "status": "False"},
+                        ]},
+                    }))
+                    .unwrap(),
+                ],
+                ..with_status(facts(), Completed, vec![volume(VolumeState::Verified, 1)])
+            },
+            expect(None, None, &[], 0, Release, &["db-0"], Some(60)),
+        ),
+        (
             "completed: a pod already gated is left alone",
             Facts {
                 agents: vec![report(VolumeState::Verified, None)],
@@ -476,6 +494,79 @@ fn every_path_of_a_reconciliation() {
                     .unwrap(),
                 );
                 facts
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::WAITING_FOR_PODS),
+                &[],
+                0,
+                Keep,
+                &[],
+                Some(5),
+            ),
+        ),
+        (
+            "the Cluster is gone and Ready said something else before: warn",
+            {
+                let mut facts = with_status(
+                    Facts {
+                        cluster: None,
+                        ..facts()
+                    },
+                    Pending,
+                    vec![],
+                );
+                facts.restore.status.as_mut().unwrap().conditions =
+                    vec![ready(reasons::WAITING_FOR_PODS)];
+                facts
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::CLUSTER_NOT_FOUND),
+                &[(reasons::CLUSTER_NOT_FOUND, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(15),
+            ),
+        ),
+        (
+            "a completed Backup without a manifest hash (not a command's): wait",
+            Facts {
+                backup: Some({
+                    let mut backup = backup("Completed");
+                    backup
+                        .status
+                        .as_mut()
+                        .unwrap()
+                        .artifact
+                        .as_mut()
+                        .unwrap()
+                        .manifest_hash = None;
+                    backup
+                }),
+                ..facts()
+            },
+            expect(
+                Some(Pending),
+                Some(reasons::BACKUP_NOT_COMPLETED),
+                &[(reasons::BACKUP_NOT_COMPLETED, WARN)],
+                0,
+                Keep,
+                &[],
+                Some(15),
+            ),
+        ),
+        (
+            "a running backup of the Cluster that is being deleted holds nothing",
+            Facts {
+                backups: vec![{
+                    let mut going = backup("Running");
+                    going.metadata.name = Some("hourly".into());
+                    going.metadata.deletion_timestamp = Some(Time(now()));
+                    going
+                }],
+                ..facts()
             },
             expect(
                 Some(Pending),
