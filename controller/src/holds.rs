@@ -64,8 +64,8 @@ pub fn backup_hold(cluster: &str, restores: &[Run<'_>]) -> Hold {
         Some(restore) => Hold::Wait {
             reason: RESTORE_IN_PROGRESS,
             message: format!(
-                "Restore {} of Cluster {cluster} is in progress; the backup starts once it ends",
-                restore.name
+                "Restore {} of Cluster {cluster} is in progress; the backup starts once it ends (a restore that cannot end is cleared by deleting it: kubectl delete restore {})",
+                restore.name, restore.name
             ),
         },
         None => Hold::Free,

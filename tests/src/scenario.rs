@@ -425,9 +425,18 @@ async fn setup_full(
 /// Cluster `shop` restored from Backup `nightly`, and (once its Restore exists) its
 /// StatefulSet; the claim's PersistentVolume is `target`.
 pub async fn restore_into(setup: &Setup, target: &Path, annotations: serde_json::Value) {
+    restore_into_on(setup, &setup.kubelet, target, annotations).await
+}
+
+/// [`restore_into`] with the volume (and so the pod) on `kubelet`'s node.
+pub async fn restore_into_on(
+    setup: &Setup,
+    kubelet: &FakeKubelet,
+    target: &Path,
+    annotations: serde_json::Value,
+) {
     let ns = &setup.namespace.name;
-    setup
-        .kubelet
+    kubelet
         .local_persistent_volume(ns, "data-shop-0", target)
         .await;
     create::<Cluster>(

@@ -1106,3 +1106,58 @@ async fn a_pod_of_a_cluster_that_does_not_exist_is_refused_unless_its_claims_hol
     drop(workloads);
     setup.finish().await;
 }
+
+/// Issue 15, item 3: a pod scheduled to a node where no custody agent runs stays held (good),
+/// and the Restore says so, naming the pod and the node, instead of waiting in silence.
+#[tokio::test]
+async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
+    let setup = setup("noagent").await;
+    let client = setup.namespace.client.clone();
+    let node = format!("{}-b", setup.namespace.name);
+    let elsewhere = custody_tests::kubelet::FakeKubelet::new(&client, &node).await;
+    let target = LoopVolume::new(64);
+    custody_tests::scenario::restore_into_on(&setup, &elsewhere, target.path(), json!({})).await;
+    let restores: Api<Restore> = setup.namespace.api();
+    let restore = await_condition(
+        &restores,
+        "shop",
+        "the volume waits for a missing agent",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().is_some_and(|status| {
+                status
+                    .volumes
+                    .iter()
+                    .any(|volume| volume.reason.as_deref() == Some("AgentMissing"))
+            })
+        },
+    )
+    .await;
+    let status = restore.status.unwrap();
+    let message = status.volumes[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("shop-0") && message.contains(&node),
+        "{message}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "AgentMissing", "{ready:?}");
+    await_event(&setup, "Restore", "shop", |(kind, reason, note)| {
+        kind == "Warning" && reason == "AgentMissing" && note.contains(&node)
+    })
+    .await;
+    // Nothing was started for it.
+    let jobs: Api<Job> = setup.namespace.api();
+    let prepare_data = format!("{}={}", names::LABEL_ROLE, names::ROLE_PREPARE_DATA);
+    let started = jobs
+        .list(&ListParams::default().labels(&prepare_data))
+        .await
+        .unwrap()
+        .items;
+    assert!(started.is_empty(), "{started:?}");
+    elsewhere.delete().await;
+    setup.finish().await;
+}

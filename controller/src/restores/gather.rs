@@ -2,6 +2,8 @@
 //! what was read before it (the repository the Backup names, the Jobs the status names), never
 //! on a decision.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -11,7 +13,7 @@ use kube::{Client, ResourceExt};
 
 use super::RestoreContext;
 use super::decide::{self, JobFact, LABEL_RESTORE_UID};
-use super::plan::Facts;
+use super::plan::{AgentHealth, Facts};
 use crate::backups::decide::job_state;
 use crate::error::{Error, Result};
 use custody_kube::api::{
@@ -30,6 +32,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         .get_opt(cluster_name)
         .await
         .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
+    let mut nodes = BTreeMap::new();
     let agents: Vec<(String, Vec<ReportedVolume>)> = Api::<NodeAgent>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -37,10 +40,18 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         .items
         .into_iter()
         .map(|agent| {
-            let volumes = agent
-                .status
-                .map(|status| status.restored_volumes)
-                .unwrap_or_default();
+            let status = agent.status.unwrap_or_default();
+            nodes.insert(
+                agent.spec.node_name.clone(),
+                AgentHealth {
+                    ready: status.conditions.iter().any(|condition| {
+                        condition.type_ == crate::conditions::types::READY
+                            && condition.status == "True"
+                    }),
+                    last_heartbeat: status.last_heartbeat_time.map(|time| time.0),
+                },
+            );
+            let volumes = status.restored_volumes;
             for volume in &volumes {
                 if let Some(reason) = &volume.reason
                     && VolumeFailure::known(reason).is_none()
@@ -88,6 +99,8 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         pods,
         finished_jobs: Vec::new(),
         unmarked_claims: Vec::new(),
+        nodes,
+        workload_pods: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -155,6 +168,19 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
             .await
             .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?
             .map(|set| set.spec.and_then(|spec| spec.replicas).unwrap_or(1));
+        // Where each of its pods is scheduled: a pod on a node without a working agent is
+        // named in the status rather than waited for in silence.
+        for ordinal in 0..facts.replicas.unwrap_or(0).max(0) {
+            let name = format!("{set_name}-{ordinal}");
+            if let Some(pod) = pods_api
+                .get_opt(&name)
+                .await
+                .map_err(Error::read(format!("Pod {namespace}/{name}")))?
+            {
+                let node = pod.spec.and_then(|spec| spec.node_name);
+                facts.workload_pods.insert(name, node);
+            }
+        }
     }
     if !status.volumes.iter().any(|volume| volume.attempts > 0) {
         // Not started: the hold looks at the Cluster's running backups.

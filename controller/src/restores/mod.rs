@@ -52,6 +52,8 @@ pub mod reasons {
     pub const COMPLETED: &str = "Completed";
     pub const ALL_VERIFIED: &str = "AllVolumesVerified";
     pub const VERIFYING: &str = "Verifying";
+    pub const AGENT_MISSING: &str = "AgentMissing";
+    pub const AGENT_NOT_READY: &str = "AgentNotReady";
 }
 
 /// What the restore reconciler needs besides the shared context.

@@ -3,7 +3,7 @@
 //! Lease step, the pods to release, when to look again). No API client here: every path the
 //! reconciler can take is a row in the table tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -35,6 +35,12 @@ pub struct Facts {
     pub cluster: Option<Cluster>,
     /// Each node's agent reports: `(node, volumes)`.
     pub agents: Vec<(String, Vec<ReportedVolume>)>,
+    /// Each node's agent's health, by node (no entry: no agent reports from that node). The
+    /// reports of an agent that is not Ready are not trusted for new decisions.
+    pub nodes: BTreeMap<String, AgentHealth>,
+    /// The StatefulSet's pods by name, and the node each is scheduled to (read while the
+    /// restore runs: a volume whose pod is on a node without a working agent says so).
+    pub workload_pods: BTreeMap<String, Option<String>>,
     /// The Backup the Restore names, if it exists (not read once the Restore is final).
     pub backup: Option<Backup>,
     /// The repository the Backup's artifact is in, if it exists.
@@ -51,6 +57,14 @@ pub struct Facts {
     pub finished_jobs: Vec<Job>,
     /// Verified claims not yet marked as holding known data (read once it completed).
     pub unmarked_claims: Vec<String>,
+}
+
+/// What a reconciliation knows of one node's agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentHealth {
+    pub ready: bool,
+    /// When it last reported.
+    pub last_heartbeat: Option<Timestamp>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), publish
@@ -171,10 +185,12 @@ pub fn plan(facts: &Facts) -> Plan {
         .as_ref()
         .map(|status| status.volumes.as_slice())
         .unwrap_or_default();
+    let trusted = |node: &str| facts.nodes.get(node).is_none_or(|health| health.ready);
     let agents = || {
         facts
             .agents
             .iter()
+            .filter(|(node, _)| trusted(node))
             .map(|(node, volumes)| (node.as_str(), volumes.as_slice()))
     };
     if matches!(phase, Some(RestorePhase::Completed | RestorePhase::Failed)) {
@@ -309,7 +325,20 @@ pub fn plan(facts: &Facts) -> Plan {
             job,
             may_start: decide::may_start(restore.spec.volume_restore_policy, &steps),
         };
-        steps.push(decide::volume(&volume, &uid));
+        let mut step = decide::volume(&volume, &uid);
+        if let Some((reason, message)) = agent_problem(facts, set_name, claim, previous) {
+            // No trusted report: nothing new is decided, and the volume says why it waits.
+            step = decide::VolumeStep {
+                status: VolumeRestoreStatus {
+                    reason: Some(reason.to_string()),
+                    message: Some(message),
+                    ..previous.cloned().unwrap_or(step.status)
+                },
+                create: None,
+                recreated: false,
+            };
+        }
+        steps.push(step);
     }
 
     let mut events = Vec::new();
@@ -375,6 +404,13 @@ pub fn plan(facts: &Facts) -> Plan {
     if summary.phase != RestorePhase::Pending {
         status.start_time.get_or_insert(Time(facts.now));
     }
+    // The first volume that waits for a node's agent decides what the Restore says.
+    let agent_wait: Option<(&'static str, String)> = status.volumes.iter().find_map(|volume| {
+        let reason = [reasons::AGENT_MISSING, reasons::AGENT_NOT_READY]
+            .into_iter()
+            .find(|reason| volume.reason.as_deref() == Some(reason))?;
+        Some((reason, volume.message.clone().unwrap_or_default()))
+    });
     let (ready, verified) = match (&summary.phase, &summary.failure) {
         (RestorePhase::Failed, Some((reason, message))) => {
             status.completion_time.get_or_insert(Time(facts.now));
@@ -402,6 +438,21 @@ pub fn plan(facts: &Facts) -> Plan {
                     reasons::ALL_VERIFIED,
                     message,
                 ),
+            )
+        }
+        _ if agent_wait.is_some() => {
+            let (reason, message) = agent_wait.clone().expect("checked");
+            if !restore
+                .status
+                .iter()
+                .flat_map(|status| status.conditions.iter())
+                .any(|condition| condition.type_ == types::READY && condition.reason == reason)
+            {
+                events.push(Note::warning(reason, message.clone()));
+            }
+            (
+                desired(types::READY, Status::False, reason, message.clone()),
+                desired(types::VERIFIED, Status::Unknown, reason, message),
             )
         }
         (RestorePhase::Pending, _) => {
@@ -463,6 +514,46 @@ pub fn plan(facts: &Facts) -> Plan {
         events,
         release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
         requeue: Some(Duration::from_secs(if over { 60 } else { 5 })),
+    }
+}
+
+/// Why a volume of this Restore gets no trusted report: the pod that mounts its claim is
+/// scheduled to a node whose agent does not report (`AgentMissing`) or stopped reporting
+/// (`AgentNotReady`). `None` when a trusted agent reports it, or its pod is not scheduled
+/// yet, or the volume is already Verified or Failed.
+fn agent_problem(
+    facts: &Facts,
+    set_name: &str,
+    claim: &str,
+    previous: Option<&VolumeRestoreStatus>,
+) -> Option<(&'static str, String)> {
+    if previous
+        .is_some_and(|volume| matches!(volume.state, VolumeState::Verified | VolumeState::Failed))
+    {
+        return None;
+    }
+    // The claim `<template>-<set>-<ordinal>` belongs to the pod `<set>-<ordinal>`.
+    let ordinal = claim.rsplit('-').next()?;
+    let pod = format!("{set_name}-{ordinal}");
+    let node = facts.workload_pods.get(&pod)?.as_ref()?;
+    match facts.nodes.get(node) {
+        None => Some((
+            reasons::AGENT_MISSING,
+            format!(
+                "pod {pod} is on node {node}, where no custody agent reports: its volume cannot be restored or verified there, and the pod stays held (is the agent DaemonSet running on that node?)"
+            ),
+        )),
+        Some(health) if !health.ready => Some((
+            reasons::AGENT_NOT_READY,
+            format!(
+                "pod {pod} is on node {node}, whose custody agent is not ready (last report {}): nothing there is trusted until it reports again, and the pod stays held",
+                health
+                    .last_heartbeat
+                    .map(|time| time.to_string())
+                    .unwrap_or_else(|| "never".to_string())
+            ),
+        )),
+        Some(_) => None,
     }
 }
 

@@ -7,6 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::backups::decide::JobState;
 use custody_kube::api::{RestorePhase, VolumeState};
@@ -139,6 +141,15 @@ fn facts() -> Facts {
         pods: vec![pod("db-0", false)],
         finished_jobs: Vec::new(),
         unmarked_claims: Vec::new(),
+        nodes: [(
+            "node-a".to_string(),
+            AgentHealth {
+                ready: true,
+                last_heartbeat: Some(now()),
+            },
+        )]
+        .into(),
+        workload_pods: BTreeMap::new(),
     }
 }
 
@@ -1058,4 +1069,82 @@ fn a_completed_restore_marks_its_verified_claims_as_known_data() {
         "{:?}",
         plan.mark_claims
     );
+}
+
+#[test]
+fn a_pod_on_a_node_without_a_working_agent_is_named_not_waited_for_in_silence() {
+    // Scheduled to node-b, where no agent reports.
+    let missing = plan(&Facts {
+        workload_pods: [("db-0".to_string(), Some("node-b".to_string()))].into(),
+        ..facts()
+    });
+    let status = missing.status.expect("a status");
+    assert_eq!(
+        status.volumes[0].reason.as_deref(),
+        Some(reasons::AGENT_MISSING)
+    );
+    let message = status.volumes[0].message.clone().unwrap();
+    assert!(
+        message.contains("db-0") && message.contains("node-b"),
+        "{message}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::AGENT_MISSING);
+    assert_eq!(missing.events[0].reason, reasons::AGENT_MISSING);
+    assert!(missing.events[0].warning);
+    assert!(missing.jobs.is_empty());
+
+    // node-a's agent went silent while it verified: its report is not trusted, the volume
+    // keeps its state and says why, and nothing new is decided.
+    let silent = plan(&Facts {
+        nodes: [(
+            "node-a".to_string(),
+            AgentHealth {
+                ready: false,
+                last_heartbeat: Some(now()),
+            },
+        )]
+        .into(),
+        workload_pods: [("db-0".to_string(), Some("node-a".to_string()))].into(),
+        agents: vec![report(VolumeState::Verified, None)],
+        jobs: vec![(
+            decide::job_name(CLAIM, UID, 1),
+            JobFact::Owned(JobState::Succeeded),
+        )],
+        ..with_status(
+            facts(),
+            RestorePhase::Running,
+            vec![volume(VolumeState::Verifying, 1)],
+        )
+    });
+    let status = silent.status.expect("a status");
+    assert_eq!(
+        status.phase,
+        Some(RestorePhase::Running),
+        "an untrusted Verified completes nothing"
+    );
+    assert_eq!(status.volumes[0].state, VolumeState::Verifying);
+    assert_eq!(
+        status.volumes[0].reason.as_deref(),
+        Some(reasons::AGENT_NOT_READY)
+    );
+    assert!(silent.release.is_empty());
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::AGENT_NOT_READY);
+
+    // A pod not scheduled yet: the ordinary wait.
+    let unscheduled = plan(&Facts {
+        workload_pods: [("db-0".to_string(), None)].into(),
+        ..facts()
+    });
+    let status = unscheduled.status.unwrap();
+    assert_eq!(status.volumes[0].reason, None);
 }

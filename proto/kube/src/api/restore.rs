@@ -90,7 +90,9 @@ pub struct VolumeRestoreStatus {
     /// recreated a bounded number of times).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
-    /// CamelCase reason when Failed.
+    /// CamelCase reason when Failed, or why the volume waits (`AgentMissing`: its pod is on a
+    /// node where no custody agent reports; `AgentNotReady`: that node's agent stopped
+    /// reporting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Why the volume failed, naming the first differences found.
