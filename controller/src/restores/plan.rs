@@ -15,13 +15,15 @@ use kube::ResourceExt;
 use super::decide::{self, FINALIZER, JobFact, VolumeFacts};
 use super::job::{self, JobInputs};
 use super::{reasons, types};
-use crate::conditions::{self, Desired, Status};
+use crate::conditions::Status;
 use crate::events::Note;
 use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
     Artifact, Backup, BackupPhase, BackupRepository, Cluster, ReportedVolume, Restore,
     RestorePhase, RestoreStatus, VolumeRestoreStatus, VolumeState,
 };
+pub use waits::next_status;
+use waits::{Stop, agent_problem, desired, stop};
 
 /// Everything a reconciliation of a Restore read, as plain data.
 #[derive(Clone, Debug)]
@@ -115,18 +117,6 @@ impl Plan {
             ..Plan::wait_for_change()
         }
     }
-}
-
-/// How a Restore that cannot go on stops: still `Pending` (it waits for something), or
-/// `Failed` (final).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    /// Pending, with a Warning the first time this reason appears.
-    Wait,
-    /// Pending for an ordinary reason: no Event.
-    WaitQuietly,
-    /// Failed, with a Warning.
-    Fail,
 }
 
 /// The plan of one reconciliation (the Restore is not being deleted: see
@@ -517,46 +507,6 @@ pub fn plan(facts: &Facts) -> Plan {
     }
 }
 
-/// Why a volume of this Restore gets no trusted report: the pod that mounts its claim is
-/// scheduled to a node whose agent does not report (`AgentMissing`) or stopped reporting
-/// (`AgentNotReady`). `None` when a trusted agent reports it, or its pod is not scheduled
-/// yet, or the volume is already Verified or Failed.
-fn agent_problem(
-    facts: &Facts,
-    set_name: &str,
-    claim: &str,
-    previous: Option<&VolumeRestoreStatus>,
-) -> Option<(&'static str, String)> {
-    if previous
-        .is_some_and(|volume| matches!(volume.state, VolumeState::Verified | VolumeState::Failed))
-    {
-        return None;
-    }
-    // The claim `<template>-<set>-<ordinal>` belongs to the pod `<set>-<ordinal>`.
-    let ordinal = claim.rsplit('-').next()?;
-    let pod = format!("{set_name}-{ordinal}");
-    let node = facts.workload_pods.get(&pod)?.as_ref()?;
-    match facts.nodes.get(node) {
-        None => Some((
-            reasons::AGENT_MISSING,
-            format!(
-                "pod {pod} is on node {node}, where no custody agent reports: its volume cannot be restored or verified there, and the pod stays held (is the agent DaemonSet running on that node?)"
-            ),
-        )),
-        Some(health) if !health.ready => Some((
-            reasons::AGENT_NOT_READY,
-            format!(
-                "pod {pod} is on node {node}, whose custody agent is not ready (last report {}): nothing there is trusted until it reports again, and the pod stays held",
-                health
-                    .last_heartbeat
-                    .map(|time| time.to_string())
-                    .unwrap_or_else(|| "never".to_string())
-            ),
-        )),
-        Some(_) => None,
-    }
-}
-
 /// The plan when another run holds the Cluster's Lease: wait, naming it.
 pub fn cluster_busy(facts: &Facts, holder: &str) -> Plan {
     Plan {
@@ -614,78 +564,6 @@ fn backup_runs<'a>(backups: &'a [Backup], cluster: &str) -> Vec<Run<'a>> {
         .collect()
 }
 
-/// The plan of a Restore that stops at `Pending` or `Failed` with `reason`: its status says
-/// why (the volumes as they were), with a Warning the first time the reason appears (none for
-/// [`Stop::WaitQuietly`]); a wait looks again after `retry` seconds.
-fn stop(facts: &Facts, how: Stop, reason: &'static str, message: String, retry: u64) -> Plan {
-    let restore = &facts.restore;
-    let mut status = restore.status.clone().unwrap_or_default();
-    let failed = how == Stop::Fail;
-    status.phase = Some(if failed {
-        RestorePhase::Failed
-    } else {
-        RestorePhase::Pending
-    });
-    if failed {
-        status.completion_time.get_or_insert(Time(facts.now));
-    }
-    let ready = desired(types::READY, Status::False, reason, message.clone());
-    let verified = desired(
-        types::VERIFIED,
-        if failed {
-            Status::False
-        } else {
-            Status::Unknown
-        },
-        reason,
-        message.clone(),
-    );
-    let new_reason = !restore
-        .status
-        .iter()
-        .flat_map(|status| status.conditions.iter())
-        .any(|condition| condition.type_ == types::READY && condition.reason == reason);
-    Plan {
-        status: next_status(restore, status, &[ready, verified], facts.now),
-        events: if how != Stop::WaitQuietly && new_reason {
-            vec![Note::warning(reason, message)]
-        } else {
-            Vec::new()
-        },
-        requeue: (!failed).then(|| Duration::from_secs(retry)),
-        ..Plan::wait_for_change()
-    }
-}
-
-fn desired(type_: &'static str, status: Status, reason: &'static str, message: String) -> Desired {
-    Desired {
-        type_,
-        status,
-        reason,
-        message,
-    }
-}
-
-/// `status` with the `wanted` conditions (their transition times kept unless they flip), or
-/// `None` when that is what the Restore already says. Conditions other writers own
-/// (`AnnotationsRecognized`) are theirs: only ours are compared and written.
-pub fn next_status(
-    restore: &Restore,
-    mut status: RestoreStatus,
-    wanted: &[Desired],
-    now: Timestamp,
-) -> Option<RestoreStatus> {
-    let mut current = restore.status.clone().unwrap_or_default();
-    status.conditions = conditions::wanted(
-        &current.conditions,
-        wanted,
-        restore.metadata.generation,
-        now,
-    );
-    current.conditions = conditions::owned(&current.conditions, wanted);
-    (status != current).then_some(status)
-}
-
 /// Of the `releasable` pods, those that exist and whose readiness gate is not set yet.
 fn ungated(pods: &[Pod], releasable: &BTreeSet<String>) -> BTreeSet<String> {
     pods.iter()
@@ -701,6 +579,8 @@ fn ungated(pods: &[Pod], releasable: &BTreeSet<String>) -> BTreeSet<String> {
         .map(|pod| pod.name_any())
         .collect()
 }
+
+mod waits;
 
 #[cfg(test)]
 mod tests;
