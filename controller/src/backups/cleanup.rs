@@ -2,6 +2,9 @@
 //! its own against every other Backup read from the API server; never while a Restore reads
 //! it; a failed delete keeps the Backup terminating and is tried again with a per-Backup
 //! backoff and a Warning that names the skip annotation.
+//!
+//! One step is [`gather`] → [`plan`] (pure; [`crate::artifacts::step`] decides) → the writes,
+//! and after the delete itself, [`after_delete`] (pure) says what follows.
 
 use std::time::Duration;
 
@@ -15,43 +18,220 @@ use kube::{Resource, ResourceExt};
 use super::{BackupContext, FIELD_MANAGER};
 use crate::artifacts::{self, Deleting, Step};
 use crate::error::{Error, Result};
-use custody_kube::api::{Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
+use crate::events::Note;
+use custody_kube::api::{Artifact, Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
 
 /// The action of this reconciler's Events.
 const ACTION: &str = "DeleteArtifact";
 
 /// Publishes an Event; best effort, as a namespace being deleted refuses new Events and the
 /// cleanup must still finish there.
-async fn event(
-    context: &BackupContext,
-    backup: &Backup,
-    warning: bool,
-    reason: &str,
-    text: String,
-) -> Result<()> {
-    let note = crate::events::Note {
-        warning,
-        reason: reason.to_string(),
-        text,
-    };
-    if let Err(error) = crate::reconciler::publish(&context.base, backup, ACTION, &note).await {
-        tracing::info!(backup = backup.name_any(), reason, note = note.text, %error, "event not published");
+async fn event(context: &BackupContext, backup: &Backup, note: &Note) -> Result<()> {
+    if let Err(error) = crate::reconciler::publish(&context.base, backup, ACTION, note).await {
+        tracing::info!(backup = backup.name_any(), reason = note.reason, note = note.text, %error, "event not published");
     }
     Ok(())
 }
 
-/// Runs one step of a Backup's deletion.
-pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
+/// What one step of a Backup's deletion read.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    pub backup: Backup,
+    pub now: Timestamp,
+    /// Restores that are not over and read this Backup.
+    pub readers: Vec<String>,
+    /// The contest of the recorded keys (read only when no restore holds the deletion).
+    pub contest: Option<artifacts::Contest>,
+}
+
+/// What one step of a Backup's deletion does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// Not this reconciler's to do (its finalizer is gone).
+    Nothing,
+    /// A restore reads the Backup: wait, saying so once (an Event, and the cleanup status).
+    Wait { first: Option<Note> },
+    /// Release the Backup without deleting anything.
+    Release { note: Note },
+    /// The last delete failed not long ago: try again after this backoff.
+    Later(Duration),
+    /// Delete these keys, then do what [`after_delete`] says.
+    Delete { keys: Vec<String> },
+}
+
+/// How a delete of the artifact's keys ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Done at `endpoint`; `absent` keys were already gone.
+    Deleted {
+        endpoint: String,
+        absent: Vec<String>,
+    },
+    /// The server refused or did not answer.
+    Failed(String),
+}
+
+/// What follows a delete.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AfterDelete {
+    pub events: Vec<Note>,
+    /// Release the Backup (and the credentials Secret, if no other Backup needs it).
+    pub release: bool,
+    /// The cleanup status to record: `(attempts, last error)`.
+    pub record: Option<(u32, String)>,
+    /// When to try again.
+    pub requeue: Option<Duration>,
+}
+
+/// The step of a deletion, decided by [`artifacts::step`] and the Backup's own backoff.
+pub fn plan(facts: &Facts) -> Plan {
+    let backup = &facts.backup;
+    let cleanup = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.cleanup.clone())
+        .unwrap_or_default();
+    let artifact = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.artifact.as_ref());
+    let step = artifacts::step(&Deleting {
+        has_finalizer: has_finalizer(backup),
+        skip: backup
+            .annotations()
+            .get(artifacts::SKIP_ANNOTATION)
+            .is_some_and(|value| value == "true"),
+        policy: backup.spec.deletion_policy,
+        artifact,
+        readers: &facts.readers,
+        contest: facts.contest.clone(),
+    });
+    match step {
+        Step::Nothing => Plan::Nothing,
+        Step::Wait { message } => Plan::Wait {
+            first: (cleanup.last_error.as_deref() != Some(message.as_str()))
+                .then(|| Note::normal("DeletionWaitsForRestore", message)),
+        },
+        Step::Release {
+            reason,
+            message,
+            warning,
+        } => Plan::Release {
+            note: Note {
+                warning,
+                reason: reason.to_string(),
+                text: message,
+            },
+        },
+        Step::Delete { keys } => match artifacts::wait_before_retry(
+            cleanup.attempts,
+            cleanup
+                .last_attempt_time
+                .as_ref()
+                .map(|time| time.0.as_second()),
+            facts.now.as_second(),
+        ) {
+            Some(wait) => Plan::Later(wait),
+            None => Plan::Delete { keys },
+        },
+    }
+}
+
+/// What follows a delete of `keys` from `artifact`: the Backup is released once they are
+/// gone (each key already absent said so, never replaced by another); a failed delete is
+/// counted, backed off and warned about, naming the skip annotation.
+pub fn after_delete(
+    facts: &Facts,
+    artifact: &Artifact,
+    keys: &[String],
+    outcome: &Outcome,
+) -> AfterDelete {
+    match outcome {
+        Outcome::Deleted { endpoint, absent } => {
+            let mut events: Vec<Note> = absent
+                .iter()
+                .map(|key| {
+                    Note::normal(
+                        "ArtifactAlreadyAbsent",
+                        format!(
+                            "{key} was already gone from bucket {} at {endpoint}",
+                            artifact.bucket
+                        ),
+                    )
+                })
+                .collect();
+            let deleted: Vec<&str> = keys
+                .iter()
+                .filter(|key| !absent.contains(key))
+                .map(String::as_str)
+                .collect();
+            if !deleted.is_empty() {
+                events.push(Note::normal(
+                    "ArtifactDeleted",
+                    format!(
+                        "deleted {} from bucket {} at {endpoint}",
+                        deleted.join(" and "),
+                        artifact.bucket
+                    ),
+                ));
+            }
+            AfterDelete {
+                events,
+                release: true,
+                record: None,
+                requeue: None,
+            }
+        }
+        Outcome::Failed(message) => {
+            let attempts = facts
+                .backup
+                .status
+                .as_ref()
+                .and_then(|status| status.cleanup.as_ref())
+                .map(|cleanup| cleanup.attempts)
+                .unwrap_or(0);
+            let wait = artifacts::backoff(attempts);
+            AfterDelete {
+                events: vec![Note::warning(
+                    "ArtifactCleanupFailed",
+                    format!(
+                        "deleting {} failed (attempt {}, next in {}s): {message}. The Backup stays until it succeeds; annotate it {}=true to release it and keep the artifact",
+                        artifact.key,
+                        attempts + 1,
+                        wait.as_secs(),
+                        artifacts::SKIP_ANNOTATION
+                    ),
+                )],
+                release: false,
+                record: Some((attempts + 1, message.clone())),
+                requeue: Some(wait),
+            }
+        }
+    }
+}
+
+fn has_finalizer(backup: &Backup) -> bool {
+    backup
+        .finalizers()
+        .iter()
+        .any(|f| f == artifacts::FINALIZER)
+}
+
+/// Reads what a deletion step decides on: the Restores reading the Backup and, when none
+/// does, the contest of its keys against every other Backup, from the API server.
+pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
     let client = &context.base.client;
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
     let uid = backup.metadata.uid.clone().unwrap_or_default();
-    let has_finalizer = backup
-        .finalizers()
-        .iter()
-        .any(|f| f == artifacts::FINALIZER);
-    if !has_finalizer {
-        return Ok(Action::await_change());
+    let mut facts = Facts {
+        backup: backup.clone(),
+        now: Timestamp::now(),
+        readers: Vec::new(),
+        contest: None,
+    };
+    if !has_finalizer(backup) {
+        return Ok(facts);
     }
     let artifact = backup
         .status
@@ -60,7 +240,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
 
     // Restores that are not over and read this Backup, from the API server.
     let restores: Api<Restore> = Api::namespaced(client.clone(), &namespace);
-    let readers: Vec<String> = restores
+    facts.readers = restores
         .list(&ListParams::default())
         .await
         .map_err(Error::read(format!("Restores in {namespace}")))?
@@ -77,203 +257,119 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
         .collect();
 
     // Every other Backup, in every namespace, finished or not, from the API server.
-    let contest = match (&artifact, readers.is_empty()) {
-        (Some(artifact), true) => {
-            let all: Api<Backup> = Api::all(client.clone());
-            let backups = all
-                .list(&ListParams::default())
-                .await
-                .map_err(Error::read("Backups".to_string()))?
-                .items;
-            let others: Vec<artifacts::Other> = backups
-                .iter()
-                .map(|other| artifacts::Other {
-                    namespace: other.metadata.namespace.as_deref().unwrap_or_default(),
-                    name: other.metadata.name.as_deref().unwrap_or_default(),
-                    uid: other.metadata.uid.as_deref().unwrap_or_default(),
-                    artifact: other
-                        .status
-                        .as_ref()
-                        .and_then(|status| status.artifact.as_ref()),
-                })
-                .collect();
-            if artifact.attribution.is_some() {
-                // A command's dump: attributed again against the runs as they are now.
-                let same_namespace: Vec<Backup> = backups
-                    .iter()
-                    .filter(|other| other.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                    .cloned()
-                    .collect();
-                let status = backup.status.clone().unwrap_or_default();
-                let end = status
-                    .completion_time
-                    .as_ref()
-                    .map(|time| time.0.as_nanosecond() as i64)
-                    .unwrap_or_else(|| Timestamp::now().as_nanosecond() as i64);
-                let prefix = backup
-                    .spec
-                    .command
-                    .as_ref()
-                    .map(|command| command.prefix.clone())
-                    .unwrap_or_default();
-                let runs =
-                    super::decide::other_runs(&same_namespace, &uid, &artifact.repository, &prefix);
-                Some(artifacts::contest_attributed(
-                    artifact,
-                    &super::decide::run_of(&status, end),
-                    &runs,
-                ))
-            } else {
-                Some(artifacts::contest(artifact, &uid, &others))
-            }
-        }
-        _ => None,
+    let (Some(artifact), true) = (&artifact, facts.readers.is_empty()) else {
+        return Ok(facts);
     };
-    let skip = backup
-        .annotations()
-        .get(artifacts::SKIP_ANNOTATION)
-        .is_some_and(|value| value == "true");
-    let step = artifacts::step(&Deleting {
-        has_finalizer,
-        skip,
-        policy: backup.spec.deletion_policy,
-        artifact: artifact.as_ref(),
-        readers: &readers,
-        contest,
-    });
-    match step {
-        Step::Nothing => Ok(Action::await_change()),
-        Step::Wait { message } => {
-            let first = backup
+    let all: Api<Backup> = Api::all(client.clone());
+    let backups = all
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::read("Backups".to_string()))?
+        .items;
+    let others: Vec<artifacts::Other> = backups
+        .iter()
+        .map(|other| artifacts::Other {
+            namespace: other.metadata.namespace.as_deref().unwrap_or_default(),
+            name: other.metadata.name.as_deref().unwrap_or_default(),
+            uid: other.metadata.uid.as_deref().unwrap_or_default(),
+            artifact: other
                 .status
                 .as_ref()
-                .and_then(|status| status.cleanup.as_ref())
-                .and_then(|cleanup| cleanup.last_error.as_deref())
-                != Some(message.as_str());
-            if first {
-                event(
-                    context,
-                    backup,
-                    false,
-                    "DeletionWaitsForRestore",
-                    message.clone(),
-                )
-                .await?;
+                .and_then(|status| status.artifact.as_ref()),
+        })
+        .collect();
+    facts.contest = Some(if artifact.attribution.is_some() {
+        // A command's dump: attributed again against the runs as they are now.
+        let same_namespace: Vec<Backup> = backups
+            .iter()
+            .filter(|other| other.metadata.namespace.as_deref() == Some(namespace.as_str()))
+            .cloned()
+            .collect();
+        let status = backup.status.clone().unwrap_or_default();
+        let end = status
+            .completion_time
+            .as_ref()
+            .map(|time| time.0.as_nanosecond() as i64)
+            .unwrap_or_else(|| facts.now.as_nanosecond() as i64);
+        let prefix = backup
+            .spec
+            .command
+            .as_ref()
+            .map(|command| command.prefix.clone())
+            .unwrap_or_default();
+        let runs = super::decide::other_runs(&same_namespace, &uid, &artifact.repository, &prefix);
+        artifacts::contest_attributed(artifact, &super::decide::run_of(&status, end), &runs)
+    } else {
+        artifacts::contest(artifact, &uid, &others)
+    });
+    Ok(facts)
+}
+
+/// Runs one step of a Backup's deletion: gather, plan, apply (the delete itself, then what
+/// [`after_delete`] says).
+pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
+    let facts = gather(backup, context).await?;
+    let namespace = backup.namespace().unwrap_or_default();
+    let artifact = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.artifact.clone());
+    match plan(&facts) {
+        Plan::Nothing => Ok(Action::await_change()),
+        Plan::Wait { first } => {
+            if let Some(note) = first {
+                event(context, backup, &note).await?;
                 record(context, backup, |cleanup| {
-                    cleanup.last_error = Some(message)
+                    cleanup.last_error = Some(note.text)
                 })
                 .await?;
             }
             Ok(Action::requeue(Duration::from_secs(5)))
         }
-        Step::Release {
-            reason,
-            message,
-            warning,
-        } => {
-            event(context, backup, warning, reason, message).await?;
+        Plan::Release { note } => {
+            event(context, backup, &note).await?;
             release(context, backup, artifact.as_ref()).await?;
             Ok(Action::await_change())
         }
-        Step::Delete { keys } => {
-            let cleanup = backup
-                .status
-                .as_ref()
-                .and_then(|status| status.cleanup.clone())
-                .unwrap_or_default();
-            if let Some(wait) = artifacts::wait_before_retry(
-                cleanup.attempts,
-                cleanup
-                    .last_attempt_time
-                    .as_ref()
-                    .map(|time| time.0.as_second()),
-                Timestamp::now().as_second(),
-            ) {
-                return Ok(Action::requeue(wait));
-            }
+        Plan::Later(wait) => Ok(Action::requeue(wait)),
+        Plan::Delete { keys } => {
             let artifact = artifact.expect("a Delete step has an artifact");
-            match delete(context, &namespace, &artifact, &keys).await {
-                Ok(Deleted { endpoint, absent }) => {
-                    for key in &absent {
-                        event(
-                            context,
-                            backup,
-                            false,
-                            "ArtifactAlreadyAbsent",
-                            format!(
-                                "{key} was already gone from bucket {} at {endpoint}",
-                                artifact.bucket
-                            ),
-                        )
-                        .await?;
-                    }
-                    let deleted: Vec<&str> = keys
-                        .iter()
-                        .filter(|key| !absent.contains(key))
-                        .map(String::as_str)
-                        .collect();
-                    if !deleted.is_empty() {
-                        event(
-                            context,
-                            backup,
-                            false,
-                            "ArtifactDeleted",
-                            format!(
-                                "deleted {} from bucket {} at {endpoint}",
-                                deleted.join(" and "),
-                                artifact.bucket
-                            ),
-                        )
-                        .await?;
-                    }
-                    tracing::info!(
-                        namespace,
-                        backup = name,
-                        keys = keys.join(","),
-                        "artifact deleted"
-                    );
-                    release(context, backup, Some(&artifact)).await?;
-                    Ok(Action::await_change())
-                }
-                Err(Failure::Retry(error)) => Err(error),
-                Err(Failure::Failed(message)) => {
-                    let attempts = backup
-                        .status
-                        .as_ref()
-                        .and_then(|status| status.cleanup.as_ref())
-                        .map(|cleanup| cleanup.attempts)
-                        .unwrap_or(0);
-                    let wait = artifacts::backoff(attempts);
-                    tracing::warn!(
-                        namespace,
-                        backup = name,
-                        attempts = attempts + 1,
-                        retry_seconds = wait.as_secs(),
-                        message,
-                        "artifact delete failed"
-                    );
-                    event(
-                        context,
-                        backup,
-                        true,
-                        "ArtifactCleanupFailed",
-                        format!(
-                            "deleting {} failed (attempt {}, next in {}s): {message}. The Backup stays until it succeeds; annotate it {}=true to release it and keep the artifact",
-                            artifact.key,
-                            attempts + 1,
-                            wait.as_secs(),
-                            artifacts::SKIP_ANNOTATION
-                        ),
-                    )
-                    .await?;
-                    record(context, backup, |cleanup| {
-                        cleanup.attempts = attempts + 1;
-                        cleanup.last_error = Some(message.clone());
-                    })
-                    .await?;
-                    Ok(Action::requeue(wait))
-                }
+            let outcome = match delete(context, &namespace, &artifact, &keys).await {
+                Ok(Deleted { endpoint, absent }) => Outcome::Deleted { endpoint, absent },
+                Err(Failure::Retry(error)) => return Err(error),
+                Err(Failure::Failed(message)) => Outcome::Failed(message),
+            };
+            let after = after_delete(&facts, &artifact, &keys, &outcome);
+            match &outcome {
+                Outcome::Deleted { .. } => tracing::info!(
+                    namespace,
+                    backup = backup.name_any(),
+                    keys = keys.join(","),
+                    "artifact deleted"
+                ),
+                Outcome::Failed(message) => tracing::warn!(
+                    namespace,
+                    backup = backup.name_any(),
+                    attempts = after.record.as_ref().map(|(attempts, _)| *attempts),
+                    retry_seconds = after.requeue.map(|wait| wait.as_secs()),
+                    message,
+                    "artifact delete failed"
+                ),
             }
+            for note in &after.events {
+                event(context, backup, note).await?;
+            }
+            if after.release {
+                release(context, backup, Some(&artifact)).await?;
+            }
+            if let Some((attempts, error)) = after.record {
+                record(context, backup, |cleanup| {
+                    cleanup.attempts = attempts;
+                    cleanup.last_error = Some(error);
+                })
+                .await?;
+            }
+            Ok(crate::reconciler::requeue(after.requeue))
         }
     }
 }
@@ -508,3 +604,6 @@ pub async fn hold_secret(client: &kube::Client, namespace: &str, secret: &str) -
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
