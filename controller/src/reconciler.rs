@@ -200,6 +200,23 @@ pub async fn create_job(
     }
 }
 
+/// Whether claim `claim` carries the known-data mark; `None` when it does not exist.
+pub async fn known_data(client: &Client, namespace: &str, claim: &str) -> Result<Option<bool>> {
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    Ok(claims
+        .get_opt(claim)
+        .await
+        .map_err(Error::read(format!(
+            "PersistentVolumeClaim {namespace}/{claim}"
+        )))?
+        .map(|claim| {
+            claim
+                .annotations()
+                .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
+        }))
+}
+
 /// Marks claim `claim` as holding real data, saying how custody knows (`how`): see
 /// [`custody_proto::names::ANNOTATION_KNOWN_DATA`]. A claim that is gone needs no mark.
 pub async fn mark_known_data(

@@ -800,6 +800,26 @@ async fn the_webhook_certificate_is_renewed_under_the_same_ca_and_the_api_server
     setup.finish().await;
 }
 
+/// Restores the scenario's Backup into `target` with a workload runner for the pods, until
+/// the Restore is Completed.
+async fn restored(setup: &Setup, target: &LoopVolume) -> WorkloadRunner {
+    restore_into(setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(
+        &setup.namespace.client,
+        &setup.namespace.name,
+        setup.kubelet.clone(),
+    );
+    await_condition(
+        &setup.namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    workloads
+}
+
 /// The agent's count of verifications it finished, of any result.
 fn verifications_finished(metrics: &str) -> u64 {
     metrics
@@ -817,19 +837,9 @@ fn verifications_finished(metrics: &str) -> u64 {
 async fn a_completed_restore_never_holds_its_pod_again() {
     let mut setup = setup("again").await;
     let client = setup.namespace.client.clone();
-    let ns = setup.namespace.name.clone();
     let target = LoopVolume::new(64);
-    restore_into(&setup, target.path(), json!({})).await;
-    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let workloads = restored(&setup, &target).await;
     let restores: Api<Restore> = setup.namespace.api();
-    await_condition(
-        &restores,
-        "shop",
-        "Completed",
-        TIMEOUT,
-        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
-    )
-    .await;
     eventually("custody-wait released the pod", TIMEOUT, || {
         let runs = workloads.runs();
         async move {
@@ -1020,8 +1030,6 @@ async fn removing_the_restore_labels_and_annotations_does_not_release_a_held_pod
 #[tokio::test]
 async fn a_pod_of_a_cluster_that_does_not_exist_is_refused_unless_its_claims_hold_known_data() {
     let setup = setup("ghost").await;
-    let client = setup.namespace.client.clone();
-    let ns = setup.namespace.name.clone();
     let pods: Api<Pod> = setup.namespace.api();
 
     let ghost: Pod = serde_json::from_value(json!({
@@ -1041,17 +1049,8 @@ async fn a_pod_of_a_cluster_that_does_not_exist_is_refused_unless_its_claims_hol
     assert!(message.contains("custody.io/cluster=ghost"), "{message}");
 
     let target = LoopVolume::new(64);
-    restore_into(&setup, target.path(), json!({})).await;
-    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let workloads = restored(&setup, &target).await;
     let restores: Api<Restore> = setup.namespace.api();
-    await_condition(
-        &restores,
-        "shop",
-        "Completed",
-        TIMEOUT,
-        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
-    )
-    .await;
     let claims: Api<PersistentVolumeClaim> = setup.namespace.api();
     let claim = await_condition(
         &claims,

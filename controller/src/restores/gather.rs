@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -115,24 +115,14 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         )
         .await?;
         if status.phase == Some(RestorePhase::Completed) {
-            let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace);
             for volume in status
                 .volumes
                 .iter()
                 .filter(|volume| volume.state == VolumeState::Verified)
             {
                 let claim = &volume.claim_name;
-                let unmarked = claims
-                    .get_opt(claim)
-                    .await
-                    .map_err(Error::read(format!(
-                        "PersistentVolumeClaim {namespace}/{claim}"
-                    )))?
-                    .is_some_and(|claim| {
-                        !claim
-                            .annotations()
-                            .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
-                    });
+                let unmarked =
+                    crate::reconciler::known_data(client, &namespace, claim).await? == Some(false);
                 if unmarked {
                     facts.unmarked_claims.push(claim.clone());
                 }

@@ -248,21 +248,8 @@ async fn claims_hold_known_data(client: &Client, namespace: &str, pod: &Pod) -> 
     if claims.is_empty() {
         return Ok(false);
     }
-    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), namespace);
     for claim in claims {
-        let known = api
-            .get_opt(claim)
-            .await
-            .map_err(Error::read(format!(
-                "PersistentVolumeClaim {namespace}/{claim}"
-            )))?
-            .is_some_and(|claim| {
-                claim
-                    .annotations()
-                    .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
-            });
-        if !known {
+        if crate::reconciler::known_data(client, namespace, claim).await? != Some(true) {
             return Ok(false);
         }
     }
