@@ -74,6 +74,24 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_MOVER_IMAGE", default_value = concat!("ghcr.io/custody/custody-mover:", env!("CARGO_PKG_VERSION")))]
     pub mover_image: String,
 
+    /// Hard bound, in seconds, on how long a backup or prepareData Job may run (its
+    /// `activeDeadlineSeconds`, from its start, pending pods included): past it the Backup or
+    /// Restore fails with the Job's reason and gives the Cluster back.
+    #[arg(long, env = "CUSTODY_JOB_DEADLINE_SECONDS", default_value_t = crate::mover_job::DEFAULT_DEADLINE_SECONDS)]
+    pub job_deadline_seconds: i64,
+
+    /// CPU request of the mover's container (and of a backup command's).
+    #[arg(long, env = "CUSTODY_MOVER_CPU_REQUEST", default_value = crate::mover_job::DEFAULT_CPU_REQUEST)]
+    pub mover_cpu_request: String,
+
+    /// Memory request of the mover's container (and of a backup command's).
+    #[arg(long, env = "CUSTODY_MOVER_MEMORY_REQUEST", default_value = crate::mover_job::DEFAULT_MEMORY_REQUEST)]
+    pub mover_memory_request: String,
+
+    /// Memory limit of the mover's container (and of a backup command's).
+    #[arg(long, env = "CUSTODY_MOVER_MEMORY_LIMIT", default_value = crate::mover_job::DEFAULT_MEMORY_LIMIT)]
+    pub mover_memory_limit: String,
+
     /// Image of `custody-wait`, the init container the webhook injects into pods under restore.
     #[arg(long, env = "CUSTODY_WAIT_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
     pub wait_image: String,

@@ -15,6 +15,7 @@ pub mod finalizers;
 pub mod holds;
 pub mod inject;
 pub mod metrics;
+pub mod mover_job;
 pub mod node_agents;
 pub mod ownership;
 pub mod plans;

@@ -66,6 +66,13 @@ pub async fn run(options: RunOptions) -> Result<()> {
         None => None,
     };
     let namespace = options.namespace.as_deref();
+    let mover = crate::mover_job::MoverJob {
+        image: options.mover_image.clone(),
+        deadline_seconds: options.job_deadline_seconds.max(1),
+        cpu_request: options.mover_cpu_request.clone(),
+        memory_request: options.mover_memory_request.clone(),
+        memory_limit: options.mover_memory_limit.clone(),
+    };
     let controllers = futures::future::join_all([
         annotation_controller::<BackupRepository>(&context, namespace, stopped()),
         annotation_controller::<Cluster>(&context, namespace, stopped()),
@@ -78,7 +85,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         crate::backups::controller(
             Arc::new(crate::backups::BackupContext {
                 base: context.clone(),
-                mover_image: options.mover_image.clone(),
+                mover: mover.clone(),
             }),
             namespace,
             stopped(),
@@ -87,7 +94,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         crate::restores::controller(
             Arc::new(crate::restores::RestoreContext {
                 base: context.clone(),
-                mover_image: options.mover_image.clone(),
+                mover,
                 gate_ca,
             }),
             namespace,

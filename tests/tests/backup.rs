@@ -11,7 +11,7 @@ use custody_tests::agent::ControllerProcess;
 use custody_tests::kubelet::{FakeKubelet, PodRunner, PodSpec, create_pod};
 use custody_tests::pki::Pki;
 use custody_tests::volumes::LoopVolume;
-use custody_tests::{TestNamespace, await_condition, kubectl, s3};
+use custody_tests::{TestNamespace, await_condition, eventually, kubectl, s3};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::PostParams;
@@ -30,11 +30,17 @@ struct Setup {
 
 impl Setup {
     fn start_controller(&mut self) {
+        self.start_controller_with(&[]);
+    }
+
+    fn start_controller_with(&mut self, flags: &[&str]) {
         self.controller = None;
+        let mut all = vec!["--mover-image=custody-mover:test".to_string()];
+        all.extend(flags.iter().map(|flag| flag.to_string()));
         self.controller = Some(ControllerProcess::start(
             &self.namespace.name,
             &self.pki,
-            &["--mover-image=custody-mover:test".to_string()],
+            &all,
         ));
     }
 
@@ -410,5 +416,83 @@ async fn a_plan_runs_on_schedule_never_twice_per_slot_and_prunes_the_oldest() {
     let status = plans.get("fast").await.unwrap().status.unwrap();
     assert!(status.last_schedule_time.is_some());
     assert!(seen.contains_key(status.last_backup_name.as_deref().unwrap()));
+    setup.kubelet.delete().await;
+}
+
+/// Issue 15, item 3: a backup Job whose pod never starts (no kubelet runs it here) does not
+/// hold the Backup and the Cluster forever: past the Job's deadline the Backup fails with the
+/// Job's reason, and the Cluster's Lease is free again. Jobs carry their resources.
+#[tokio::test]
+async fn a_backup_whose_pod_never_starts_fails_at_the_deadline_and_frees_the_cluster() {
+    let mut setup = setup("deadline").await;
+    setup.start_controller_with(&["--job-deadline-seconds=3", "--mover-memory-limit=768Mi"]);
+    // No pod runner: the Job's pod stays Pending, as with an image that cannot be pulled.
+    create_backup(&setup.namespace, "stuck").await;
+    let backups = setup.namespace.api::<Backup>();
+    let failed = await_condition(&backups, "stuck", "Failed", TIMEOUT, |backup: &Backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Failed)
+    })
+    .await;
+    let ready = failed
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready.reason, "JobFailed", "{ready:?}");
+    assert!(
+        ready.message.contains("DeadlineExceeded"),
+        "{}",
+        ready.message
+    );
+
+    // The Job had the deadline and the resources it was given.
+    let jobs = setup.namespace.api::<k8s_openapi::api::batch::v1::Job>();
+    let job = jobs
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .pop()
+        .expect("the backup Job");
+    let spec = job.spec.unwrap();
+    assert_eq!(spec.active_deadline_seconds, Some(3));
+    let resources = spec.template.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap();
+    assert_eq!(resources.limits.unwrap()["memory"].0, "768Mi");
+
+    // The Cluster is free: its Lease names no running Backup.
+    let cluster_uid = setup
+        .namespace
+        .api::<custody_kube::api::Cluster>()
+        .get("orders")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let leases = setup
+        .namespace
+        .api::<k8s_openapi::api::coordination::v1::Lease>();
+    let name = format!("custody-run-{cluster_uid}");
+    eventually("the Cluster's Lease given back", TIMEOUT, || {
+        let (leases, name) = (leases.clone(), name.clone());
+        async move {
+            let lease = leases
+                .get_opt(&name)
+                .await
+                .map_err(|error| error.to_string())?;
+            let holder = lease
+                .and_then(|lease| lease.spec)
+                .and_then(|spec| spec.holder_identity);
+            match holder {
+                None => Ok(()),
+                Some(holder) => Err(format!("held by {holder}")),
+            }
+        }
+    })
+    .await;
     setup.kubelet.delete().await;
 }

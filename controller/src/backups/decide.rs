@@ -87,11 +87,16 @@ pub fn job_state(job: &Job) -> JobState {
         return JobState::Succeeded;
     }
     if let Some(failed) = condition("Failed").or_else(|| condition("FailureTarget")) {
+        let message = failed
+            .message
+            .clone()
+            .unwrap_or_else(|| "the Job failed".to_string());
         return JobState::Failed {
-            message: failed
-                .message
-                .clone()
-                .unwrap_or_else(|| "the backup Job failed".to_string()),
+            // The reason (`DeadlineExceeded`, `BackoffLimitExceeded`) says what to fix.
+            message: match failed.reason.as_deref() {
+                Some(reason) if !reason.is_empty() => format!("{reason}: {message}"),
+                _ => message,
+            },
         };
     }
     JobState::Running

@@ -24,7 +24,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
     let mut facts = Facts {
         backup,
         now: Timestamp::now(),
-        mover_image: context.mover_image.clone(),
+        mover: context.mover.clone(),
         cluster: None,
         repository: None,
         job: JobFact::Missing,

@@ -19,7 +19,7 @@ pub struct JobInputs<'a> {
     pub node: &'a str,
     pub repository: &'a BackupRepository,
     pub prefix: &'a str,
-    pub image: &'a str,
+    pub mover: &'a crate::mover_job::MoverJob,
 }
 
 /// The Job, as plain data: `custody-mover backup` (or the user's command) pinned to the node
@@ -40,7 +40,8 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
     let container = match &inputs.backup.spec.command {
         None => serde_json::json!({
             "name": "mover",
-            "image": inputs.image,
+            "image": inputs.mover.image,
+            "resources": inputs.mover.resources(),
             "command": ["custody-mover"],
             "args": Invocation::Backup {
                 source: SOURCE_PATH.to_string(),
@@ -60,6 +61,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             serde_json::json!({
                 "name": "backup",
                 "image": command.image,
+                "resources": inputs.mover.resources(),
                 "command": command.command,
                 "env": env,
                 "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
@@ -75,6 +77,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         },
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": inputs.mover.deadline_seconds,
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {

@@ -33,8 +33,8 @@ pub const SOURCE_PATH: &str = "/data";
 /// What the backup reconciler needs besides the shared context.
 pub struct BackupContext {
     pub base: Arc<Context>,
-    /// Image of `custody-mover`.
-    pub mover_image: String,
+    /// How its Jobs run `custody-mover`.
+    pub mover: crate::mover_job::MoverJob,
 }
 
 /// Reasons of the Backup's `Ready` condition.

@@ -49,8 +49,8 @@ pub struct Facts {
     /// The Backup as the API server has it now.
     pub backup: Backup,
     pub now: Timestamp,
-    /// Image of `custody-mover`.
-    pub mover_image: String,
+    /// How Jobs run `custody-mover`.
+    pub mover: crate::mover_job::MoverJob,
     pub cluster: Option<Cluster>,
     /// The repository the Backup (or else its Cluster) names, if it exists.
     pub repository: Option<BackupRepository>,
@@ -343,7 +343,7 @@ fn start(
         node: &node,
         repository,
         prefix: &prefix,
-        image: &facts.mover_image,
+        mover: &facts.mover,
     }));
     let recorded = if command.is_some() {
         format!("{prefix}/")

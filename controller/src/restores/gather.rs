@@ -88,7 +88,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
     let mut facts = Facts {
         restore,
         now: Timestamp::now(),
-        mover_image: context.mover_image.clone(),
+        mover: context.mover.clone(),
         cluster,
         agents,
         backup: None,

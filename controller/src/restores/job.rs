@@ -17,7 +17,7 @@ pub struct JobInputs<'a> {
     pub artifact: &'a Artifact,
     pub backup_uid: &'a str,
     pub repository: &'a BackupRepository,
-    pub image: &'a str,
+    pub mover: &'a crate::mover_job::MoverJob,
 }
 
 /// The Job, as plain data.
@@ -40,6 +40,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         },
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": inputs.mover.deadline_seconds,
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
@@ -47,7 +48,8 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
                     "restartPolicy": "Never",
                     "containers": [{
                         "name": "mover",
-                        "image": inputs.image,
+                        "image": inputs.mover.image,
+                        "resources": inputs.mover.resources(),
                         "command": ["custody-mover"],
                         "args": Invocation::Restore {
                             target: TARGET_PATH.to_string(),

@@ -59,8 +59,8 @@ pub mod reasons {
 /// What the restore reconciler needs besides the shared context.
 pub struct RestoreContext {
     pub base: Arc<Context>,
-    /// Image of `custody-mover`.
-    pub mover_image: String,
+    /// How its Jobs run `custody-mover`.
+    pub mover: crate::mover_job::MoverJob,
     /// PEM of the CA that signed the agents' gate certificates, published to namespaces
     /// under restore for `custody-wait`.
     pub gate_ca: Option<String>,

@@ -31,8 +31,8 @@ pub struct Facts {
     /// The Restore as the API server has it now.
     pub restore: Restore,
     pub now: Timestamp,
-    /// Image of `custody-mover` for prepareData Jobs.
-    pub mover_image: String,
+    /// How Jobs run `custody-mover`.
+    pub mover: crate::mover_job::MoverJob,
     /// The Cluster the Restore names, if it exists.
     pub cluster: Option<Cluster>,
     /// Each node's agent reports: `(node, volumes)`.
@@ -344,7 +344,7 @@ pub fn plan(facts: &Facts) -> Plan {
             artifact: &artifact,
             backup_uid: backup.metadata.uid.as_deref().unwrap_or_default(),
             repository,
-            image: &facts.mover_image,
+            mover: &facts.mover,
         }));
         events.push(if step.recreated {
             Note::warning(

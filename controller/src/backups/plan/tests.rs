@@ -77,7 +77,7 @@ fn facts() -> Facts {
     Facts {
         backup: backup(false),
         now: now(),
-        mover_image: "mover:1".into(),
+        mover: crate::mover_job::MoverJob::new("mover:1"),
         cluster: Some(cluster(true)),
         repository: Some(repository("True")),
         job: JobFact::Missing,

@@ -132,7 +132,7 @@ fn facts() -> Facts {
     Facts {
         restore: restore(),
         now: now(),
-        mover_image: "mover:1".into(),
+        mover: crate::mover_job::MoverJob::new("mover:1"),
         cluster: Some(cluster(CLUSTER_UID)),
         agents: Vec::new(),
         backup: Some(backup("Completed")),
