@@ -33,6 +33,23 @@ impl Note {
     }
 }
 
+/// The API server refuses an Event whose note is longer than this many bytes.
+pub const NOTE_LIMIT: usize = 1024;
+
+/// `note` cut to [`NOTE_LIMIT`] bytes at a character boundary, ending in `…` when cut: a long
+/// message (many differences, a long error chain) still makes an Event.
+pub fn fit_note(note: &str) -> String {
+    if note.len() <= NOTE_LIMIT {
+        return note.to_string();
+    }
+    let ellipsis = '…';
+    let mut end = NOTE_LIMIT - ellipsis.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ellipsis}", &note[..end])
+}
+
 /// How long a published Event is remembered: the same Event again within this time becomes
 /// the next count of its series instead of a new object.
 const SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(6 * 60);
@@ -136,7 +153,7 @@ impl Recorder {
                     type_: Some(if key.warning { "Warning" } else { "Normal" }.to_string()),
                     reason: Some(event.reason.clone()),
                     action: Some(event.action.clone()),
-                    note: event.note.clone(),
+                    note: event.note.as_deref().map(fit_note),
                     regarding: Some(regarding.clone()),
                     related: event.secondary.clone(),
                     reporting_controller: Some(self.reporter.controller.clone()),
@@ -148,5 +165,28 @@ impl Recorder {
         };
         published.insert(key, written);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_fit_the_api_limit() {
+        assert_eq!(fit_note("short"), "short");
+        let exact = "a".repeat(NOTE_LIMIT);
+        assert_eq!(fit_note(&exact), exact);
+        for long in [
+            "b".repeat(NOTE_LIMIT + 1),
+            "é".repeat(NOTE_LIMIT),
+            "ab€".repeat(2000),
+        ] {
+            let fitted = fit_note(&long);
+            assert!(fitted.len() <= NOTE_LIMIT, "{} bytes", fitted.len());
+            assert!(fitted.len() > NOTE_LIMIT - 8, "{} bytes", fitted.len());
+            assert!(fitted.ends_with('…'));
+            assert!(long.starts_with(fitted.trim_end_matches('…')));
+        }
     }
 }
