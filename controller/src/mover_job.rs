@@ -27,6 +27,43 @@ impl MoverJob {
         }
     }
 
+    /// A Job of `owner` running `container` once on its node, with its claim mounted as volume
+    /// `data`: owned by `owner` (blocking its deletion), labelled on the Job and its pod,
+    /// never retried by Kubernetes, bounded by the deadline, the container given the
+    /// resources.
+    pub fn job<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        name: &str,
+        owner: &K,
+        labels: &std::collections::BTreeMap<String, String>,
+        on: Placement<'_>,
+        mut container: serde_json::Value,
+    ) -> k8s_openapi::api::batch::v1::Job {
+        container["resources"] = self.resources();
+        let owner = crate::ownership::controller_reference(owner);
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+            },
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": self.deadline_seconds,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "nodeName": on.node,
+                        "restartPolicy": "Never",
+                        "containers": [container],
+                        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": on.claim, "readOnly": on.read_only}}],
+                    },
+                },
+            },
+        }))
+        .expect("a valid Job")
+    }
+
     /// The container's `resources`.
     pub fn resources(&self) -> serde_json::Value {
         serde_json::json!({
@@ -34,6 +71,14 @@ impl MoverJob {
             "limits": {"memory": self.memory_limit},
         })
     }
+}
+
+/// Where a Job runs and the claim it mounts.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement<'a> {
+    pub node: &'a str,
+    pub claim: &'a str,
+    pub read_only: bool,
 }
 
 /// A day: the largest volumes restore well within it on the hardware custody is measured on.

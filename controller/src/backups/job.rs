@@ -36,12 +36,10 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         (LABEL_CLAIM_UID, inputs.claim_uid),
     ]);
     let env = custody_kube::s3::mover_env(&inputs.repository.spec);
-    let owner = crate::ownership::controller_reference(inputs.backup);
     let container = match &inputs.backup.spec.command {
         None => serde_json::json!({
             "name": "mover",
             "image": inputs.mover.image,
-            "resources": inputs.mover.resources(),
             "command": ["custody-mover"],
             "args": Invocation::Backup {
                 source: SOURCE_PATH.to_string(),
@@ -61,33 +59,22 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             serde_json::json!({
                 "name": "backup",
                 "image": command.image,
-                "resources": inputs.mover.resources(),
-                "command": command.command,
+                    "command": command.command,
                 "env": env,
                 "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
                 "securityContext": {"allowPrivilegeEscalation": false},
             })
         }
     };
-    serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": inputs.name,
-            "labels": labels,
-            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+    inputs.mover.job(
+        inputs.name,
+        inputs.backup,
+        &labels,
+        crate::mover_job::Placement {
+            node: inputs.node,
+            claim: inputs.claim,
+            read_only: true,
         },
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": inputs.mover.deadline_seconds,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": inputs.node,
-                    "restartPolicy": "Never",
-                    "containers": [container],
-                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.claim, "readOnly": true}}],
-                },
-            },
-        },
-    }))
-    .expect("a valid Job")
+        container,
+    )
 }

@@ -162,11 +162,15 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         // named in the status rather than waited for in silence.
         for ordinal in 0..facts.replicas.unwrap_or(0).max(0) {
             let name = format!("{set_name}-{ordinal}");
-            if let Some(pod) = pods_api
-                .get_opt(&name)
-                .await
-                .map_err(Error::read(format!("Pod {namespace}/{name}")))?
-            {
+            // A pod the agents report was read above already.
+            let pod = match facts.pods.iter().find(|pod| pod.name_any() == name) {
+                Some(pod) => Some(pod.clone()),
+                None => pods_api
+                    .get_opt(&name)
+                    .await
+                    .map_err(Error::read(format!("Pod {namespace}/{name}")))?,
+            };
+            if let Some(pod) = pod {
                 let node = pod.spec.and_then(|spec| spec.node_name);
                 facts.workload_pods.insert(name, node);
             }

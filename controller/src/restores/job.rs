@@ -31,44 +31,33 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         (LABEL_RESTORE_UID, uid.as_str()),
         (LABEL_CLUSTER_UID, inputs.cluster_uid),
     ]);
-    let owner = crate::ownership::controller_reference(inputs.restore);
-    serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": inputs.create.name,
-            "labels": labels,
-            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+    let container = serde_json::json!({
+        "name": "mover",
+        "image": inputs.mover.image,
+        "command": ["custody-mover"],
+        "args": Invocation::Restore {
+            target: TARGET_PATH.to_string(),
+            key: inputs.artifact.key.clone(),
+            manifest_key: inputs.artifact.manifest_key.clone(),
+            manifest_hash: inputs.artifact.manifest_hash.clone().unwrap_or_default(),
+            backup_uid: inputs.backup_uid.to_string(),
+            restore_uid: uid.clone(),
+        }
+        .args(),
+        "env": custody_kube::s3::mover_env(&inputs.repository.spec),
+        "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
+        // Writes files of every owner, with their owners and modes.
+        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+    });
+    inputs.mover.job(
+        &inputs.create.name,
+        inputs.restore,
+        &labels,
+        crate::mover_job::Placement {
+            node: &inputs.create.node,
+            claim: &inputs.create.claim,
+            read_only: false,
         },
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": inputs.mover.deadline_seconds,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": inputs.create.node,
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "mover",
-                        "image": inputs.mover.image,
-                        "resources": inputs.mover.resources(),
-                        "command": ["custody-mover"],
-                        "args": Invocation::Restore {
-                            target: TARGET_PATH.to_string(),
-                            key: inputs.artifact.key.clone(),
-                            manifest_key: inputs.artifact.manifest_key.clone(),
-                            manifest_hash: inputs.artifact.manifest_hash.clone().unwrap_or_default(),
-                            backup_uid: inputs.backup_uid.to_string(),
-                            restore_uid: uid.clone(),
-                        }
-                        .args(),
-                        "env": custody_kube::s3::mover_env(&inputs.repository.spec),
-                        "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
-                        // Writes files of every owner, with their owners and modes.
-                        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
-                    }],
-                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": inputs.create.claim}}],
-                },
-            },
-        },
-    }))
-    .expect("a valid Job")
+        container,
+    )
 }

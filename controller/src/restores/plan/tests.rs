@@ -915,8 +915,15 @@ fn the_first_job_writes_the_reported_claim_on_the_reporting_node() {
     let plan = plan(&facts);
     let job = &plan.jobs[0];
     assert_eq!(job.metadata.name, Some(decide::job_name(CLAIM, UID, 1)));
-    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let spec = job.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.active_deadline_seconds,
+        Some(crate::mover_job::DEFAULT_DEADLINE_SECONDS)
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
     assert_eq!(pod.node_name.as_deref(), Some("node-a"));
+    let limits = pod.containers[0].resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["memory"].0, crate::mover_job::DEFAULT_MEMORY_LIMIT);
     assert_eq!(pod.containers[0].image.as_deref(), Some("mover:1"));
     let args = pod.containers[0].args.clone().unwrap();
     assert!(
