@@ -66,8 +66,52 @@ pub enum Contest {
     },
 }
 
+/// Whether `key` is in normal form: not empty, no leading slash, and no empty, `.` or `..`
+/// segment. custody records and deletes only keys in normal form: a server or proxy that
+/// normalises paths could otherwise take one key for another.
+pub fn normal_key(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// The form two keys are compared in: percent-escapes decoded, empty and `.` segments
+/// dropped, `..` segments applied. Two keys that differ only in such spelling clash.
+pub fn comparable(key: &str) -> String {
+    let bytes = key.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|byte| (*byte as char).to_digit(16));
+        match (bytes[index], hex(index + 1), hex(index + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                decoded.push((high * 16 + low) as u8);
+                index += 3;
+            }
+            (byte, _, _) => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    let decoded = String::from_utf8_lossy(&decoded);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    segments.join("/")
+}
+
 fn under(key: &str, prefix: &str) -> bool {
-    !prefix.is_empty() && key.starts_with(&format!("{}/", prefix.trim_end_matches('/')))
+    let (key, prefix) = (comparable(key), comparable(prefix));
+    !prefix.is_empty() && key.starts_with(&format!("{prefix}/"))
 }
 
 /// The keys custody wrote for this Backup are under a prefix that ends with its UID; no other
@@ -77,6 +121,14 @@ pub fn contest(mine: &Artifact, uid: &str, others: &[Other<'_>]) -> Contest {
     let keys = [mine.key.clone(), mine.manifest_key.clone()];
     let own_prefix =
         !uid.is_empty() && (mine.prefix == uid || mine.prefix.ends_with(&format!("/{uid}")));
+    if let Some(key) = keys.iter().find(|key| !normal_key(key)) {
+        return Contest::Refused {
+            reason: "KeyNotNormal",
+            message: format!(
+                "the recorded key {key} is not in normal form (an empty, . or .. segment); nothing is deleted"
+            ),
+        };
+    }
     if !own_prefix || keys.iter().any(|key| !under(key, &mine.prefix)) {
         return Contest::Refused {
             reason: "KeyNotProvenOwn",
@@ -96,11 +148,13 @@ pub fn contest(mine: &Artifact, uid: &str, others: &[Other<'_>]) -> Contest {
         if theirs.bucket != mine.bucket {
             continue;
         }
-        let their_keys = [theirs.key.as_str(), theirs.manifest_key.as_str()];
+        let their_keys = [comparable(&theirs.key), comparable(&theirs.manifest_key)];
         let clash = keys
             .iter()
-            .any(|key| their_keys.contains(&key.as_str()) || under(key, &theirs.prefix))
-            || their_keys.iter().any(|key| under(key, &mine.prefix));
+            .any(|key| their_keys.contains(&comparable(key)) || under(key, &theirs.prefix))
+            || [&theirs.key, &theirs.manifest_key]
+                .iter()
+                .any(|key| under(key, &mine.prefix));
         if clash {
             return Contest::Refused {
                 reason: "KeyClaimedByAnother",
@@ -130,6 +184,15 @@ pub fn contest_attributed(
             message: format!("{} was never attributed to this Backup", mine.key),
         };
     };
+    if !normal_key(&mine.key) || !under(&mine.key, &mine.prefix) {
+        return Contest::Refused {
+            reason: "KeyNotProvenOwn",
+            message: format!(
+                "the recorded dump {} is not a key in normal form under the command's prefix {}/",
+                mine.key, mine.prefix
+            ),
+        };
+    }
     let candidate = crate::attribution::Candidate {
         key: mine.key.clone(),
         last_modified: evidence.last_modified_nanos,

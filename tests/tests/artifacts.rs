@@ -943,3 +943,112 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
     await_event(&setup, "unmeasured", "NoClockOffset", "clock offset").await;
     setup.finish().await;
 }
+
+/// A command Backup of `cluster` with `command`, under prefix `pg-dumps` of `repository`.
+async fn start_command_backup(setup: &Setup, name: &str, repository: &str, command: Vec<String>) {
+    create::<Backup>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": name},
+               "spec": {"clusterRef": {"name": "orders"}, "repositoryRef": {"name": repository},
+                        "command": {"image": "registry.invalid/pg-dump:17", "prefix": "pg-dumps",
+                                    "command": command}}}),
+    )
+    .await;
+}
+
+async fn finished(setup: &Setup, name: &str) -> Backup {
+    await_condition(
+        &setup.namespace.api::<Backup>(),
+        name,
+        "finished",
+        TIMEOUT,
+        |backup: &Backup| {
+            matches!(
+                phase(backup),
+                Some(BackupPhase::Completed | BackupPhase::Failed)
+            )
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_dump_in_a_prefix_shared_across_namespaces_is_never_attributed_to_a_run_that_wrote_nothing()
+ {
+    // Namespace a writes dumps; namespace b's repository names the same bucket and prefix, and
+    // its command writes nothing while a's run writes a dump.
+    let a = setup("share-a").await;
+    let b = setup("share-b").await;
+    let bucket = a
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap()
+        .spec
+        .bucket;
+    ready_repository(
+        &b,
+        "shared",
+        json!({"endpoint": s3::shared(), "bucket": bucket, "prefix": "custody"}),
+    )
+    .await;
+    measured_offset(&a, 0).await;
+    measured_offset(&b, 0).await;
+    start_command_backup(&b, "idle", "shared", vec!["sleep".into(), "8".into()]).await;
+    await_condition(
+        &b.namespace.api::<Backup>(),
+        "idle",
+        "Running",
+        TIMEOUT,
+        |backup: &Backup| phase(backup) == Some(BackupPhase::Running),
+    )
+    .await;
+    let dump = custody_tests::binary("dump-to-s3");
+    start_command_backup(
+        &a,
+        "writer",
+        "store",
+        vec![dump.to_str().unwrap().to_string(), "/data".to_string()],
+    )
+    .await;
+    let idle = finished(&b, "idle").await;
+    let writer = finished(&a, "writer").await;
+    let written = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
+    assert_eq!(written.len(), 1, "exactly a's dump: {written:?}");
+
+    // b's run wrote nothing: it never records a's dump.
+    assert_eq!(phase(&idle), Some(BackupPhase::Failed), "{:?}", idle.status);
+    assert!(
+        idle.status.as_ref().unwrap().artifact.is_none(),
+        "{:?}",
+        idle.status
+    );
+    let reason = idle
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap();
+    assert_eq!(reason.0, "OverlappingRun", "{reason:?}");
+    assert!(
+        reason.1.contains(&a.namespace.name) && reason.1.contains("writer"),
+        "names the other run: {reason:?}"
+    );
+    // Nor does a's run claim a dump another namespace's run could have written.
+    assert_eq!(
+        phase(&writer),
+        Some(BackupPhase::Failed),
+        "{:?}",
+        writer.status
+    );
+
+    // Deleting b's Backup deletes nothing of a's.
+    delete_and_wait(&b, "idle").await;
+    assert_eq!(
+        s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await,
+        written
+    );
+    b.finish().await;
+    a.finish().await;
+}

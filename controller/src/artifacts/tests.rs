@@ -101,8 +101,30 @@ fn contests() {
     other_bucket.bucket = "elsewhere".into();
     let mut foreign = artifact("custody/ns/db/1b2f");
     foreign.key = "dumps/db-2026-11-30T10:00:00Z.sql".into();
+    let mut dotted = artifact("custody/ns/db/1b2f");
+    dotted.key = "custody/ns/db/1b2f/../9c9c/data.tar.zst".into();
+    let mut doubled = artifact("custody/ns/db/1b2f");
+    doubled.manifest_key = "custody/ns/db/1b2f//manifest.jsonl".into();
+    let mut spelled = artifact("custody/ns/db/7a7a");
+    spelled.key = "custody/ns/db/1b2f/data%2Etar.zst".into();
+    let mut escaped_parent = artifact("custody%2Fns/db");
+    escaped_parent.key = "custody%2Fns/db/data.tar.zst".into();
     let rows: Vec<(&str, &Artifact, Vec<Other>, Option<&str>)> = vec![
         ("alone", &mine, vec![], None),
+        ("a .. segment", &dotted, vec![], Some("KeyNotNormal")),
+        ("an empty segment", &doubled, vec![], Some("KeyNotNormal")),
+        (
+            "another recorded my key percent-escaped",
+            &mine,
+            vec![other("7a7a", Some(&spelled))],
+            Some("KeyClaimedByAnother"),
+        ),
+        (
+            "another's percent-escaped prefix holds my keys",
+            &mine,
+            vec![other("5d5d", Some(&escaped_parent))],
+            Some("KeyClaimedByAnother"),
+        ),
         (
             "a neighbour with its own prefix",
             &mine,
@@ -331,6 +353,14 @@ fn an_attributed_dump_is_contested_again() {
         attribution: None,
         ..mine.clone()
     };
+    let outside = Artifact {
+        key: "custody/other/db-20261130T005355Z.dump".into(),
+        ..mine.clone()
+    };
+    let climbing = Artifact {
+        key: "custody/pg-dumps/../db-20261130T005355Z.dump".into(),
+        ..mine.clone()
+    };
     let rows: Vec<(&str, &Artifact, Vec<OtherRun>, Option<&str>)> = vec![
         ("alone", &mine, vec![], None),
         (
@@ -350,6 +380,18 @@ fn an_attributed_dump_is_contested_again() {
             &mine,
             vec![other(t - 100 * S, t - 50 * S, Some(mine.key.as_str()))],
             Some("DumpClaimedByAnother"),
+        ),
+        (
+            "a key outside the command's prefix",
+            &outside,
+            vec![],
+            Some("KeyNotProvenOwn"),
+        ),
+        (
+            "a key not in normal form",
+            &climbing,
+            vec![],
+            Some("KeyNotProvenOwn"),
         ),
         (
             "never attributed",
@@ -410,4 +452,37 @@ fn backoff_doubles_and_is_capped() {
     let seconds: Vec<u64> = (0..9).map(|n| backoff(n).as_secs()).collect();
     assert_eq!(seconds, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
     assert_eq!(backoff(u32::MAX).as_secs(), 300);
+}
+
+#[test]
+fn keys_in_normal_form_and_compared_spelling_aside() {
+    for (key, normal) in [
+        ("custody/ns/db/1b2f/data.tar.zst", true),
+        ("team a/#1?x=%2F&y/data.tar.zst", true),
+        ("a/.hidden/b", true),
+        ("a/..b/c", true),
+        ("", false),
+        ("/custody/a", false),
+        ("custody//a", false),
+        ("custody/a/", false),
+        ("custody/./a", false),
+        ("custody/../a", false),
+        ("..", false),
+    ] {
+        assert_eq!(normal_key(key), normal, "{key}");
+    }
+    for (key, form) in [
+        ("a/b", "a/b"),
+        ("a//b/", "a/b"),
+        ("a/./b", "a/b"),
+        ("a/x/../b", "a/b"),
+        ("a%2Fb", "a/b"),
+        ("a%2fb", "a/b"),
+        ("%2E%2E/a", "a"),
+        ("a%2", "a%2"),
+        ("a%zz", "a%zz"),
+        ("100%", "100%"),
+    ] {
+        assert_eq!(comparable(key), form, "{key}");
+    }
 }

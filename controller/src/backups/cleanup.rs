@@ -19,7 +19,9 @@ use super::{BackupContext, FIELD_MANAGER};
 use crate::artifacts::{self, Deleting, Step};
 use crate::error::{Error, Result};
 use crate::events::Note;
-use custody_kube::api::{Artifact, Backup, BackupRepository, CleanupStatus, Restore, RestorePhase};
+use custody_kube::api::{
+    Artifact, Backup, BackupRepository, CleanupStatus, Destination, Restore, RestorePhase,
+};
 
 /// The action of this reconciler's Events.
 const ACTION: &str = "DeleteArtifact";
@@ -279,25 +281,20 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
         })
         .collect();
     facts.contest = Some(if artifact.attribution.is_some() {
-        // A command's dump: attributed again against the runs as they are now.
-        let same_namespace: Vec<Backup> = backups
-            .iter()
-            .filter(|other| other.metadata.namespace.as_deref() == Some(namespace.as_str()))
-            .cloned()
-            .collect();
+        // A command's dump: attributed again against the runs, in every namespace, as they
+        // are now.
         let status = backup.status.clone().unwrap_or_default();
         let end = status
             .completion_time
             .as_ref()
             .map(|time| time.0.as_nanosecond() as i64)
             .unwrap_or_else(|| facts.now.as_nanosecond() as i64);
-        let prefix = backup
-            .spec
-            .command
-            .as_ref()
-            .map(|command| command.prefix.clone())
-            .unwrap_or_default();
-        let runs = super::decide::other_runs(&same_namespace, &uid, &artifact.repository, &prefix);
+        let destination = status.destination.clone().unwrap_or_else(|| Destination {
+            endpoint: artifact.endpoint.clone(),
+            bucket: artifact.bucket.clone(),
+            prefix: artifact.prefix.clone(),
+        });
+        let runs = super::decide::other_runs(&backups, &uid, &destination);
         artifacts::contest_attributed(artifact, &super::decide::run_of(&status, end), &runs)
     } else {
         artifacts::contest(artifact, &uid, &others)

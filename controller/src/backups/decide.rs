@@ -155,35 +155,68 @@ pub const JOB_FAILED: &str = "JobFailed";
 #[cfg(test)]
 mod tests;
 
-/// The other runs of a backup command's prefix, as the attribution sees them.
+/// Where a command run of `repository` writes.
+pub fn destination(
+    repository: &custody_kube::api::BackupRepository,
+    command_prefix_of_backup: &str,
+) -> custody_kube::api::Destination {
+    custody_kube::api::Destination {
+        endpoint: repository.spec.endpoint.clone(),
+        bucket: repository.spec.bucket.clone(),
+        prefix: command_prefix(
+            repository.spec.prefix.as_deref().unwrap_or_default(),
+            command_prefix_of_backup,
+        ),
+    }
+}
+
+/// Whether two runs' prefixes could hold the same keys: equal, or one under the other.
+pub fn prefixes_overlap(one: &str, other: &str) -> bool {
+    let (one, other) = (one.trim_matches('/'), other.trim_matches('/'));
+    let nested = |outer: &str, inner: &str| {
+        outer.is_empty() || inner == outer || inner.starts_with(&format!("{outer}/"))
+    };
+    nested(one, other) || nested(other, one)
+}
+
+/// Where another Backup writes: recorded when it started, or its artifact's place for a
+/// Backup that started before destinations were recorded; `None` when neither is known.
+fn destination_of(backup: &custody_kube::api::Backup) -> Option<(String, String)> {
+    let status = backup.status.as_ref()?;
+    if let Some(destination) = &status.destination {
+        return Some((destination.bucket.clone(), destination.prefix.clone()));
+    }
+    let artifact = status.artifact.as_ref()?;
+    Some((artifact.bucket.clone(), artifact.prefix.clone()))
+}
+
+/// The other runs of a backup command that could have written under `destination`, in
+/// every namespace: other command Backups whose bucket is the same and whose prefix is the
+/// same, above or below it. Endpoints are not compared (a Service name, its FQDN and its IP
+/// are one server); a run whose destination is unknown counts.
 pub fn other_runs(
     backups: &[custody_kube::api::Backup],
     uid: &str,
-    repository: &str,
-    command_prefix: &str,
+    destination: &custody_kube::api::Destination,
 ) -> Vec<crate::attribution::OtherRun> {
     backups
         .iter()
         .filter(|backup| backup.metadata.uid.as_deref() != Some(uid))
+        .filter(|backup| backup.spec.command.is_some())
         .filter(|backup| {
-            backup.spec.command.as_ref().is_some_and(|command| {
-                command.prefix.trim_matches('/') == command_prefix.trim_matches('/')
+            destination_of(backup).is_none_or(|(bucket, prefix)| {
+                bucket == destination.bucket && prefixes_overlap(&prefix, &destination.prefix)
             })
-        })
-        .filter(|backup| {
-            backup
-                .spec
-                .repository_ref
-                .as_ref()
-                .map(|r| r.name.as_str())
-                .unwrap_or(repository)
-                == repository
         })
         .filter_map(|backup| {
             let status = backup.status.as_ref()?;
             let start = status.start_time.as_ref()?.0.as_nanosecond() as i64;
             Some(crate::attribution::OtherRun {
-                name: backup.metadata.name.clone().unwrap_or_default(),
+                name: format!(
+                    "{}/{}",
+                    backup.metadata.namespace.as_deref().unwrap_or_default(),
+                    backup.metadata.name.as_deref().unwrap_or_default()
+                ),
                 start,
                 end: status
                     .completion_time

@@ -100,10 +100,11 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                 (None, _) => facts.report = report(client, &namespace, &job_name).await?,
                 (Some(command), Some(repository)) => {
                     facts.listing = Some(listing(client, repository, &command.prefix).await?);
-                    facts.others = Api::<Backup>::namespaced(client.clone(), &namespace)
+                    // Other runs in every namespace may share the bucket and prefix.
+                    facts.others = Api::<Backup>::all(client.clone())
                         .list(&ListParams::default())
                         .await
-                        .map_err(Error::read(format!("Backups in {namespace}")))?
+                        .map_err(Error::read("Backups".to_string()))?
                         .items;
                 }
                 (Some(_), None) => {}

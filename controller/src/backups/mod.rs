@@ -48,6 +48,8 @@ pub mod reasons {
     pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
     pub const RUNNING: &str = "Running";
     pub const COMPLETED: &str = "Completed";
+    /// A command's dump whose key is not in normal form (an empty, `.` or `..` segment).
+    pub const KEY_NOT_NORMAL: &str = "KeyNotNormal";
 }
 
 /// Reconciles one Backup: gather, decide, apply (deletion is [`cleanup`]).

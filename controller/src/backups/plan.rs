@@ -19,7 +19,7 @@ use crate::events::Note;
 use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
     Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus,
-    ClockMeasurement, Cluster, HasConditions, Restore, RestorePhase,
+    ClockMeasurement, Cluster, Destination, HasConditions, Restore, RestorePhase,
 };
 
 /// What a reconciliation knows about the Backup's Job.
@@ -68,7 +68,7 @@ pub struct Facts {
     /// What a command left under its prefix, once its Job finished: the listing, or why it
     /// could not be read (`reason`, `message`).
     pub listing: Option<Result<Listing, (&'static str, String)>>,
-    /// Every Backup of the namespace, when a command's dump is attributed.
+    /// Every Backup, in every namespace, when a command's dump is attributed.
     pub others: Vec<Backup>,
 }
 
@@ -304,6 +304,11 @@ fn start(
         status.node_name = Some(mounted_on.clone());
         status.start_time = Some(Time(facts.now));
         status.node_clock = facts.clock.clone();
+        status.destination = Some(Destination {
+            endpoint: repository.spec.endpoint.clone(),
+            bucket: repository.spec.bucket.clone(),
+            prefix: prefix.clone(),
+        });
         if command.is_none() {
             status.artifact = Some(Artifact {
                 prefix: prefix.clone(),
@@ -396,11 +401,24 @@ fn attributed(
     };
     let backup = &facts.backup;
     let uid = backup.metadata.uid.clone().unwrap_or_default();
-    let others = decide::other_runs(&facts.others, &uid, &repository.name_any(), command_prefix);
     let status = backup.status.clone().unwrap_or_default();
+    let destination = status
+        .destination
+        .clone()
+        .unwrap_or_else(|| decide::destination(repository, command_prefix));
+    let others = decide::other_runs(&facts.others, &uid, &destination);
     let run = decide::run_of(&status, facts.now.as_nanosecond() as i64);
     let found = crate::attribution::attribute(&run, &listing.candidates, &others)
         .map_err(|refusal| (refusal.reason, refusal.message))?;
+    if !crate::artifacts::normal_key(&found.key) {
+        return Err((
+            reasons::KEY_NOT_NORMAL,
+            format!(
+                "the dump {} is not a key in normal form (an empty, . or .. segment); custody records only keys it can delete exactly",
+                found.key
+            ),
+        ));
+    }
     Ok(Artifact {
         prefix: decide::command_prefix(
             repository.spec.prefix.as_deref().unwrap_or_default(),

@@ -156,3 +156,130 @@ fn only_known_reasons_reach_the_condition() {
         assert_eq!(reason, condition, "{reported:?}");
     }
 }
+
+#[test]
+fn prefixes_overlap_when_equal_or_nested() {
+    for (one, other, overlap) in [
+        ("custody/pg-dumps", "custody/pg-dumps", true),
+        ("custody/pg-dumps/", "/custody/pg-dumps", true),
+        ("custody", "custody/pg-dumps", true),
+        ("custody/pg-dumps", "custody", true),
+        ("", "custody/pg-dumps", true),
+        ("custody/pg-dumps", "custody/pg-dumps-2", false),
+        ("custody/pg", "custody/pg-dumps", false),
+        ("a/pg-dumps", "b/pg-dumps", false),
+    ] {
+        assert_eq!(prefixes_overlap(one, other), overlap, "{one} / {other}");
+    }
+}
+
+#[test]
+fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
+    use custody_kube::api::{BackupStatus, CommandBackup, Destination};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let run = |namespace: &str,
+               name: &str,
+               uid: &str,
+               command: bool,
+               place: Option<(&str, &str)>,
+               artifact: Option<(&str, &str)>| {
+        let mut backup = custody_kube::api::Backup::new(
+            name,
+            custody_kube::api::BackupSpec {
+                cluster_ref: custody_kube::api::LocalObjectReference { name: "db".into() },
+                repository_ref: None,
+                deletion_policy: Default::default(),
+                command: command.then(|| CommandBackup {
+                    image: "i".into(),
+                    command: vec!["c".into()],
+                    prefix: "whatever".into(),
+                }),
+            },
+        );
+        backup.metadata.namespace = Some(namespace.into());
+        backup.metadata.uid = Some(uid.into());
+        backup.status = Some(BackupStatus {
+            start_time: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_796_000_000).unwrap(),
+            )),
+            destination: place.map(|(bucket, prefix)| Destination {
+                endpoint: "http://another-name-for-the-server".into(),
+                bucket: bucket.into(),
+                prefix: prefix.into(),
+            }),
+            artifact: artifact.map(|(bucket, prefix)| Artifact {
+                bucket: bucket.into(),
+                prefix: prefix.into(),
+                key: format!("{prefix}/db-20261130T101500Z.dump"),
+                ..Artifact::default()
+            }),
+            ..BackupStatus::default()
+        });
+        backup
+    };
+    let backups = vec![
+        run(
+            "a",
+            "mine",
+            "u0",
+            true,
+            Some(("b", "custody/pg-dumps")),
+            None,
+        ),
+        run(
+            "b",
+            "same-place",
+            "u1",
+            true,
+            Some(("b", "custody/pg-dumps")),
+            None,
+        ),
+        run("c", "parent", "u2", true, Some(("b", "custody")), None),
+        run(
+            "d",
+            "other-bucket",
+            "u3",
+            true,
+            Some(("x", "custody/pg-dumps")),
+            None,
+        ),
+        run(
+            "e",
+            "other-prefix",
+            "u4",
+            true,
+            Some(("b", "custody/my-dumps")),
+            None,
+        ),
+        run(
+            "f",
+            "recorded-only",
+            "u5",
+            true,
+            None,
+            Some(("b", "custody/pg-dumps")),
+        ),
+        run("g", "unknown", "u6", true, None, None),
+        run(
+            "h",
+            "volume",
+            "u7",
+            false,
+            Some(("b", "custody/pg-dumps")),
+            None,
+        ),
+    ];
+    let destination = Destination {
+        endpoint: "http://s3".into(),
+        bucket: "b".into(),
+        prefix: "custody/pg-dumps".into(),
+    };
+    let names: Vec<String> = other_runs(&backups, "u0", &destination)
+        .into_iter()
+        .map(|run| run.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["b/same-place", "c/parent", "f/recorded-only", "g/unknown"]
+    );
+}

@@ -115,6 +115,11 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_clock: Option<ClockMeasurement>,
 
+    /// Where the run writes, recorded when it starts: the bucket and the prefix its keys (or
+    /// a command's dump) go under. Other runs, in every namespace, are contested by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<Destination>,
+
     /// The exact artifact this Backup wrote. The key is recorded before the upload starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact: Option<Artifact>,
@@ -140,6 +145,18 @@ pub struct ClockMeasurement {
     pub round_trip_nanoseconds: i64,
     /// When the measurement was taken, by the controller's clock.
     pub measured_at: Time,
+}
+
+/// Where a run writes in object storage.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Destination {
+    /// Endpoint URL at the start of the run (not compared: one server has many names).
+    pub endpoint: String,
+    /// Bucket.
+    pub bucket: String,
+    /// The prefix the run writes under, without a trailing slash.
+    pub prefix: String,
 }
 
 /// The object-storage location of a Backup's data and manifest. Everything needed to delete
