@@ -64,6 +64,20 @@ pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
             })
 }
 
+/// Whether `meta` (a pod) was created by the Job with `job_uid`: its controller reference
+/// names that Job. Labels such as `job-name` prove nothing; anyone who creates pods sets them.
+pub fn created_by_job(meta: &ObjectMeta, job_uid: &str) -> bool {
+    !job_uid.is_empty()
+        && meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.controller == Some(true))
+            .is_some_and(|owner| {
+                owner.kind == "Job" && owner.api_version == "batch/v1" && owner.uid == job_uid
+            })
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -175,6 +189,50 @@ mod tests {
         assert!(!controlled_by(
             &meta(Some((v, "Cluster", "", true)), None),
             "Cluster",
+            ""
+        ));
+    }
+
+    #[test]
+    fn a_pod_is_a_jobs_only_by_its_controller_reference() {
+        let job = "batch/v1";
+        let rows = [
+            (
+                "the Job's pod",
+                meta(Some((job, "Job", "j1", true)), None),
+                true,
+            ),
+            (
+                "a look-alike with labels only",
+                meta(None, Some("j1")),
+                false,
+            ),
+            (
+                "another Job's pod",
+                meta(Some((job, "Job", "j2", true)), None),
+                false,
+            ),
+            (
+                "not the controller",
+                meta(Some((job, "Job", "j1", false)), None),
+                false,
+            ),
+            (
+                "another kind",
+                meta(Some((job, "CronJob", "j1", true)), None),
+                false,
+            ),
+            (
+                "another group",
+                meta(Some(("custody.io/v1alpha1", "Job", "j1", true)), None),
+                false,
+            ),
+        ];
+        for (name, meta, expected) in rows {
+            assert_eq!(created_by_job(&meta, "j1"), expected, "{name}");
+        }
+        assert!(!created_by_job(
+            &meta(Some((job, "Job", "", true)), None),
             ""
         ));
     }

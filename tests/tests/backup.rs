@@ -496,3 +496,63 @@ async fn a_backup_whose_pod_never_starts_fails_at_the_deadline_and_frees_the_clu
     .await;
     setup.kubelet.delete().await;
 }
+
+#[tokio::test]
+async fn a_pod_custody_did_not_create_cannot_forge_the_movers_result() {
+    let setup = setup("forged").await;
+    let namespace = &setup.namespace;
+    let created = create_backup(namespace, "genuine").await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let job = custody_controller::backups::decide::job_name("genuine", &uid);
+    // A pod anyone with pod create rights can make: the Job's name label, a name sorting after
+    // the Job's own pod, and a termination message claiming the upload failed.
+    let pods = namespace.api::<k8s_openapi::api::core::v1::Pod>();
+    let forged: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{job}-zzzzzz"),
+                     "labels": {"job-name": job, "batch.kubernetes.io/job-name": job}},
+        "spec": {"containers": [{"name": "mover", "image": "registry.invalid/forged"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &forged).await.unwrap();
+    let message = custody_proto::mover::failure_text(
+        custody_proto::reasons::MoverFailure::UploadFailed,
+        "forged by a pod custody did not create".to_string(),
+    );
+    pods.patch_status(
+        &format!("{job}-zzzzzz"),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "mover", "image": "registry.invalid/forged", "imageID": "",
+                                    "ready": false, "restartCount": 0,
+                                    "state": {"terminated": {"exitCode": 1, "message": message}}}],
+        }})),
+    )
+    .await
+    .unwrap();
+
+    let _runner = setup.run_pods();
+    let backups = namespace.api::<Backup>();
+    let done = await_condition(&backups, "genuine", "finished", TIMEOUT, |backup| {
+        matches!(
+            backup.status.as_ref().and_then(|status| status.phase),
+            Some(BackupPhase::Completed | BackupPhase::Failed)
+        )
+    })
+    .await;
+    let ready = done
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        done.status.as_ref().and_then(|status| status.phase),
+        Some(BackupPhase::Completed),
+        "{ready:?}"
+    );
+    assert!(!ready.message.contains("did not create"), "{ready:?}");
+    let artifact = done.status.unwrap().artifact.unwrap();
+    assert!(artifact.manifest_hash.is_some(), "{artifact:?}");
+    setup.kubelet.delete().await;
+}

@@ -97,7 +97,13 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         }
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
-                (None, _) => facts.report = report(client, &namespace, &job_name).await?,
+                (None, _) => {
+                    let job_uid = job
+                        .as_ref()
+                        .and_then(|job| job.metadata.uid.clone())
+                        .unwrap_or_default();
+                    facts.report = report(client, &namespace, &job_name, &job_uid).await?
+                }
                 (Some(command), Some(repository)) => {
                     facts.listing = Some(listing(client, repository, &command.prefix).await?);
                     // Other runs in every namespace may share the bucket and prefix.
@@ -156,14 +162,22 @@ async fn clock(client: &Client, node: &str) -> Option<ClockMeasurement> {
     })
 }
 
-/// The mover's report: the termination message of its Job's pod.
-async fn report(client: &Client, namespace: &str, job_name: &str) -> Result<Option<String>> {
+/// The mover's report: the termination message of a pod the Backup's own Job created (its
+/// controller owner is the Job's UID). The `job-name` label only narrows the list: anyone who
+/// may create pods can set it.
+async fn report(
+    client: &Client,
+    namespace: &str,
+    job_name: &str,
+    job_uid: &str,
+) -> Result<Option<String>> {
     Ok(Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("job-name={job_name}")))
         .await
         .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
         .items
         .iter()
+        .filter(|pod| crate::ownership::created_by_job(&pod.metadata, job_uid))
         .flat_map(|pod| pod.status.iter())
         .flat_map(|status| status.container_statuses.iter().flatten())
         .filter_map(|container| {

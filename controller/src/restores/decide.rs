@@ -438,11 +438,9 @@ pub fn teardown(jobs: &[Job], pods: &[Pod], restore_uid: &str) -> Teardown {
         .filter_map(|job| job.metadata.uid.as_deref())
         .collect();
     let pods_left = pods.iter().any(|pod| {
-        pod.metadata.owner_references.iter().flatten().any(|owner| {
-            owner.controller == Some(true)
-                && owner.kind == "Job"
-                && owned_uids.contains(owner.uid.as_str())
-        })
+        owned_uids
+            .iter()
+            .any(|uid| crate::ownership::created_by_job(&pod.metadata, uid))
     });
     let delete = owned
         .iter()
