@@ -308,6 +308,38 @@ pub async fn report_token(
     file
 }
 
+/// A client of the controller's report service, trusting `ca` for its certificate.
+pub async fn report_client(
+    controller: &ControllerProcess,
+    ca: &std::path::Path,
+) -> custody_proto::report::agent_report_client::AgentReportClient<tonic::transport::Channel> {
+    let channel = Endpoint::from_shared(format!("https://{}", controller.report_address))
+        .expect("address")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(ca).expect("CA")))
+                .domain_name(CONTROLLER_NAME),
+        )
+        .expect("TLS")
+        .connect()
+        .await
+        .expect("report service");
+    custody_proto::report::agent_report_client::AgentReportClient::new(channel)
+}
+
+/// `report` as a request carrying `token`.
+pub fn report_request(
+    token: &str,
+    report: custody_proto::report::NodeReport,
+) -> tonic::Request<custody_proto::report::NodeReport> {
+    let mut request = tonic::Request::new(report);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}
+
 pub fn report_flags(
     controller: &ControllerProcess,
     pki: &Pki,

@@ -37,7 +37,8 @@ pub struct Setup {
     pub controller: ControllerProcess,
     pub agent: AgentProcess,
     pub jobs: PodRunner,
-    _report_token: tempfile::NamedTempFile,
+    /// The node agent's report token (bound to its pod).
+    pub report_token: tempfile::NamedTempFile,
     _identities: Option<(tempfile::NamedTempFile, tempfile::NamedTempFile)>,
     agents_namespace: String,
     webhook: String,
@@ -63,7 +64,7 @@ impl Setup {
             &self.kubelet,
             &self.pki,
             AgentArgs {
-                flags: report_flags(&self.controller, &self.pki, self._report_token.path()),
+                flags: report_flags(&self.controller, &self.pki, self.report_token.path()),
                 gate: Some(self.gate),
                 wrapper,
                 envs,
@@ -414,7 +415,7 @@ async fn setup_full(
         controller,
         agent,
         jobs,
-        _report_token: token,
+        report_token: token,
         _identities: identities,
         agents_namespace,
         webhook,

@@ -9,17 +9,15 @@ use custody_controller::conditions::{reasons, types};
 use custody_kube::api::{HasConditions, NodeAgent};
 use custody_proto::names;
 use custody_proto::report::NodeReport;
-use custody_proto::report::agent_report_client::AgentReportClient;
 use custody_tests::agent::{
-    AgentArgs, AgentProcess, CONTROLLER_NAME, ControllerProcess, report_flags, report_token,
-    restore_objects,
+    AgentArgs, AgentProcess, CONTROLLER_NAME, ControllerProcess, report_client, report_flags,
+    report_request, report_token, restore_objects,
 };
 use custody_tests::kubelet::{FakeKubelet, PodSpec, create_pod, pod_token};
 use custody_tests::pki::Pki;
 use custody_tests::{TestNamespace, await_condition, kubectl};
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -145,30 +143,16 @@ async fn node_agents_show_each_nodes_restore_health_and_go_not_ready_when_silent
     );
 
     // Reports that do not come from node a's agent are refused.
-    let channel = Endpoint::from_shared(format!("https://{}", controller.report_address))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(
-                    std::fs::read(report_pki.ca()).unwrap(),
-                ))
-                .domain_name(CONTROLLER_NAME),
-        )
-        .unwrap()
-        .connect()
-        .await
-        .expect("report service");
-    let mut reports = AgentReportClient::new(channel);
+    let mut reports = report_client(&controller, &report_pki.ca()).await;
     let send = |token: String, node: String| {
-        let mut request = tonic::Request::new(NodeReport {
-            node_name: node,
-            agent_version: "forged".into(),
-            ..NodeReport::default()
-        });
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        request
+        report_request(
+            &token,
+            NodeReport {
+                node_name: node,
+                agent_version: "forged".into(),
+                ..NodeReport::default()
+            },
+        )
     };
     let agent_token = std::fs::read_to_string(token.path()).unwrap();
     let refused = reports

@@ -1160,3 +1160,113 @@ async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
     elsewhere.delete().await;
     setup.finish().await;
 }
+
+/// Issue 15, item 5: a node's agent may only speak for pods on its own node. Node a's agent
+/// token reports Verified for a pod on node b (where no agent runs, so nothing was restored):
+/// the controller records what node a said, but the Restore and the pod take nothing from it.
+#[tokio::test]
+async fn a_nodes_report_about_a_pod_on_another_node_changes_nothing() {
+    let mut setup = setup("otherreport").await;
+    let client = setup.namespace.client.clone();
+    let node_b = format!("{}-b", setup.namespace.name);
+    let elsewhere = custody_tests::kubelet::FakeKubelet::new(&client, &node_b).await;
+    let target = LoopVolume::new(64);
+    custody_tests::scenario::restore_into_on(&setup, &elsewhere, target.path(), json!({})).await;
+    let restores: Api<Restore> = setup.namespace.api();
+    let restore = await_condition(
+        &restores,
+        "shop",
+        "the volume waits for a missing agent",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().is_some_and(|status| {
+                status
+                    .volumes
+                    .iter()
+                    .any(|volume| volume.reason.as_deref() == Some("AgentMissing"))
+            })
+        },
+    )
+    .await;
+    let restore_uid = restore.metadata.uid.clone().unwrap();
+    let pods: Api<Pod> = setup.namespace.api();
+    let pod = pods.get("shop-0").await.unwrap();
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(node_b.as_str())
+    );
+
+    // Node a's own agent stops; its token speaks for it.
+    setup.agent.stop();
+    let token = std::fs::read_to_string(setup.report_token.path()).unwrap();
+    let mut reports = custody_tests::agent::report_client(&setup.controller, &setup.pki.ca()).await;
+    let forged = custody_proto::report::NodeReport {
+        node_name: setup.kubelet.node.clone(),
+        agent_version: "forged".into(),
+        volumes: vec![custody_proto::report::VolumeReport {
+            namespace: setup.namespace.name.clone(),
+            pod_name: "shop-0".into(),
+            pod_uid: pod.metadata.uid.clone().unwrap(),
+            volume: "data".into(),
+            claim_name: "data-shop-0".into(),
+            restore_uid,
+            state: custody_proto::gate::VolumeState::Verified as i32,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let agents: Api<custody_kube::api::NodeAgent> = Api::all(client.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < deadline {
+        reports
+            .report(custody_tests::agent::report_request(&token, forged.clone()))
+            .await
+            .expect("node a's agent may report about its own node");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The report was taken as node a's word.
+    let recorded = agents.get(&setup.kubelet.node).await.unwrap();
+    assert!(
+        recorded
+            .status
+            .as_ref()
+            .is_some_and(|status| status.restored_volumes.iter().any(|volume| {
+                volume.pod_name == "shop-0"
+                    && volume.state == custody_kube::api::VolumeState::Verified
+            })),
+        "{:?}",
+        recorded.status
+    );
+    // Nothing of it reached the Restore or the pod.
+    let restore = restores.get("shop").await.unwrap();
+    assert_ne!(
+        restore_phase(&restore),
+        Some(RestorePhase::Completed),
+        "{:?}",
+        restore.status
+    );
+    let status = restore.status.unwrap();
+    assert!(
+        status
+            .volumes
+            .iter()
+            .all(|volume| volume.state != custody_kube::api::VolumeState::Verified),
+        "{:?}",
+        status.volumes
+    );
+    let pod = pods.get("shop-0").await.unwrap();
+    let gated = pod
+        .status
+        .and_then(|status| status.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .any(|condition| {
+            condition.type_ == "custody.io/restore-verified" && condition.status == "True"
+        });
+    assert!(
+        !gated,
+        "the readiness gate was set from another node's word"
+    );
+    elsewhere.delete().await;
+    setup.finish().await;
+}

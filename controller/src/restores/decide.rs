@@ -386,6 +386,19 @@ pub fn reports_for<'a>(
     found
 }
 
+/// Whether the agent of `node` may speak for the pod `volume` names: a pod of that name and
+/// UID, read from the API server, is bound to `node`. An agent's token proves only which node
+/// it runs on; what it says about pods elsewhere is ignored.
+pub fn speaks_for(node: &str, volume: &ReportedVolume, pods: &[Pod]) -> bool {
+    pods.iter().any(|pod| {
+        pod.metadata.name.as_deref() == Some(volume.pod_name.as_str())
+            && pod.metadata.namespace.as_deref() == Some(volume.namespace.as_str())
+            && pod.metadata.uid.as_deref() == Some(volume.pod_uid.as_str())
+            && !volume.pod_uid.is_empty()
+            && pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(node)
+    })
+}
+
 /// The pods the agents report volumes of under this Restore, by name.
 pub fn reported_pods<'a>(
     agents: impl IntoIterator<Item = (&'a str, &'a [ReportedVolume])>,

@@ -175,13 +175,25 @@ pub fn plan(facts: &Facts) -> Plan {
         .as_ref()
         .map(|status| status.volumes.as_slice())
         .unwrap_or_default();
+    // A report counts when its agent is Ready and speaks of a pod bound to its own node.
     let trusted = |node: &str| facts.nodes.get(node).is_none_or(|health| health.ready);
+    let accepted: Vec<(&str, Vec<ReportedVolume>)> = facts
+        .agents
+        .iter()
+        .filter(|(node, _)| trusted(node))
+        .map(|(node, volumes)| {
+            let vouched = volumes
+                .iter()
+                .filter(|volume| decide::speaks_for(node, volume, &facts.pods))
+                .cloned()
+                .collect();
+            (node.as_str(), vouched)
+        })
+        .collect();
     let agents = || {
-        facts
-            .agents
+        accepted
             .iter()
-            .filter(|(node, _)| trusted(node))
-            .map(|(node, volumes)| (node.as_str(), volumes.as_slice()))
+            .map(|(node, volumes)| (*node, volumes.as_slice()))
     };
     if matches!(phase, Some(RestorePhase::Completed | RestorePhase::Failed)) {
         // Final. Pods of a completed restore whose volumes the agents still report verified

@@ -481,3 +481,83 @@ fn teardown_deletes_only_own_jobs_and_waits_for_their_pods() {
     );
     assert!(!teardown(&[], &[], UID).waiting);
 }
+
+#[test]
+fn an_agent_speaks_only_for_pods_bound_to_its_node() {
+    let pod = |name: &str, uid: &str, node: Option<&str>| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"nodeName": node, "containers": []},
+        }))
+        .unwrap()
+    };
+    let volume = |pod_name: &str, pod_uid: &str| ReportedVolume {
+        pod_uid: pod_uid.into(),
+        ..reported("data-db-0", pod_name, VolumeState::Verified)
+    };
+    let on_a = pod("db-0", "u0", Some("node-a"));
+    let rows: Vec<(&str, &str, ReportedVolume, Vec<Pod>, bool)> = vec![
+        (
+            "its own pod",
+            "node-a",
+            volume("db-0", "u0"),
+            vec![on_a.clone()],
+            true,
+        ),
+        (
+            "a pod on another node",
+            "node-b",
+            volume("db-0", "u0"),
+            vec![on_a.clone()],
+            false,
+        ),
+        (
+            "a pod not scheduled",
+            "node-a",
+            volume("db-0", "u0"),
+            vec![pod("db-0", "u0", None)],
+            false,
+        ),
+        (
+            "a replaced pod (old UID)",
+            "node-a",
+            volume("db-0", "u-old"),
+            vec![on_a.clone()],
+            false,
+        ),
+        (
+            "a pod that is gone",
+            "node-a",
+            volume("db-0", "u0"),
+            vec![],
+            false,
+        ),
+        (
+            "another pod's name",
+            "node-a",
+            volume("db-1", "u0"),
+            vec![on_a.clone()],
+            false,
+        ),
+        (
+            "no UID reported",
+            "node-a",
+            volume("db-0", ""),
+            vec![pod("db-0", "", Some("node-a"))],
+            false,
+        ),
+        (
+            "another namespace",
+            "node-a",
+            ReportedVolume {
+                namespace: "other".into(),
+                ..volume("db-0", "u0")
+            },
+            vec![on_a.clone()],
+            false,
+        ),
+    ];
+    for (name, node, volume, pods, expected) in rows {
+        assert_eq!(speaks_for(node, &volume, &pods), expected, "{name}");
+    }
+}

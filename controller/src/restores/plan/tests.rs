@@ -80,8 +80,15 @@ fn pod(name: &str, gated: bool) -> Pod {
     } else {
         json!([])
     };
+    // db-0 is the pod `report` speaks of, on node-a.
+    let uid = if name == "db-0" {
+        "pod-uid".to_string()
+    } else {
+        format!("{name}-uid")
+    };
     serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "ns"},
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {"nodeName": "node-a", "containers": []},
         "status": {"conditions": conditions},
     }))
     .unwrap()
@@ -391,7 +398,8 @@ fn every_path_of_a_reconciliation() {
                 agents: vec![report(VolumeState::Verified, None)],
                 pods: vec![
                     serde_json::from_value(json!({
-                        "metadata": {"name": "db-0", "namespace": "ns"},
+                        "metadata": {"name": "db-0", "namespace": "ns", "uid": "pod-uid"},
+                        "spec": {"nodeName": "node-a", "containers": []},
                         "status": {"conditions": [
                             {"type": "PodScheduled", "status": "True"},
                             {"type": crate::inject::READINESS_GATE, "status": "False"},
@@ -1025,10 +1033,12 @@ fn only_a_volume_verified_in_this_reconciliation_is_announced() {
     let reported = |claim: &str, pod: &str| ReportedVolume {
         claim_name: claim.into(),
         pod_name: pod.into(),
+        pod_uid: format!("{pod}-uid").replace("db-0-uid", "pod-uid"),
         ..report(VolumeState::Verified, None).1.remove(0)
     };
     let facts = Facts {
         replicas: Some(2),
+        pods: vec![pod("db-0", false), pod("db-1", false)],
         agents: vec![(
             "node-a".into(),
             vec![reported(CLAIM, "db-0"), reported(second, "db-1")],
@@ -1156,4 +1166,40 @@ fn a_pod_on_a_node_without_a_working_agent_is_named_not_waited_for_in_silence() 
     });
     let status = unscheduled.status.unwrap();
     assert_eq!(status.volumes[0].reason, None);
+}
+
+#[test]
+fn a_report_from_another_node_is_not_taken() {
+    let (_, volumes) = report(VolumeState::Verified, None);
+    for (name, phase) in [
+        ("running", RestorePhase::Running),
+        ("completed", RestorePhase::Completed),
+    ] {
+        let facts = Facts {
+            agents: vec![("node-b".into(), volumes.clone())],
+            pods: vec![pod("db-0", false)],
+            ..with_status(facts(), phase, vec![volume(VolumeState::Verifying, 1)])
+        };
+        let plan = plan(&facts);
+        assert!(plan.release.is_empty(), "{name}: {:?}", plan.release);
+        assert!(
+            !plan
+                .events
+                .iter()
+                .any(|note| note.reason == "VolumeVerified"),
+            "{name}: {:?}",
+            plan.events
+        );
+    }
+    // The same report from the pod's own node is taken.
+    let facts = Facts {
+        agents: vec![("node-a".into(), volumes)],
+        pods: vec![pod("db-0", false)],
+        ..with_status(
+            facts(),
+            RestorePhase::Completed,
+            vec![volume(VolumeState::Verified, 1)],
+        )
+    };
+    assert_eq!(plan(&facts).release, BTreeSet::from(["db-0".to_string()]));
 }
