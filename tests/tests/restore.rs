@@ -1270,3 +1270,72 @@ async fn a_nodes_report_about_a_pod_on_another_node_changes_nothing() {
     elsewhere.delete().await;
     setup.finish().await;
 }
+
+/// Issue 15, item 5: a restore reads the bucket the Backup recorded, as deleting it does —
+/// not wherever the repository points now.
+#[tokio::test]
+async fn a_restore_reads_the_recorded_bucket_after_the_repository_moved_to_another() {
+    let setup = setup("movedbucket").await;
+    let recorded = setup
+        .namespace
+        .api::<Backup>()
+        .get("nightly")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .artifact
+        .unwrap();
+    let fresh = s3::bucket(s3::shared(), "moved-to").await;
+    assert_ne!(fresh, recorded.bucket);
+    let repositories: Api<BackupRepository> = setup.namespace.api();
+    repositories
+        .patch(
+            "store",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"bucket": fresh}})),
+        )
+        .await
+        .unwrap();
+    await_condition(
+        &repositories,
+        "store",
+        "Ready on the new bucket",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            repository.conditions().iter().any(|c| {
+                c.type_ == "Ready"
+                    && c.status == "True"
+                    && c.observed_generation == repository.metadata.generation
+            })
+        },
+    )
+    .await;
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let _workloads = WorkloadRunner::start(
+        &setup.namespace.client,
+        &setup.namespace.name,
+        setup.kubelet.clone(),
+    );
+    let done = await_condition(
+        &setup.namespace.api::<Restore>(),
+        "shop",
+        "finished",
+        TIMEOUT,
+        |restore: &Restore| {
+            matches!(
+                restore_phase(restore),
+                Some(RestorePhase::Completed | RestorePhase::Failed)
+            )
+        },
+    )
+    .await;
+    assert_eq!(
+        restore_phase(&done),
+        Some(RestorePhase::Completed),
+        "{:?}",
+        done.status
+    );
+    setup.finish().await;
+}

@@ -31,6 +31,10 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         (LABEL_RESTORE_UID, uid.as_str()),
         (LABEL_CLUSTER_UID, inputs.cluster_uid),
     ]);
+    // The repository's current endpoint and credentials (it may have moved), but the bucket
+    // the artifact was written to: the same rule as deleting it.
+    let mut repository = inputs.repository.spec.clone();
+    repository.bucket = inputs.artifact.bucket.clone();
     let container = serde_json::json!({
         "name": "mover",
         "image": inputs.mover.image,
@@ -44,7 +48,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
             restore_uid: uid.clone(),
         }
         .args(),
-        "env": custody_kube::s3::mover_env(&inputs.repository.spec),
+        "env": custody_kube::s3::mover_env(&repository),
         "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
         // Writes files of every owner, with their owners and modes.
         "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
@@ -60,4 +64,59 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         },
         container,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_mover_reads_the_recorded_bucket_at_the_repositorys_current_endpoint() {
+        let restore: Restore = serde_json::from_value(json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "r-uid"},
+            "spec": {"clusterRef": {"name": "c"}, "backupRef": {"name": "b"}},
+        }))
+        .unwrap();
+        let repository: BackupRepository = serde_json::from_value(json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "store", "namespace": "ns"},
+            "spec": {"endpoint": "http://moved", "bucket": "now", "credentialsSecretRef": {"name": "s3"}},
+        }))
+        .unwrap();
+        let artifact = Artifact {
+            endpoint: "http://then".into(),
+            bucket: "then".into(),
+            key: "p/data.tar.zst".into(),
+            manifest_key: "p/manifest.jsonl".into(),
+            ..Artifact::default()
+        };
+        let job = spec(&JobInputs {
+            restore: &restore,
+            cluster_uid: "c-uid",
+            create: &decide::CreateJob {
+                claim: "data-db-0".into(),
+                node: "node-a".into(),
+                name: "j".into(),
+                attempt: 1,
+            },
+            artifact: &artifact,
+            backup_uid: "b-uid",
+            repository: &repository,
+            mover: &crate::mover_job::MoverJob::new("mover:1"),
+        });
+        let env = job.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let value = |name: &str| {
+            env.iter()
+                .find(|variable| variable.name == name)
+                .and_then(|variable| variable.value.clone())
+        };
+        use custody_proto::mover::env;
+        assert_eq!(value(env::BUCKET).as_deref(), Some("then"));
+        assert_eq!(value(env::ENDPOINT).as_deref(), Some("http://moved"));
+    }
 }
