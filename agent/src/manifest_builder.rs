@@ -19,6 +19,10 @@ pub enum BuildError {
     Walk(#[from] WalkError),
     #[error("{path}: a {kind} cannot be backed up")]
     Unsupported { path: String, kind: &'static str },
+    #[error(
+        "{path}: symlink to {target:?} leads out of the volume; a restore could never write or verify it (keep what it points to on this volume, or back up that volume too)"
+    )]
+    SymlinkLeavesVolume { path: String, target: String },
     #[error("{path}: symlink target is not UTF-8")]
     NonUtf8Target { path: String },
     #[error("{path}: is a mount of another filesystem inside the volume")]
@@ -112,6 +116,12 @@ pub fn build_into<W: Write>(
                         .ok_or_else(|| BuildError::NonUtf8Target {
                             path: found.path.clone(),
                         })?;
+                if crate::verify::symlink_escapes(&found.path, &target) {
+                    return Err(BuildError::SymlinkLeavesVolume {
+                        path: found.path,
+                        target,
+                    });
+                }
                 (Kind::Symlink { target }, walked()?)
             }
             OnDisk::File => {

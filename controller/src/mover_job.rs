@@ -40,6 +40,24 @@ impl MoverJob {
         mut container: serde_json::Value,
     ) -> k8s_openapi::api::batch::v1::Job {
         container["resources"] = self.resources();
+        // Writable scratch space under a read-only root filesystem: the backup's manifest is
+        // spooled to a temporary file until the archive is uploaded.
+        let mounts = container["volumeMounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        container["volumeMounts"] = serde_json::Value::Array(
+            mounts
+                .into_iter()
+                .chain([serde_json::json!({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH})])
+                .collect(),
+        );
+        let env = container["env"].as_array().cloned().unwrap_or_default();
+        container["env"] = serde_json::Value::Array(
+            env.into_iter()
+                .chain([serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH})])
+                .collect(),
+        );
         let owner = crate::ownership::controller_reference(owner);
         serde_json::from_value(serde_json::json!({
             "metadata": {
@@ -56,7 +74,10 @@ impl MoverJob {
                         "nodeName": on.node,
                         "restartPolicy": "Never",
                         "containers": [container],
-                        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": on.claim, "readOnly": on.read_only}}],
+                        "volumes": [
+                            {"name": "data", "persistentVolumeClaim": {"claimName": on.claim, "readOnly": on.read_only}},
+                            {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}},
+                        ],
                     },
                 },
             },
@@ -81,9 +102,68 @@ pub struct Placement<'a> {
     pub read_only: bool,
 }
 
+/// The scratch volume of a Job's pod, its mount path (also `TMPDIR`) and its size bound: a
+/// manifest line is about 150 bytes, so 1 GiB holds the manifest of some seven million files.
+pub const SCRATCH_VOLUME: &str = "scratch";
+pub const SCRATCH_PATH: &str = "/tmp";
+pub const SCRATCH_LIMIT: &str = "1Gi";
+
 /// A day: the largest volumes restore well within it on the hardware custody is measured on.
 pub const DEFAULT_DEADLINE_SECONDS: i64 = 86_400;
 /// The mover streams with two threads and bounded buffers (peak RSS about 60 MiB measured).
 pub const DEFAULT_CPU_REQUEST: &str = "100m";
 pub const DEFAULT_MEMORY_REQUEST: &str = "128Mi";
 pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_has_bounded_scratch_space_for_a_read_only_root() {
+        let owner: custody_kube::api::Restore = serde_json::from_value(serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u"},
+            "spec": {"clusterRef": {"name": "c"}, "backupRef": {"name": "b"}},
+        }))
+        .unwrap();
+        let job = MoverJob::new("mover:1").job(
+            "j",
+            &owner,
+            &Default::default(),
+            Placement {
+                node: "node-a",
+                claim: "data-db-0",
+                read_only: true,
+            },
+            serde_json::json!({"name": "mover", "image": "mover:1",
+                "env": [{"name": "A", "value": "1"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "securityContext": {"readOnlyRootFilesystem": true}}),
+        );
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        let scratch = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|volume| volume.name == SCRATCH_VOLUME)
+            .and_then(|volume| volume.empty_dir)
+            .expect("an emptyDir");
+        assert_eq!(scratch.size_limit.unwrap().0, SCRATCH_LIMIT);
+        let container = &pod.containers[0];
+        let mounts: Vec<(&str, &str)> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|mount| (mount.name.as_str(), mount.mount_path.as_str()))
+            .collect();
+        assert_eq!(mounts, [("data", "/data"), (SCRATCH_VOLUME, SCRATCH_PATH)]);
+        let env: Vec<(&str, Option<&str>)> = container
+            .env
+            .iter()
+            .flatten()
+            .map(|variable| (variable.name.as_str(), variable.value.as_deref()))
+            .collect();
+        assert_eq!(env, [("A", Some("1")), ("TMPDIR", Some(SCRATCH_PATH))]);
+    }
+}

@@ -126,6 +126,9 @@ reasons! {
         InvalidRepository,
         /// The volume could not be read.
         ReadVolumeFailed,
+        /// A symlink on the volume leads out of it (such as `pg_wal` on another volume): the
+        /// backup could never be restored and verified.
+        SymlinkLeavesVolume,
         /// The upload failed (and was aborted).
         UploadFailed,
         /// A local file could not be read or written (scratch space, result file, ...).

@@ -247,3 +247,127 @@ async fn a_server_that_dies_mid_upload_leaves_no_object_and_no_open_upload() {
         .unwrap();
     assert!(open.uploads().is_empty(), "{:?}", open.uploads());
 }
+
+/// The keys under `bucket` and the multipart uploads still open there.
+async fn left_in(url: &str, bucket: &str) -> (Vec<String>, usize) {
+    let open = s3::client(url)
+        .list_multipart_uploads()
+        .bucket(bucket)
+        .send()
+        .await
+        .unwrap()
+        .uploads()
+        .len();
+    (s3::keys(url, bucket, "").await, open)
+}
+
+fn backup_args<'a>(source: &'a Path, prefix: &'a str) -> Vec<&'a str> {
+    vec![
+        "backup",
+        "--source",
+        source.to_str().unwrap(),
+        "--prefix",
+        prefix,
+        "--backup-uid",
+        BACKUP_UID,
+        "--cluster-uid",
+        "cluster-uid",
+    ]
+}
+
+/// Issue 15, item 5: content a restore could never write and verify fails the backup, not a
+/// restore months later.
+#[tokio::test]
+async fn a_symlink_leading_out_of_the_volume_fails_the_backup_naming_it() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "symlink").await;
+    let source = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(source.path().join("base")).unwrap();
+    std::fs::write(source.path().join("base/1"), "rows").unwrap();
+    // PostgreSQL's WAL on another volume.
+    std::os::unix::fs::symlink("/var/lib/wal-volume/pg_wal", source.path().join("pg_wal")).unwrap();
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let output = run(mover(url, &bucket, &backup_args(source.path(), &prefix)));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("SymlinkLeavesVolume"), "{stderr}");
+    assert!(stderr.contains("pg_wal"), "{stderr}");
+    assert_eq!(left_in(url, &bucket).await, (Vec::new(), 0));
+
+    // Relative links are fine while they stay inside; one that climbs out is not.
+    std::fs::remove_file(source.path().join("pg_wal")).unwrap();
+    std::os::unix::fs::symlink("../base", source.path().join("base/inside")).unwrap();
+    backup(url, &bucket, source.path(), &prefix);
+    std::os::unix::fs::symlink("../../etc", source.path().join("base/outside")).unwrap();
+    let output = run(mover(
+        url,
+        &bucket,
+        &backup_args(source.path(), &format!("{prefix}-2")),
+    ));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("SymlinkLeavesVolume") && stderr.contains("base/outside"),
+        "{stderr}"
+    );
+}
+
+/// Issue 15, item 5: SIGTERM (a deleted Job, a drained node) aborts the multipart upload.
+#[tokio::test]
+async fn sigterm_aborts_the_multipart_upload() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "sigterm").await;
+    let source = LoopVolume::new(512);
+    let mut content = vec![0u8; 320 << 20];
+    let mut state = 0x2545f4914f6cdd1du64;
+    for chunk in content.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(source.path().join("big"), &content).unwrap();
+    drop(content);
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let child = mover(url, &bucket, &backup_args(source.path(), &prefix))
+        .spawn()
+        .expect("starting custody-mover");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while left_in(url, &bucket).await.1 == 0 {
+        assert!(Instant::now() < deadline, "the upload never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    eprintln!("{stderr} (ended {:?} after SIGTERM)", started.elapsed());
+    assert!(!output.status.success());
+    assert!(stderr.contains("Interrupted"), "{stderr}");
+    assert_eq!(left_in(url, &bucket).await, (Vec::new(), 0), "{stderr}");
+}
+
+/// Issue 13, item 5: without writable scratch space the backup fails naming that, not as an
+/// upload that "ended before it was complete".
+#[tokio::test]
+async fn a_backup_without_scratch_space_says_so() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "scratch").await;
+    let source = tempfile::tempdir().unwrap();
+    fill(source.path());
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let mut command = mover(url, &bucket, &backup_args(source.path(), &prefix));
+    command.env("TMPDIR", "/nonexistent/scratch");
+    let output = run(command);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("LocalError"), "{stderr}");
+    assert!(stderr.contains("a temporary manifest file"), "{stderr}");
+    assert_eq!(left_in(url, &bucket).await, (Vec::new(), 0));
+}

@@ -16,10 +16,21 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // On SIGTERM a backup aborts its multipart upload (an open upload keeps its parts, and
+    // their storage, until aborted) and ends within the grace; anything else ends at once.
+    let grace = match options.command {
+        custody_agent::cli::MoverCommand::Backup { .. } => std::time::Duration::from_secs(20),
+        _ => std::time::Duration::ZERO,
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let outcome = runtime.block_on(async {
         tokio::select! {
-            outcome = custody_agent::mover::cli::run(&options) => outcome,
-            _ = custody_kube::process::wait_for_signal() => Err((MoverFailure::Interrupted, "stopped by a signal".to_string())),
+            outcome = custody_agent::mover::cli::run(&options, stopped) => outcome,
+            _ = async {
+                custody_kube::process::wait_for_signal().await;
+                let _ = stop.send(true);
+                tokio::time::sleep(grace).await;
+            } => Err((MoverFailure::Interrupted, "stopped by a signal".to_string())),
         }
     });
     match outcome {

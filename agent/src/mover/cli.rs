@@ -32,7 +32,11 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
 }
 
 /// Runs the command; the JSON result, or the error's reason and message.
-pub async fn run(options: &MoverOptions) -> Result<String, (MoverFailure, String)> {
+/// `stop` turning true (SIGTERM) makes a backup abort its multipart upload and end.
+pub async fn run(
+    options: &MoverOptions,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<String, (MoverFailure, String)> {
     if let MoverCommand::Verify {
         target,
         manifest_hash,
@@ -59,6 +63,7 @@ pub async fn run(options: &MoverOptions) -> Result<String, (MoverFailure, String
                     source,
                     prefix,
                     header(backup_uid, cluster_uid, &created_at),
+                    stop.clone(),
                 )
                 .await?;
                 Ok(serde_json::to_string(&result).unwrap_or_default())

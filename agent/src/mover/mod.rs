@@ -64,8 +64,15 @@ impl MoverError {
         match self {
             MoverError::Credentials(_) => MoverFailure::CredentialsMissing,
             MoverError::Client(_) => MoverFailure::InvalidRepository,
+            MoverError::ReadVolume(manifest_builder::BuildError::SymlinkLeavesVolume {
+                ..
+            }) => MoverFailure::SymlinkLeavesVolume,
             MoverError::ReadVolume(_) => MoverFailure::ReadVolumeFailed,
+            MoverError::Upload(upload::UploadError::Interrupted { .. }) => {
+                MoverFailure::Interrupted
+            }
             MoverError::Upload(_) => MoverFailure::UploadFailed,
+
             MoverError::Local(_) => MoverFailure::LocalError,
             MoverError::Download { .. } => MoverFailure::DownloadFailed,
             MoverError::ManifestTampered { .. } => MoverFailure::ManifestTampered,
@@ -100,6 +107,7 @@ pub async fn backup(
     source: &Path,
     prefix: &str,
     header: Header,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<BackupResult, MoverError> {
     let client = s3::client(endpoint, secret)?;
     let (key, manifest_key) = custody_proto::mover::object_keys(prefix);
@@ -108,7 +116,7 @@ pub async fn backup(
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = key.clone();
-        tokio::spawn(async move { upload::multipart(&client, &bucket, &key, receiver).await })
+        tokio::spawn(async move { upload::multipart(&client, &bucket, &key, receiver, stop).await })
     };
 
     let source = source.to_path_buf();
@@ -145,10 +153,14 @@ pub async fn backup(
     let uploaded = uploader
         .await
         .map_err(|error| MoverError::Local(format!("the upload task: {error}")))?;
-    // A failed upload stops the writer ("the upload stopped"): report the cause. An archiving
-    // error closes the channel without an end marker, and the upload was aborted.
-    uploaded?;
-    let (mut manifest_file, summary, checksum, size) = written?;
+    // A failed upload stops the writer ("the upload stopped"): report the upload's cause. An
+    // archiving error (the volume, the scratch space) closes the channel without an end
+    // marker, so the upload ends Incomplete (and was aborted): report the archiving error.
+    let (mut manifest_file, summary, checksum, size) = match (uploaded, written) {
+        (Ok(()), written) => written?,
+        (Err(upload::UploadError::Incomplete), Err(cause)) => return Err(cause),
+        (Err(error), _) => return Err(error.into()),
+    };
 
     manifest_file
         .rewind()

@@ -87,6 +87,8 @@ pub enum UploadError {
     Complete { key: String, message: String },
     #[error("the data stream ended before it was complete")]
     Incomplete,
+    #[error("stopped by a signal: the multipart upload of {key} was aborted")]
+    Interrupted { key: String },
 }
 
 /// Uploads what arrives on `chunks` to `bucket`/`key`. Only an explicit [`Chunk::End`]
@@ -97,6 +99,7 @@ pub async fn multipart(
     bucket: &str,
     key: &str,
     mut chunks: mpsc::Receiver<Chunk>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), UploadError> {
     let created = client
         .create_multipart_upload()
@@ -109,7 +112,11 @@ pub async fn multipart(
             message: sdk_error(&error),
         })?;
     let upload_id = created.upload_id().unwrap_or_default().to_string();
-    let result = upload_parts(client, bucket, key, &upload_id, &mut chunks).await;
+    // A stop (SIGTERM) ends the upload where it is; the abort below still runs.
+    let result = tokio::select! {
+        result = upload_parts(client, bucket, key, &upload_id, &mut chunks) => result,
+        _ = stop.wait_for(|stopped| *stopped) => Err(UploadError::Interrupted { key: key.to_string() }),
+    };
     if result.is_err() {
         // Dropping the receiver stops the writer; then the parts are discarded.
         drop(chunks);
