@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use custody_kube::api::{Artifact, BackupRepository, DeletionPolicy};
+use custody_kube::api::{Artifact, Backup, BackupRepository, DeletionPolicy};
 use custody_kube::s3::Endpoint;
 
 /// Finalizer of the backup reconciler on Backups: the artifact is dealt with before the Backup
@@ -52,6 +52,56 @@ pub fn delete_endpoint(
     };
     endpoint.bucket = artifact.bucket.clone();
     (endpoint, secret)
+}
+
+/// The credentials Secrets a Backup may hold the finalizer of: the one recorded with its
+/// artifact or its destination, and — for a Backup that held it but was stopped before
+/// recording either — its repository's.
+pub fn held_secrets(backup: &Backup, repository_secret: Option<&str>) -> Vec<String> {
+    let status = backup.status.as_ref();
+    let recorded = [
+        status
+            .and_then(|status| status.artifact.as_ref())
+            .and_then(|artifact| artifact.credentials_secret.clone()),
+        status
+            .and_then(|status| status.destination.as_ref())
+            .and_then(|destination| destination.credentials_secret.clone()),
+    ];
+    let mut secrets: Vec<String> = recorded.into_iter().flatten().collect();
+    if secrets.is_empty() {
+        secrets.extend(repository_secret.map(str::to_string));
+    }
+    secrets.sort();
+    secrets.dedup();
+    secrets
+}
+
+/// Whether `other` still needs Secret `secret`: it holds the cleanup finalizer, its cleanup is
+/// not done, and it recorded that Secret — or it recorded nothing yet and is not finished (it
+/// may have held the Secret a moment before recording it).
+pub fn needs_secret(other: &Backup, secret: &str) -> bool {
+    use custody_kube::api::BackupPhase;
+    let holds = other
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER);
+    let status = other.status.as_ref();
+    let done = status
+        .and_then(|status| status.cleanup.as_ref())
+        .is_some_and(|cleanup| cleanup.done);
+    if !holds || done {
+        return false;
+    }
+    let recorded = held_secrets(other, None);
+    if !recorded.is_empty() {
+        return recorded.iter().any(|name| name == secret);
+    }
+    !matches!(
+        status.and_then(|status| status.phase),
+        Some(BackupPhase::Completed | BackupPhase::Failed)
+    )
 }
 
 /// The outcome of contesting the recorded keys.

@@ -517,9 +517,14 @@ async fn backups_and_restores_of_one_cluster_never_overlap() {
 #[tokio::test]
 async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_goes() {
     let setup = setup("teardown").await;
-    let client = setup.namespace.client.clone();
-    let ns = setup.namespace.name.clone();
     let nightly = artifact_of(&setup, "nightly").await;
+    // A second Backup of the same Secret: both are released at once.
+    backup(&setup, "second", "orders", None).await;
+    let second = completed(&setup, "second")
+        .await
+        .status
+        .and_then(|status| status.artifact)
+        .unwrap();
     let bucket = setup
         .namespace
         .api::<BackupRepository>()
@@ -542,7 +547,22 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
         "{:?}",
         secret.finalizers()
     );
-    // The kubelet confirms the deletion of the namespace's pods.
+    delete_namespace_and_wait(&setup).await;
+    let keys = s3::keys(s3::shared(), &bucket, "").await;
+    for artifact in [&nightly, &second] {
+        assert!(
+            !keys.contains(&artifact.key) && !keys.contains(&artifact.manifest_key),
+            "{keys:?}"
+        );
+    }
+    setup.finish().await;
+}
+
+/// Deletes the scenario's namespace (the kubelet confirming its pods' deletion) and waits
+/// until it is gone, naming what still holds it.
+async fn delete_namespace_and_wait(setup: &Setup) {
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
     let _workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
@@ -564,12 +584,6 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
         }
     })
     .await;
-    let keys = s3::keys(s3::shared(), &bucket, "").await;
-    assert!(
-        !keys.contains(&nightly.key) && !keys.contains(&nightly.manifest_key),
-        "{keys:?}"
-    );
-    setup.finish().await;
 }
 
 /// The `cleanup` status of a Backup once `ready` holds for it.
@@ -1051,4 +1065,35 @@ async fn a_dump_in_a_prefix_shared_across_namespaces_is_never_attributed_to_a_ru
     );
     b.finish().await;
     a.finish().await;
+}
+
+/// Issue 15, item 5: the credentials Secret's finalizer goes with the last Backup that needs
+/// it, even when that Backup never recorded an artifact (a failed command backup).
+#[tokio::test]
+async fn a_namespace_whose_only_backup_is_a_failed_command_backup_goes() {
+    let setup = setup("failedcommand").await;
+    delete_and_wait(&setup, "nightly").await;
+    let secrets = setup.namespace.api::<k8s_openapi::api::core::v1::Secret>();
+    let held = |secret: &k8s_openapi::api::core::v1::Secret| {
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == "custody.io/artifact-credentials")
+    };
+    assert!(!held(&secrets.get("s3").await.unwrap()));
+    start_command_backup(&setup, "broken", "store", vec!["false".into()]).await;
+    let broken = finished(&setup, "broken").await;
+    assert_eq!(
+        phase(&broken),
+        Some(BackupPhase::Failed),
+        "{:?}",
+        broken.status
+    );
+    assert!(broken.status.unwrap().artifact.is_none());
+    assert!(
+        held(&secrets.get("s3").await.unwrap()),
+        "the run held the Secret"
+    );
+    delete_namespace_and_wait(&setup).await;
+    setup.finish().await;
 }

@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 const UID: &str = "1b2f";
 
@@ -484,5 +485,124 @@ fn keys_in_normal_form_and_compared_spelling_aside() {
         ("100%", "100%"),
     ] {
         assert_eq!(comparable(key), form, "{key}");
+    }
+}
+
+fn holder(
+    finalizer: bool,
+    phase: Option<&str>,
+    artifact_secret: Option<&str>,
+    destination_secret: Option<&str>,
+    done: bool,
+) -> Backup {
+    let mut status = json!({});
+    if let Some(phase) = phase {
+        status["phase"] = json!(phase);
+    }
+    if let Some(secret) = artifact_secret {
+        status["artifact"] = json!({"repository": "store", "endpoint": "http://s3", "bucket": "b",
+            "key": "k", "manifestKey": "m", "credentialsSecret": secret});
+    }
+    if let Some(secret) = destination_secret {
+        status["destination"] = json!({"endpoint": "http://s3", "bucket": "b", "prefix": "p", "credentialsSecret": secret});
+    }
+    if done {
+        status["cleanup"] = json!({"done": true});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": "other", "namespace": "ns", "uid": "u",
+                     "finalizers": if finalizer { vec![FINALIZER] } else { vec![] }},
+        "spec": {"clusterRef": {"name": "db"}},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_backup_holds_the_secret_it_recorded_or_else_its_repositorys() {
+    let rows: Vec<(&str, Backup, Option<&str>, Vec<&str>)> = vec![
+        (
+            "artifact",
+            holder(true, Some("Completed"), Some("s3"), None, false),
+            Some("repo"),
+            vec!["s3"],
+        ),
+        (
+            "destination",
+            holder(true, Some("Failed"), None, Some("s3"), false),
+            Some("repo"),
+            vec!["s3"],
+        ),
+        (
+            "both, moved",
+            holder(true, Some("Completed"), Some("old"), Some("s3"), false),
+            None,
+            vec!["old", "s3"],
+        ),
+        (
+            "nothing recorded",
+            holder(true, None, None, None, false),
+            Some("repo"),
+            vec!["repo"],
+        ),
+        (
+            "nothing at all",
+            holder(true, None, None, None, false),
+            None,
+            vec![],
+        ),
+    ];
+    for (name, backup, repository, expected) in rows {
+        assert_eq!(held_secrets(&backup, repository), expected, "{name}");
+    }
+}
+
+#[test]
+fn another_backup_needs_the_secret_until_its_cleanup_is_done() {
+    let rows: Vec<(&str, Backup, bool)> = vec![
+        (
+            "recorded it",
+            holder(true, Some("Completed"), Some("s3"), None, false),
+            true,
+        ),
+        (
+            "recorded it as destination",
+            holder(true, Some("Failed"), None, Some("s3"), false),
+            true,
+        ),
+        (
+            "recorded another",
+            holder(true, Some("Completed"), Some("other"), None, false),
+            false,
+        ),
+        (
+            "its cleanup is done",
+            holder(true, Some("Completed"), Some("s3"), None, true),
+            false,
+        ),
+        (
+            "no finalizer",
+            holder(false, Some("Completed"), Some("s3"), None, false),
+            false,
+        ),
+        (
+            "starting, nothing recorded yet",
+            holder(true, None, None, None, false),
+            true,
+        ),
+        (
+            "running, nothing recorded",
+            holder(true, Some("Running"), None, None, false),
+            true,
+        ),
+        (
+            "failed before recording",
+            holder(true, Some("Failed"), None, None, false),
+            false,
+        ),
+    ];
+    for (name, backup, expected) in rows {
+        assert_eq!(needs_secret(&backup, "s3"), expected, "{name}");
     }
 }

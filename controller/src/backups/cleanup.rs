@@ -293,6 +293,7 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
             endpoint: artifact.endpoint.clone(),
             bucket: artifact.bucket.clone(),
             prefix: artifact.prefix.clone(),
+            credentials_secret: artifact.credentials_secret.clone(),
         });
         let runs = super::decide::other_runs(&backups, &uid, &destination);
         artifacts::contest_attributed(artifact, &super::decide::run_of(&status, end), &runs)
@@ -325,7 +326,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
         }
         Plan::Release { note } => {
             event(context, backup, &note).await?;
-            release(context, backup, artifact.as_ref()).await?;
+            release(context, backup).await?;
             Ok(Action::await_change())
         }
         Plan::Later(wait) => Ok(Action::requeue(wait)),
@@ -357,7 +358,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 event(context, backup, note).await?;
             }
             if after.release {
-                release(context, backup, Some(&artifact)).await?;
+                release(context, backup).await?;
             }
             if let Some((attempts, error)) = after.record {
                 record(context, backup, |cleanup| {
@@ -481,15 +482,25 @@ async fn delete(
 /// reconciler's finalizer. The Secret goes first: once the Backup is gone nothing would
 /// reconcile it again, so a Secret release that lost a race (the namespace being deleted marks
 /// the Secret meanwhile) must be retried while the Backup still holds its finalizer.
-async fn release(
-    context: &BackupContext,
-    backup: &Backup,
-    artifact: Option<&custody_kube::api::Artifact>,
-) -> Result<()> {
+async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
     let client = &context.base.client;
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
-    if let Some(secret) = artifact.and_then(|artifact| artifact.credentials_secret.clone()) {
+    // Done first, then the Secrets: of two Backups released at once, at least one sees the
+    // other done and releases the Secret.
+    if !backup
+        .status
+        .as_ref()
+        .and_then(|status| status.cleanup.as_ref())
+        .is_some_and(|cleanup| cleanup.done)
+    {
+        record(context, backup, |cleanup| cleanup.done = true).await?;
+    }
+    let repository_secret = match held_secrets_recorded(backup) {
+        true => None,
+        false => repository_secret(client, backup).await?,
+    };
+    for secret in artifacts::held_secrets(backup, repository_secret.as_deref()) {
         let done =
             release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
         if !done {
@@ -521,6 +532,39 @@ async fn release(
     )))
 }
 
+/// Whether the Backup recorded which Secret it holds.
+fn held_secrets_recorded(backup: &Backup) -> bool {
+    !artifacts::held_secrets(backup, None).is_empty()
+}
+
+/// The credentials Secret of the repository a Backup names (or its Cluster does), if both
+/// still exist: what a Backup stopped between holding the Secret and recording it holds.
+async fn repository_secret(client: &kube::Client, backup: &Backup) -> Result<Option<String>> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = match &backup.spec.repository_ref {
+        Some(reference) => Some(reference.name.clone()),
+        None => {
+            let cluster = &backup.spec.cluster_ref.name;
+            Api::<custody_kube::api::Cluster>::namespaced(client.clone(), &namespace)
+                .get_opt(cluster)
+                .await
+                .map_err(Error::read(format!("Cluster {namespace}/{cluster}")))?
+                .and_then(|cluster| cluster.spec.repository_ref)
+                .map(|reference| reference.name)
+        }
+    };
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    Ok(
+        Api::<BackupRepository>::namespaced(client.clone(), &namespace)
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?
+            .map(|repository| repository.spec.credentials_secret_ref.name),
+    )
+}
+
 /// Drops the Secret's finalizer when no Backup other than `leaving` still needs it. `false`:
 /// the Secret changed meanwhile and nothing was written.
 pub async fn release_secret(
@@ -537,15 +581,7 @@ pub async fn release_secret(
         .items
         .into_iter()
         .filter(|other| other.metadata.uid.as_deref() != leaving)
-        .filter(|other| other.finalizers().iter().any(|f| f == artifacts::FINALIZER))
-        .any(|other| {
-            other
-                .status
-                .and_then(|status| status.artifact)
-                .and_then(|artifact| artifact.credentials_secret)
-                .as_deref()
-                == Some(secret)
-        });
+        .any(|other| artifacts::needs_secret(&other, secret));
     if needed {
         return Ok(true);
     }

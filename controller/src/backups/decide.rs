@@ -167,6 +167,7 @@ pub fn destination(
             repository.spec.prefix.as_deref().unwrap_or_default(),
             command_prefix_of_backup,
         ),
+        credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
     }
 }
 

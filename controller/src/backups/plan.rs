@@ -308,6 +308,7 @@ fn start(
             endpoint: repository.spec.endpoint.clone(),
             bucket: repository.spec.bucket.clone(),
             prefix: prefix.clone(),
+            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
         });
         if command.is_none() {
             status.artifact = Some(Artifact {

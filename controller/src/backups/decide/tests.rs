@@ -206,6 +206,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
                 endpoint: "http://another-name-for-the-server".into(),
                 bucket: bucket.into(),
                 prefix: prefix.into(),
+                credentials_secret: None,
             }),
             artifact: artifact.map(|(bucket, prefix)| Artifact {
                 bucket: bucket.into(),
@@ -273,6 +274,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
         endpoint: "http://s3".into(),
         bucket: "b".into(),
         prefix: "custody/pg-dumps".into(),
+        credentials_secret: None,
     };
     let names: Vec<String> = other_runs(&backups, "u0", &destination)
         .into_iter()

@@ -157,6 +157,10 @@ pub struct Destination {
     pub bucket: String,
     /// The prefix the run writes under, without a trailing slash.
     pub prefix: String,
+    /// The credentials Secret, in this namespace, the run holds (it carries the
+    /// `custody.io/artifact-credentials` finalizer while this Backup may need it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
 }
 
 /// The object-storage location of a Backup's data and manifest. Everything needed to delete
@@ -231,6 +235,11 @@ pub struct CleanupStatus {
     /// What the last failed attempt ran into.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The artifact is dealt with (deleted, kept, or not provably this Backup's): the Backup
+    /// no longer needs its credentials Secret. Written before the Secret is released, so that
+    /// of two Backups released at once, at least one sees the other done.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub done: bool,
     /// When the last attempt was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_time: Option<Time>,
