@@ -35,6 +35,7 @@ pub struct RunOptions {
     pub kubeconfig: Option<PathBuf>,
 
     /// Watch namespaced custody objects in this namespace only (default: every namespace).
+    /// Nodes are then marked silent only when their agent reported to this process.
     #[arg(long, env = "CUSTODY_NAMESPACE")]
     pub namespace: Option<String>,
 

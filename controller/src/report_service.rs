@@ -36,12 +36,24 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// Silence after which a node turns not Ready.
     pub timeout: Duration,
+    /// The controller watches one namespace (`--namespace`): other controllers may hear other
+    /// nodes, so only the nodes that reported here are marked silent.
+    pub scoped: bool,
 }
 
 struct Service {
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
+    /// The nodes whose agents reported to this process.
+    heard: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl Service {
+    /// Whether this process judges `node`'s silence.
+    fn judges(&self, node: &str) -> bool {
+        !self.settings.scoped || self.heard.lock().is_ok_and(|heard| heard.contains(node))
+    }
 }
 
 /// Serves the report service and watches for silent agents until `stop` completes.
@@ -73,6 +85,7 @@ pub async fn run(
         client: client.clone(),
         settings: settings.clone(),
         metrics,
+        heard: Default::default(),
     });
     tracing::info!(%address, tls = settings.tls.is_some(), "serving agent reports");
     let silence = watch_for_silence(service.clone());
@@ -111,6 +124,9 @@ async fn watch_for_silence(service: Arc<Service>) {
                 continue;
             };
             let name = agent.name_any();
+            if !service.judges(&name) {
+                continue;
+            }
             tracing::warn!(
                 node = name,
                 message = status.conditions[0].message,
@@ -241,6 +257,9 @@ impl AgentReport for Service {
             Status::unavailable(error.to_string())
         })?;
         self.metrics.agent_reports.inc();
+        if let Ok(mut heard) = self.heard.lock() {
+            heard.insert(node.clone());
+        }
         tracing::debug!(node, volumes = report.volumes.len(), "report");
         Ok(Response::new(ReportAck {
             heartbeat_seconds: self.settings.heartbeat.as_secs() as u32,

@@ -135,6 +135,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
             agent_account: options.agent_service_account.clone(),
             heartbeat: std::time::Duration::from_secs(10),
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
+            scoped: options.namespace.is_some(),
         },
         metrics.clone(),
         stopped(),

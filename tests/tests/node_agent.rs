@@ -276,3 +276,54 @@ async fn the_clock_offset_of_a_skewed_node_is_measured_within_the_round_trip() {
     node.delete().await;
     namespace.delete().await;
 }
+
+/// Test hygiene (issue 15): a controller scoped to one namespace marks silent only the nodes
+/// whose agents reported to it; another controller's nodes are not its to judge.
+#[tokio::test]
+async fn a_namespaced_controller_leaves_other_controllers_nodes_alone() {
+    let namespace = TestNamespace::create("othernodes").await;
+    let client = namespace.client.clone();
+    let agents: Api<NodeAgent> = Api::all(client.clone());
+    let node = format!("{}-elsewhere", namespace.name);
+    // A node another controller hears from, last heard long ago by this one's measure.
+    let created: NodeAgent = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "NodeAgent",
+        "metadata": {"name": node}, "spec": {"nodeName": node},
+    }))
+    .unwrap();
+    agents
+        .create(&kube::api::PostParams::default(), &created)
+        .await
+        .unwrap();
+    let heard = k8s_openapi::jiff::Timestamp::now().to_string();
+    agents
+        .patch_status(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {
+                "lastHeartbeatTime": heard,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "HeartbeatReceived",
+                                "message": "the agent reports", "lastTransitionTime": heard}],
+            }})),
+        )
+        .await
+        .unwrap();
+    let pki = Pki::new(&[CONTROLLER_NAME]);
+    let controller = ControllerProcess::start(
+        &namespace.name,
+        &pki,
+        &["--agent-timeout-seconds=2".to_string()],
+    );
+    // Well past the timeout, several silence checks later.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = agents.get(&node).await.unwrap();
+    assert_eq!(
+        ready(&after),
+        Some(("True".to_string(), "HeartbeatReceived".to_string())),
+        "{:?}",
+        after.status
+    );
+    drop(controller);
+    agents.delete(&node, &DeleteParams::default()).await.unwrap();
+    namespace.delete().await;
+}
