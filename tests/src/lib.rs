@@ -156,11 +156,55 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
-    /// Deletes the namespace (the garbage collector removes what is in it).
+    /// Deletes the namespace and waits until it is gone, confirming its pods' deletion as
+    /// their (fake) kubelets would. Call it while the controller still runs: custody's
+    /// finalizers are its to remove, and a namespace left `Terminating` is a finalizer custody
+    /// failed to release (the failure names it).
     pub async fn delete(self) {
-        let _ = Api::<Namespace>::all(self.client.clone())
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = self.api();
+        let _ = namespaces
             .delete(&self.name, &DeleteParams::background())
             .await;
+        eventually(
+            &format!("namespace {} gone", self.name),
+            Duration::from_secs(180),
+            || {
+                let (namespaces, pods, name) =
+                    (namespaces.clone(), pods.clone(), self.name.clone());
+                async move {
+                    for pod in pods
+                        .list(&Default::default())
+                        .await
+                        .map(|list| list.items)
+                        .unwrap_or_default()
+                    {
+                        if pod.metadata.deletion_timestamp.is_some() {
+                            kubelet::finish_deletion(&pods, &pod).await;
+                        }
+                    }
+                    match namespaces
+                        .get_opt(&name)
+                        .await
+                        .map_err(|error| error.to_string())?
+                    {
+                        None => Ok(()),
+                        Some(namespace) => Err(format!(
+                            "{:?}",
+                            namespace
+                                .status
+                                .and_then(|status| status.conditions)
+                                .unwrap_or_default()
+                                .into_iter()
+                                .filter(|condition| condition.status == "True")
+                                .map(|condition| condition.message.unwrap_or_default())
+                                .collect::<Vec<_>>()
+                        )),
+                    }
+                }
+            },
+        )
+        .await;
     }
 }
 

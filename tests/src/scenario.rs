@@ -76,11 +76,17 @@ impl Setup {
         );
     }
 
-    /// Deletes what the scenario made outside its namespace, then the namespace.
+    /// Deletes the namespace while the controller, the agent and the node still run (custody's
+    /// finalizers are theirs to remove, and the node confirms its pods' deletion), waits until
+    /// it is gone, then deletes what the scenario made outside it.
     pub async fn finish(self) {
-        if self.agents_namespace != self.namespace.name {
+        let agents_namespace = self.agents_namespace.clone();
+        let in_own_namespace = agents_namespace == self.namespace.name;
+        let client = self.namespace.client.clone();
+        self.namespace.delete().await;
+        if !in_own_namespace {
             let pods: Api<k8s_openapi::api::core::v1::Pod> =
-                Api::namespaced(self.namespace.client.clone(), &self.agents_namespace);
+                Api::namespaced(client.clone(), &agents_namespace);
             let _ = pods
                 .delete(
                     &format!("custody-agent-{}", self.kubelet.node),
@@ -88,13 +94,11 @@ impl Setup {
                 )
                 .await;
         }
-        let configurations: Api<MutatingWebhookConfiguration> =
-            Api::all(self.namespace.client.clone());
+        let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
         let _ = configurations
             .delete(&self.webhook, &DeleteParams::default())
             .await;
         self.kubelet.delete().await;
-        self.namespace.delete().await;
     }
 }
 

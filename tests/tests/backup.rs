@@ -29,6 +29,12 @@ struct Setup {
 }
 
 impl Setup {
+    /// Deletes the namespace while the controller runs, then the node.
+    async fn finish(self) {
+        self.namespace.delete().await;
+        self.kubelet.delete().await;
+    }
+
     fn start_controller(&mut self) {
         self.start_controller_with(&[]);
     }
@@ -286,8 +292,7 @@ async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
         table.contains("Completed") && table.contains(&setup.kubelet.node),
         "{table}"
     );
-    drop(setup.volume);
-    setup.kubelet.delete().await;
+    setup.finish().await;
 }
 
 #[tokio::test]
@@ -335,7 +340,7 @@ async fn a_failed_upload_fails_the_backup_with_its_reason_and_records_nothing_co
         .expect("the key was recorded before the upload");
     assert_eq!(artifact.manifest_hash, None, "nothing may look complete");
     assert_eq!(artifact.size_bytes, None);
-    setup.kubelet.delete().await;
+    setup.finish().await;
 }
 
 #[tokio::test]
@@ -416,7 +421,7 @@ async fn a_plan_runs_on_schedule_never_twice_per_slot_and_prunes_the_oldest() {
     let status = plans.get("fast").await.unwrap().status.unwrap();
     assert!(status.last_schedule_time.is_some());
     assert!(seen.contains_key(status.last_backup_name.as_deref().unwrap()));
-    setup.kubelet.delete().await;
+    setup.finish().await;
 }
 
 /// Issue 15, item 3: a backup Job whose pod never starts (no kubelet runs it here) does not
@@ -494,7 +499,7 @@ async fn a_backup_whose_pod_never_starts_fails_at_the_deadline_and_frees_the_clu
         }
     })
     .await;
-    setup.kubelet.delete().await;
+    setup.finish().await;
 }
 
 #[tokio::test]
@@ -554,5 +559,5 @@ async fn a_pod_custody_did_not_create_cannot_forge_the_movers_result() {
     assert!(!ready.message.contains("did not create"), "{ready:?}");
     let artifact = done.status.unwrap().artifact.unwrap();
     assert!(artifact.manifest_hash.is_some(), "{artifact:?}");
-    setup.kubelet.delete().await;
+    setup.finish().await;
 }

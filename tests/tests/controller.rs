@@ -244,9 +244,10 @@ async fn unknown_custody_annotations_are_reported_and_cleared() {
         "{metrics}"
     );
 
+    // The namespace goes while the controller runs (its finalizers are the controller's).
+    namespace.delete().await;
     let status = controller
         .terminate(Duration::from_secs(10))
         .expect("exits within 10 s of SIGTERM");
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
-    namespace.delete().await;
 }

@@ -324,6 +324,9 @@ async fn a_namespaced_controller_leaves_other_controllers_nodes_alone() {
         after.status
     );
     drop(controller);
-    agents.delete(&node, &DeleteParams::default()).await.unwrap();
+    agents
+        .delete(&node, &DeleteParams::default())
+        .await
+        .unwrap();
     namespace.delete().await;
 }

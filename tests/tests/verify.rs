@@ -348,8 +348,18 @@ fn identity_and_anchor_failures_have_their_own_reasons() {
 
 #[test]
 fn a_symlink_pointing_out_of_the_volume_fails() {
-    let source = source(|root| symlink("../../etc/passwd", root.join("base/escape")).unwrap());
+    // A backup refuses such a link (SymlinkLeavesVolume); a manifest that names one anyway
+    // (written before that check, or by hand) still never verifies.
+    let (benign, escaping) = ("../1/00000_abcde", "../../etc/passwd");
+    let mut source = source(|root| symlink(benign, root.join("base/escape")).unwrap());
+    source.manifest = String::from_utf8(source.manifest.clone())
+        .unwrap()
+        .replace(&format!("\"{benign}\""), &format!("\"{escaping}\""))
+        .into_bytes();
+    source.hash = custody_proto::manifest::hash_reader(&source.manifest[..]).unwrap();
     let target = restore(&source);
+    fs::remove_file(target.path().join("base/escape")).unwrap();
+    symlink(escaping, target.path().join("base/escape")).unwrap();
     let found = differences(verify_volume(
         target.path(),
         &expected(&source),
