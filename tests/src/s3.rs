@@ -242,6 +242,9 @@ pub enum Fault {
     Unavailable,
     /// Accepts the connection and never answers, as a hung server does.
     Stall,
+    /// Relays at most this many bytes of each answer, then cuts the connection, as a reset
+    /// in the middle of a download does.
+    CutEvery(u64),
 }
 
 /// A TCP relay in front of a real S3 server that injects server errors and stalls. Each
@@ -305,6 +308,22 @@ fn relay(
             let _ = std::io::copy(&mut server, &mut client);
             let _ = client.shutdown(std::net::Shutdown::Write);
             let _ = upload.join();
+        }
+        Fault::CutEvery(limit) => {
+            let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
+                return;
+            };
+            let (Ok(mut client_reader), Ok(mut server_writer)) =
+                (client.try_clone(), server.try_clone())
+            else {
+                return;
+            };
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut client_reader, &mut server_writer);
+            });
+            let _ = std::io::copy(&mut (&mut server).take(limit), &mut client);
+            let _ = client.shutdown(std::net::Shutdown::Both);
+            let _ = server.shutdown(std::net::Shutdown::Both);
         }
         Fault::Unavailable => {
             // Read the request head, then answer as an overloaded S3 server.

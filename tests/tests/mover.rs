@@ -371,3 +371,161 @@ async fn a_backup_without_scratch_space_says_so() {
     assert!(stderr.contains("a temporary manifest file"), "{stderr}");
     assert_eq!(left_in(url, &bucket).await, (Vec::new(), 0));
 }
+
+/// `custody-mover restore` of `result` into `target` as Restore `restore_uid`.
+fn restore_as(
+    url: &str,
+    bucket: &str,
+    target: &Path,
+    result: &BackupResult,
+    restore_uid: &str,
+) -> Command {
+    mover(
+        url,
+        bucket,
+        &[
+            "restore",
+            "--target",
+            target.to_str().unwrap(),
+            "--key",
+            &result.key,
+            "--manifest-key",
+            &result.manifest_key,
+            "--manifest-hash",
+            &result.manifest_hash,
+            "--backup-uid",
+            BACKUP_UID,
+            "--restore-uid",
+            restore_uid,
+        ],
+    )
+}
+
+fn verified(target: &Path, result: &BackupResult, restore_uid: &str) -> u64 {
+    verify_volume(
+        target,
+        &Expected {
+            manifest_hash: blake3::Hash::from_hex(&result.manifest_hash).unwrap(),
+            backup_uid: BACKUP_UID.into(),
+            restore_uid: restore_uid.into(),
+        },
+        Options::default(),
+    )
+    .expect("the restored volume verifies")
+    .files
+}
+
+/// Issue 15, item 4: one transient fault does not fail a restore for good. A 500 MiB
+/// artifact whose download is cut at about 30 %, 60 % and 90 % resumes with ranged GETs and
+/// restores a verified tree; a restore that fails partway leaves output its retry recognises
+/// (and nobody else's restore takes for its own).
+#[tokio::test]
+async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_partial_output() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "resume").await;
+    let source = LoopVolume::new(640);
+    let mut content = vec![0u8; 500 << 20];
+    let mut state = 0x853c49e6748fea9bu64;
+    for chunk in content.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::create_dir_all(source.path().join("base")).unwrap();
+    std::fs::write(source.path().join("base/big"), &content).unwrap();
+    drop(content);
+    for index in 0..100 {
+        std::fs::write(
+            source.path().join(format!("base/{index:03}")),
+            format!("row {index}"),
+        )
+        .unwrap();
+    }
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let result = backup(url, &bucket, source.path(), &prefix);
+    drop(source);
+    let size = result.size_bytes;
+    let link = s3::FaultyLink::start(url);
+
+    // Cut every connection after 30 % of the artifact: three resumes.
+    link.set(s3::Fault::CutEvery(size * 3 / 10));
+    let target = LoopVolume::new(640);
+    let started = Instant::now();
+    let output = run(restore_as(
+        &link.url,
+        &bucket,
+        target.path(),
+        &result,
+        RESTORE_UID,
+    ));
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(output.status.success(), "{stderr}");
+    let resumes = stderr.matches("resuming").count();
+    eprintln!(
+        "restored {size} bytes with {resumes} resumes in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(resumes, 3, "{stderr}");
+    assert_eq!(verified(target.path(), &result, RESTORE_UID), 101);
+    drop(target);
+
+    // The link then stops answering for good: the restore fails partway, naming where.
+    let second = "0b5e6a34-1111-4000-8000-0000000000e2";
+    let target = LoopVolume::new(640);
+    let child = restore_as(&link.url, &bucket, target.path(), &result, second)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while used_bytes(target.path()) < size / 10 {
+        assert!(Instant::now() < deadline, "nothing was written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    link.set(s3::Fault::CutEvery(0));
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("DownloadFailed") && stderr.contains("stopped at byte"),
+        "{stderr}"
+    );
+    assert!(
+        custody_agent::mover::extract::first_entry(target.path())
+            .unwrap()
+            .is_some(),
+        "partial output was left"
+    );
+    link.set(s3::Fault::None);
+    // Another restore's data is not taken for this one's: refused.
+    let output = run(restore_as(
+        url,
+        &bucket,
+        target.path(),
+        &result,
+        RESTORE_UID,
+    ));
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("TargetNotEmpty"));
+    // The same restore, tried again, starts clean and verifies.
+    let output = run(restore_as(url, &bucket, target.path(), &result, second));
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("unfinished attempt of this restore"),
+        "{stderr}"
+    );
+    assert_eq!(verified(target.path(), &result, second), 101);
+}
+
+/// Bytes of the files under `path` (`du -sb`).
+fn used_bytes(path: &Path) -> u64 {
+    let output = Command::new("du").arg("-sb").arg(path).output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|bytes| bytes.parse().ok())
+        .unwrap_or(0)
+}

@@ -216,11 +216,22 @@ pub async fn restore(
     request: RestoreRequest<'_>,
 ) -> Result<RestoreResult, MoverError> {
     let target = request.target.to_path_buf();
+    let identity = RestoreIdentity {
+        restore_uid: request.restore_uid.to_string(),
+        backup_uid: request.backup_uid.to_string(),
+    };
     match extract::first_entry(&target).map_err(local("reading the target"))? {
-        Some(found) if !request.overwrite => {
-            return Err(extract::ExtractError::TargetNotEmpty(found).into());
+        Some(_) if request.overwrite => {
+            extract::clear(&target).map_err(local("clearing the target"))?
         }
-        Some(_) => extract::clear(&target).map_err(local("clearing the target"))?,
+        Some(_) if unfinished_output_of(&target, &identity) => {
+            eprintln!(
+                "custody-mover: the target holds an unfinished attempt of this restore ({}); starting again",
+                identity.restore_uid
+            );
+            extract::clear(&target).map_err(local("clearing the target"))?
+        }
+        Some(found) => return Err(extract::ExtractError::TargetNotEmpty(found).into()),
         None => {}
     }
     let client = s3::client(endpoint, secret)?;
@@ -257,6 +268,21 @@ pub async fn restore(
     let totals = extract::manifest_totals(counting)?;
     let limit = extract::size_limit(totals);
 
+    // The target is marked as this restore's before anything is written into it: a retried
+    // attempt recognises its own unfinished output (identity, no manifest) and starts again.
+    let custody_dir = target.join(CUSTODY_DIR);
+    std::fs::create_dir(&custody_dir).map_err(local("creating .custody"))?;
+    let mut identity_out =
+        std::fs::File::create(target.join(IDENTITY_PATH)).map_err(local("writing the identity"))?;
+    identity_out
+        .write_all(
+            &serde_json::to_vec(&identity).map_err(|error| MoverError::Local(error.to_string()))?,
+        )
+        .map_err(local("writing the identity"))?;
+    identity_out
+        .sync_all()
+        .map_err(local("syncing the identity"))?;
+
     let (sender, receiver) = mpsc::channel(4);
     let downloader = {
         let client = client.clone();
@@ -275,12 +301,21 @@ pub async fn restore(
     })
     .await
     .map_err(|error| MoverError::Local(format!("the extracting thread: {error}")))?;
+    // A download that gave up is named as such (the extractor only saw its stream end).
+    let mut downloader = downloader;
+    if extracted.is_err()
+        && let Ok(Ok(Err(message))) =
+            tokio::time::timeout(std::time::Duration::from_secs(2), &mut downloader).await
+    {
+        return Err(MoverError::Download {
+            key: request.key.to_string(),
+            message,
+        });
+    }
     downloader.abort();
     let totals = extracted?;
 
-    // What the agent verifies against: the manifest as downloaded, and who wrote the volume.
-    let custody_dir = target.join(CUSTODY_DIR);
-    std::fs::create_dir(&custody_dir).map_err(local("creating .custody"))?;
+    // What the agent verifies against, written last: the manifest as downloaded.
     let mut manifest_out =
         std::fs::File::create(target.join(MANIFEST_PATH)).map_err(local("writing the manifest"))?;
     std::io::copy(
@@ -291,20 +326,6 @@ pub async fn restore(
     manifest_out
         .sync_all()
         .map_err(local("syncing the manifest"))?;
-    let identity = RestoreIdentity {
-        restore_uid: request.restore_uid.to_string(),
-        backup_uid: request.backup_uid.to_string(),
-    };
-    let mut identity_out =
-        std::fs::File::create(target.join(IDENTITY_PATH)).map_err(local("writing the identity"))?;
-    identity_out
-        .write_all(
-            &serde_json::to_vec(&identity).map_err(|error| MoverError::Local(error.to_string()))?,
-        )
-        .map_err(local("writing the identity"))?;
-    identity_out
-        .sync_all()
-        .map_err(local("syncing the identity"))?;
     // Everything written must be on disk before the pod reports success: the volume's
     // filesystem, not every filesystem of the node.
     let root = std::fs::File::open(&target).map_err(local("opening the target"))?;
@@ -315,6 +336,16 @@ pub async fn restore(
         entries: totals.entries,
         total_bytes: totals.total_bytes,
     })
+}
+
+/// Whether `target` holds an unfinished attempt of this very restore: its identity names the
+/// same Restore and Backup, and the manifest, written last, is not there. A finished restore
+/// (manifest present) or anyone else's data is never cleared.
+fn unfinished_output_of(target: &Path, identity: &RestoreIdentity) -> bool {
+    let recorded = std::fs::read(target.join(IDENTITY_PATH))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<RestoreIdentity>(&bytes).ok());
+    recorded.as_ref() == Some(identity) && !target.join(MANIFEST_PATH).exists()
 }
 
 async fn download_to_file(

@@ -280,39 +280,130 @@ impl Read for ChunkReader {
     }
 }
 
-/// Streams the body of `bucket`/`key` into `sender`, chunk by chunk.
+/// Resumes after a failure that made no progress at most this many times, waiting these
+/// delays between them; any byte received starts the count again.
+pub const RESUME_DELAYS: [std::time::Duration; 5] = [
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(4),
+    std::time::Duration::from_secs(8),
+];
+
+/// Why a stretch of a download ended early.
+struct Stopped {
+    /// A reset, a timeout or a server error: worth resuming.
+    transient: bool,
+    message: String,
+}
+
+/// Whether a failed request is worth trying again: no answer at all, or a 5xx or 429 answer.
+/// A 4xx (the object is gone, or changed: 412 on `If-Match`) is final.
+fn transient<E>(
+    error: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> bool {
+    match error.raw_response() {
+        Some(response) => {
+            let status = response.status().as_u16();
+            status >= 500 || status == 429
+        }
+        None => !matches!(error, aws_sdk_s3::error::SdkError::ConstructionFailure(_)),
+    }
+}
+
+/// Streams the body of `bucket`/`key` into `sender`, chunk by chunk. A connection reset, a
+/// timeout or a 5xx in the middle resumes with a ranged GET from the first byte not yet
+/// received, on the condition (`If-Match`) that the object is still the one begun with.
+///
+/// Returns why it gave up, if it did (the reader also gets it as an error).
 pub async fn download(
     client: &aws_sdk_s3::Client,
     bucket: &str,
     key: &str,
     sender: mpsc::Sender<io::Result<bytes::Bytes>>,
-) {
-    let object = match client.get_object().bucket(bucket).key(key).send().await {
-        Ok(object) => object,
-        Err(error) => {
-            let _ = sender
-                .send(Err(io::Error::other(format!(
-                    "downloading {key}: {}",
-                    sdk_error(&error)
-                ))))
-                .await;
-            return;
+) -> Result<(), String> {
+    let mut offset: u64 = 0;
+    let mut etag: Option<String> = None;
+    let mut failures = 0usize;
+    loop {
+        let before = offset;
+        let stopped = match stretch(client, bucket, key, &sender, &mut offset, &mut etag).await {
+            Ok(()) => return Ok(()),
+            Err(stopped) => stopped,
+        };
+        if offset > before {
+            failures = 0;
         }
-    };
+        match RESUME_DELAYS.get(failures) {
+            Some(delay) if stopped.transient => {
+                eprintln!(
+                    "custody-mover: downloading {key} stopped at byte {offset} ({}); resuming in {delay:?}",
+                    stopped.message
+                );
+                tokio::time::sleep(*delay).await;
+                failures += 1;
+            }
+            _ => {
+                let message = format!("stopped at byte {offset}: {}", stopped.message);
+                let _ = sender
+                    .send(Err(io::Error::other(format!(
+                        "downloading {key} ({message})"
+                    ))))
+                    .await;
+                return Err(message);
+            }
+        }
+    }
+}
+
+/// One GET of `key` from `offset` on, sent on as it arrives. `Ok` at the end of the object or
+/// when the reader is gone.
+async fn stretch(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    sender: &mpsc::Sender<io::Result<bytes::Bytes>>,
+    offset: &mut u64,
+    etag: &mut Option<String>,
+) -> Result<(), Stopped> {
+    let mut request = client.get_object().bucket(bucket).key(key);
+    if *offset > 0 {
+        request = request
+            .range(format!("bytes={offset}-"))
+            .set_if_match(etag.clone());
+    }
+    let object = request.send().await.map_err(|error| Stopped {
+        transient: transient(&error),
+        message: sdk_error(&error),
+    })?;
+    if *offset > 0 {
+        let range = object.content_range().unwrap_or_default();
+        if !range.starts_with(&format!("bytes {offset}-")) {
+            return Err(Stopped {
+                transient: false,
+                message: format!(
+                    "asked for the bytes from {offset} on, the server answered the range {range:?}"
+                ),
+            });
+        }
+    } else {
+        *etag = object.e_tag().map(str::to_string);
+    }
     let mut body = object.body;
     loop {
         match body.try_next().await {
             Ok(Some(chunk)) => {
+                *offset += chunk.len() as u64;
                 if sender.send(Ok(chunk)).await.is_err() {
-                    return;
+                    return Ok(());
                 }
             }
-            Ok(None) => return,
+            Ok(None) => return Ok(()),
             Err(error) => {
-                let _ = sender
-                    .send(Err(io::Error::other(format!("downloading {key}: {error}"))))
-                    .await;
-                return;
+                return Err(Stopped {
+                    transient: true,
+                    message: error.to_string(),
+                });
             }
         }
     }
