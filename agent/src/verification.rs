@@ -75,8 +75,18 @@ impl Agent {
         };
 
         // The kubelet names a claim's directory after the PersistentVolume bound to it; only
-        // a volume without one (inline, ephemeral) goes by the pod's volume name.
-        let directory = self.volume_directory(&start.volume).await;
+        // a volume without one (inline, ephemeral) goes by the pod's volume name. An API
+        // server that cannot answer is asked again: guessing the name would fail a volume
+        // that is there as "not found".
+        let directory = loop {
+            match self.volume_directory(&start.volume).await {
+                Ok(directory) => break directory,
+                Err(error) => {
+                    self.note(&start.key, format!("reading the claim: {error}"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        };
         // The kubelet may still be mounting the workload pod's volume.
         let deadline = Instant::now() + self.options.mount_wait;
         let path = loop {
@@ -131,21 +141,13 @@ impl Agent {
     /// The directory name of a workload volume under the kubelet root: the bound
     /// PersistentVolume's name, or the pod's volume name when the claim is not bound (or
     /// cannot be read).
-    async fn volume_directory(&self, volume: &WorkloadVolume) -> String {
+    async fn volume_directory(&self, volume: &WorkloadVolume) -> Result<String, kube::Error> {
         let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &volume.namespace);
-        match claims.get_opt(&volume.claim_name).await {
-            Ok(Some(claim)) => claim
-                .spec
-                .and_then(|spec| spec.volume_name)
-                .filter(|name| !name.is_empty())
-                .unwrap_or_else(|| volume.volume.clone()),
-            Ok(None) => volume.volume.clone(),
-            Err(error) => {
-                tracing::warn!(claim = volume.claim_name, %error, "reading the claim; using the pod's volume name");
-                volume.volume.clone()
-            }
-        }
+        let claim = claims.get_opt(&volume.claim_name).await.inspect_err(|error| {
+            tracing::warn!(claim = volume.claim_name, %error, "reading the claim; asking again");
+        })?;
+        Ok(directory_name(claim.as_ref(), &volume.volume))
     }
 
     /// The trust anchor and identities a volume must match, read from the API server: the
@@ -212,6 +214,19 @@ impl Agent {
     }
 }
 
+/// The directory the kubelet mounts a pod's volume at: the bound PersistentVolume's name, or
+/// the pod's volume name when the claim does not exist or is not bound.
+pub fn directory_name(
+    claim: Option<&k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    pod_volume: &str,
+) -> String {
+    claim
+        .and_then(|claim| claim.spec.as_ref())
+        .and_then(|spec| spec.volume_name.clone())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| pod_volume.to_string())
+}
+
 enum Lookup {
     /// The API server could not be asked; try again.
     Unavailable(kube::Error),
@@ -220,4 +235,24 @@ enum Lookup {
         reason: VolumeFailure,
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_directory_is_its_volumes_name() {
+        let claim = |volume: Option<&str>| -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "data-db-0"},
+                "spec": {"volumeName": volume},
+            }))
+            .unwrap()
+        };
+        assert_eq!(directory_name(Some(&claim(Some("pv-1"))), "data"), "pv-1");
+        assert_eq!(directory_name(Some(&claim(Some(""))), "data"), "data");
+        assert_eq!(directory_name(Some(&claim(None)), "data"), "data");
+        assert_eq!(directory_name(None, "data"), "data");
+    }
 }
