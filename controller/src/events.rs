@@ -39,11 +39,17 @@ pub const NOTE_LIMIT: usize = 1024;
 /// `note` cut to [`NOTE_LIMIT`] bytes at a character boundary, ending in `…` when cut: a long
 /// message (many differences, a long error chain) still makes an Event.
 pub fn fit_note(note: &str) -> String {
-    if note.len() <= NOTE_LIMIT {
-        return note.to_string();
+    cut(note, NOTE_LIMIT)
+}
+
+/// `text` cut to at most `limit` bytes at a character boundary, ending in `…` when cut.
+pub fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
     }
+    let note = text;
     let ellipsis = '…';
-    let mut end = NOTE_LIMIT - ellipsis.len_utf8();
+    let mut end = limit.saturating_sub(ellipsis.len_utf8());
     while !note.is_char_boundary(end) {
         end -= 1;
     }

@@ -69,6 +69,13 @@ fn ready_condition(current: &[Condition], desired: &Desired, now: Timestamp) -> 
     })
 }
 
+/// At most this many volumes are listed in a NodeAgent's `restoredVolumes` (the counts
+/// include every one), so the object stays far below etcd's 1.5 MiB whatever a node reports:
+/// 512 volumes with messages at their bound take about 400 KiB.
+pub const MAX_LISTED_VOLUMES: usize = 512;
+/// A listed volume's message is cut to this many bytes.
+pub const MAX_VOLUME_MESSAGE: usize = 512;
+
 /// The status a heartbeat writes: everything the report service owns, with `Ready` True.
 pub fn status_from_report(
     report: &NodeReport,
@@ -97,13 +104,24 @@ pub fn status_from_report(
             restore_uid: volume.restore_uid.clone(),
             state,
             reason: text(&volume.reason),
-            message: text(&volume.message),
+            message: text(&volume.message)
+                .map(|message| crate::events::cut(&message, MAX_VOLUME_MESSAGE)),
         });
     }
+    // Volumes whose restore still needs the report first; Verified ones are left out first.
     restored_volumes.sort_by(|a, b| {
-        (&a.namespace, &a.pod_name, &a.claim_name).cmp(&(&b.namespace, &b.pod_name, &b.claim_name))
+        let key = |volume: &ReportedVolume| {
+            (
+                volume.state == api::VolumeState::Verified,
+                volume.namespace.clone(),
+                volume.pod_name.clone(),
+                volume.claim_name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
     });
-    restored_volumes.truncate(512);
+    let omitted = restored_volumes.len().saturating_sub(MAX_LISTED_VOLUMES);
+    restored_volumes.truncate(MAX_LISTED_VOLUMES);
     let current_conditions = current
         .map(|status| status.conditions.as_slice())
         .unwrap_or(&[]);
@@ -121,6 +139,7 @@ pub fn status_from_report(
         round_trip_nanoseconds: report.clock.map(|clock| clock.round_trip_nanos),
         volumes: Some(counts),
         restored_volumes,
+        omitted_volumes: u32::try_from(omitted).ok().filter(|omitted| *omitted > 0),
         conditions: vec![ready_condition(current_conditions, &ready, now)],
     }
 }

@@ -221,17 +221,28 @@ async fn listing(
     };
     let mut listing = Listing::default();
     let mut token = None;
-    loop {
-        let page = match s3
+    for _ in 0..MAX_LIST_PAGES {
+        let request = s3
             .list_objects_v2()
             .bucket(&endpoint.bucket)
             .prefix(format!("{prefix}/"))
             .set_continuation_token(token.clone())
-            .send()
-            .await
-        {
-            Ok(page) => page,
-            Err(error) => return Ok(Err(("ListFailed", custody_kube::s3::sdk_error(&error)))),
+            .send();
+        let page = match tokio::time::timeout(LIST_PAGE_TIMEOUT, request).await {
+            Ok(Ok(page)) => page,
+            Ok(Err(error)) => {
+                return Ok(Err(("ListFailed", custody_kube::s3::sdk_error(&error))));
+            }
+            Err(_) => {
+                return Ok(Err((
+                    "ListFailed",
+                    format!(
+                        "listing {prefix}/: {} did not answer within {}s",
+                        endpoint.url,
+                        LIST_PAGE_TIMEOUT.as_secs()
+                    ),
+                )));
+            }
         };
         for object in page.contents() {
             let (Some(key), Some(modified)) = (object.key(), object.last_modified()) else {
@@ -251,4 +262,16 @@ async fn listing(
             return Ok(Ok(listing));
         }
     }
+    Ok(Err((
+        "ListTooLarge",
+        format!(
+            "more than {MAX_LIST_PAGES} pages of objects under {prefix}/ (about {} objects); prune old dumps or give the command a prefix of its own",
+            listing.candidates.len()
+        ),
+    )))
 }
+
+/// A command's prefix is listed in at most this many pages (of up to 1000 objects)...
+const MAX_LIST_PAGES: usize = 100;
+/// ...each within this time.
+const LIST_PAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);

@@ -128,3 +128,45 @@ fn silence_turns_the_node_not_ready_once() {
     let later = status_after_silence(&silent, at(5000), timeout);
     assert_eq!(later, None);
 }
+
+#[test]
+fn a_node_with_many_volumes_lists_a_bounded_number_and_counts_the_rest() {
+    let volume = |index: usize, state: VolumeState| VolumeReport {
+        namespace: "ns".into(),
+        pod_name: format!("db-{index:04}"),
+        claim_name: format!("data-db-{index:04}"),
+        state: state as i32,
+        message: "é".repeat(2_000),
+        ..VolumeReport::default()
+    };
+    let mut report = report();
+    report.volumes = (0..500)
+        .map(|index| volume(index, VolumeState::Verified))
+        .chain((500..600).map(|index| volume(index, VolumeState::Pending)))
+        .collect();
+    let status = status_from_report(&report, None, at(0));
+    assert_eq!(status.restored_volumes.len(), MAX_LISTED_VOLUMES);
+    assert_eq!(
+        status.omitted_volumes,
+        Some(600 - MAX_LISTED_VOLUMES as u32)
+    );
+    let counts = status.volumes.clone().unwrap();
+    assert_eq!((counts.pending, counts.verified), (100, 500));
+    // Every volume still in progress is listed; only Verified ones were left out.
+    let pending = status
+        .restored_volumes
+        .iter()
+        .filter(|volume| volume.state == custody_kube::api::VolumeState::Pending)
+        .count();
+    assert_eq!(pending, 100);
+    for listed in &status.restored_volumes {
+        let message = listed.message.as_deref().unwrap();
+        assert!(message.len() <= MAX_VOLUME_MESSAGE && message.ends_with('…'));
+    }
+    // A whole status stays far below etcd's object limit.
+    let bytes = serde_json::to_vec(&status).unwrap().len();
+    assert!(bytes < 512 << 10, "{bytes} bytes");
+    // Few volumes: none left out.
+    let status = status_from_report(&self::report(), None, at(0));
+    assert_eq!(status.omitted_volumes, None);
+}

@@ -68,6 +68,11 @@ pub struct NodeAgentStatus {
     #[schemars(length(max = 512))]
     pub restored_volumes: Vec<ReportedVolume>,
 
+    /// Volumes left out of `restoredVolumes` to bound the object's size (the counts include
+    /// them); Verified volumes are left out first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted_volumes: Option<u32>,
+
     /// `Ready` turns False when the agent stops reporting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
