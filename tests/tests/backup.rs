@@ -561,3 +561,97 @@ async fn a_pod_custody_did_not_create_cannot_forge_the_movers_result() {
     assert!(artifact.manifest_hash.is_some(), "{artifact:?}");
     setup.finish().await;
 }
+
+/// Issue 15, item 3: a Job whose pod cannot start says why before its deadline, naming the
+/// pod's own reason.
+#[tokio::test]
+async fn a_backup_whose_image_cannot_be_pulled_says_so_before_its_deadline() {
+    let setup = setup("pullfail").await;
+    // No pod runner: the node never starts the pod; its kubelet reports the pull failing.
+    create_backup(&setup.namespace, "unpullable").await;
+    let pods = setup.namespace.api::<k8s_openapi::api::core::v1::Pod>();
+    let pod = eventually("the Job's pod", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&kube::api::ListParams::default().labels("custody.io/role"))
+                .await
+                .map_err(|error| error.to_string())?
+                .items
+                .into_iter()
+                .find(|pod| {
+                    pod.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|labels| labels.contains_key("job-name"))
+                })
+                .ok_or_else(|| "not yet".to_string())
+        }
+    })
+    .await;
+    let name = pod.metadata.name.clone().unwrap();
+    pods.patch_status(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "mover", "image": "custody-mover:test", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff",
+                                      "message": "Back-off pulling image \"custody-mover:test\""}}}],
+        }})),
+    )
+    .await
+    .unwrap();
+    let backups = setup.namespace.api::<Backup>();
+    let stuck = await_condition(
+        &backups,
+        "unpullable",
+        "JobPodNotStarting",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.conditions().iter().any(|condition| {
+                condition.type_ == "Ready" && condition.reason == "JobPodNotStarting"
+            })
+        },
+    )
+    .await;
+    let ready = stuck
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert!(
+        ready.message.contains(&name) && ready.message.contains("ImagePullBackOff"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        stuck.status.as_ref().and_then(|status| status.phase),
+        Some(BackupPhase::Running)
+    );
+    let events = setup.namespace.api::<k8s_openapi::api::events::v1::Event>();
+    eventually("the Warning", TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .map_err(|error| error.to_string())?
+                .items
+                .into_iter()
+                .find(|event| {
+                    event.type_.as_deref() == Some("Warning")
+                        && event.reason.as_deref() == Some("JobPodNotStarting")
+                        && event
+                            .note
+                            .as_deref()
+                            .is_some_and(|note| note.contains("ImagePullBackOff"))
+                })
+                .map(|_| ())
+                .ok_or_else(|| "not yet".to_string())
+        }
+    })
+    .await;
+    setup.finish().await;
+}

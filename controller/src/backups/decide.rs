@@ -71,6 +71,59 @@ pub enum JobState {
     Failed { message: String },
 }
 
+/// Waiting reasons of a container that will not start by itself.
+const STUCK: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+/// Why a running Job's pod does not start, from the pods its Job created: a container waiting
+/// for a reason that does not pass by itself (an image that cannot be pulled, a missing
+/// Secret key), or a pod the scheduler cannot place. `None` while nothing is known to be
+/// wrong.
+pub fn pod_not_starting(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    pods.iter().find_map(|pod| {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let status = pod.status.as_ref()?;
+        let waiting = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten())
+            .find_map(|container| {
+                let waiting = container.state.as_ref()?.waiting.as_ref()?;
+                let reason = waiting.reason.as_deref()?;
+                STUCK.contains(&reason).then(|| {
+                    format!(
+                        "pod {name}: container {} is {reason}{}",
+                        container.name,
+                        waiting
+                            .message
+                            .as_deref()
+                            .map(|message| format!(": {message}"))
+                            .unwrap_or_default()
+                    )
+                })
+            });
+        waiting.or_else(|| {
+            let unscheduled = status.conditions.iter().flatten().find(|condition| {
+                condition.type_ == "PodScheduled"
+                    && condition.status == "False"
+                    && condition.reason.as_deref() == Some("Unschedulable")
+            })?;
+            Some(format!(
+                "pod {name} cannot be scheduled: {}",
+                unscheduled.message.as_deref().unwrap_or("Unschedulable")
+            ))
+        })
+    })
+}
+
 /// Reads a Job's state from its status.
 pub fn job_state(job: &Job) -> JobState {
     let status = job.status.as_ref();

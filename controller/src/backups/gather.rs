@@ -34,6 +34,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         clock: None,
         report: None,
         listing: None,
+        job_pod_problem: None,
         others: Vec::new(),
     };
     let phase = facts.backup.status.as_ref().and_then(|status| status.phase);
@@ -116,7 +117,22 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                 (Some(_), None) => {}
             }
         }
-        JobFact::Owned(JobState::Running) | JobFact::Foreign => {}
+        JobFact::Owned(JobState::Running) => {
+            let job_uid = job
+                .as_ref()
+                .and_then(|job| job.metadata.uid.clone())
+                .unwrap_or_default();
+            let pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), &namespace)
+                .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+                .await
+                .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
+                .items
+                .into_iter()
+                .filter(|pod| crate::ownership::created_by_job(&pod.metadata, &job_uid))
+                .collect();
+            facts.job_pod_problem = decide::pod_not_starting(&pods);
+        }
+        JobFact::Foreign => {}
     }
     Ok(facts)
 }

@@ -48,6 +48,8 @@ pub mod reasons {
     pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
     pub const RUNNING: &str = "Running";
     pub const COMPLETED: &str = "Completed";
+    /// The Job's pod does not start (image pull, configuration, scheduling).
+    pub const JOB_POD_NOT_STARTING: &str = "JobPodNotStarting";
     /// A command's dump whose key is not in normal form (an empty, `.` or `..` segment).
     pub const KEY_NOT_NORMAL: &str = "KeyNotNormal";
 }

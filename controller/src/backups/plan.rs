@@ -68,6 +68,8 @@ pub struct Facts {
     /// What a command left under its prefix, once its Job finished: the listing, or why it
     /// could not be read (`reason`, `message`).
     pub listing: Option<Result<Listing, (&'static str, String)>>,
+    /// Why the running Job's pod does not start, if something is known to keep it.
+    pub job_pod_problem: Option<String>,
     /// Every Backup, in every namespace, when a command's dump is attributed.
     pub others: Vec<Backup>,
 }
@@ -189,16 +191,43 @@ pub fn plan(facts: &Facts) -> Plan {
             60,
         ),
         JobFact::Owned(JobState::Running) => {
-            let ready = waiting(
-                reasons::RUNNING,
-                format!(
-                    "backing up claim {claim} on node {}",
-                    status.node_name.clone().unwrap_or_default()
+            let node = status.node_name.clone().unwrap_or_default();
+            let (ready, events) = match &facts.job_pod_problem {
+                None => (
+                    waiting(
+                        reasons::RUNNING,
+                        format!("backing up claim {claim} on node {node}"),
+                    ),
+                    Vec::new(),
                 ),
-            );
+                Some(problem) => {
+                    let message = format!(
+                        "Job {job_name} does not start: {problem}; it fails at its deadline ({} s after it started) unless that is fixed",
+                        facts.mover.deadline_seconds
+                    );
+                    let new_reason = !backup.conditions().iter().any(|condition| {
+                        condition.type_ == types::READY
+                            && condition.reason == reasons::JOB_POD_NOT_STARTING
+                    });
+                    let events = if new_reason {
+                        vec![Note::warning(
+                            reasons::JOB_POD_NOT_STARTING,
+                            message.clone(),
+                        )]
+                    } else {
+                        Vec::new()
+                    };
+                    (waiting(reasons::JOB_POD_NOT_STARTING, message), events)
+                }
+            };
             Plan {
                 status: next_status(backup, status, BackupPhase::Running, &ready, facts.now),
-                requeue: Some(Duration::from_secs(60)),
+                events,
+                requeue: Some(Duration::from_secs(if facts.job_pod_problem.is_some() {
+                    15
+                } else {
+                    60
+                })),
                 ..Plan::wait_for_change()
             }
         }

@@ -285,3 +285,62 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
         ["b/same-place", "c/parent", "f/recorded-only", "g/unknown"]
     );
 }
+
+#[test]
+fn a_pod_that_will_not_start_is_named_with_its_reason() {
+    let pod = |status: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status}))
+            .unwrap()
+    };
+    let waiting = |reason: &str| {
+        pod(
+            serde_json::json!({"containerStatuses": [{"name": "mover", "image": "i", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": "Back-off pulling image \"i\""}}}]}),
+        )
+    };
+    let rows: Vec<(&str, Vec<k8s_openapi::api::core::v1::Pod>, Option<&str>)> = vec![
+        ("no pod yet", vec![], None),
+        ("creating", vec![waiting("ContainerCreating")], None),
+        (
+            "image pull back-off",
+            vec![waiting("ImagePullBackOff")],
+            Some("pod p: container mover is ImagePullBackOff: Back-off pulling image \"i\""),
+        ),
+        (
+            "missing Secret key",
+            vec![waiting("CreateContainerConfigError")],
+            Some("CreateContainerConfigError"),
+        ),
+        (
+            "crash loop",
+            vec![waiting("CrashLoopBackOff")],
+            Some("CrashLoopBackOff"),
+        ),
+        (
+            "unschedulable",
+            vec![pod(
+                serde_json::json!({"conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
+            )],
+            Some("pod p cannot be scheduled: 0/3 nodes are available"),
+        ),
+        (
+            "scheduled",
+            vec![pod(
+                serde_json::json!({"conditions": [{"type": "PodScheduled", "status": "True"}]}),
+            )],
+            None,
+        ),
+    ];
+    for (name, pods, expected) in rows {
+        let found = pod_not_starting(&pods);
+        match expected {
+            None => assert_eq!(found, None, "{name}"),
+            Some(text) => assert!(
+                found.as_deref().is_some_and(|found| found.contains(text)),
+                "{name}: {found:?}"
+            ),
+        }
+    }
+}

@@ -87,6 +87,7 @@ fn facts() -> Facts {
         clock: None,
         report: None,
         listing: None,
+        job_pod_problem: None,
         others: Vec::new(),
     }
 }
@@ -648,4 +649,40 @@ fn a_completed_backup_marks_its_claim_as_known_data_and_a_failed_one_does_not() 
     assert!(how.contains(UID), "{how}");
     let failed = plan(&started(facts(), JobState::Succeeded));
     assert_eq!(failed.mark_claim, None);
+}
+
+#[test]
+fn a_job_whose_pod_does_not_start_says_why_once() {
+    let mut facts = started(facts(), JobState::Running);
+    facts.job_pod_problem = Some("pod p: container mover is ImagePullBackOff".into());
+    let planned = plan(&facts);
+    let status = planned.status.clone().expect("a status");
+    assert_eq!(status.phase, Some(BackupPhase::Running));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::JOB_POD_NOT_STARTING);
+    assert!(ready.message.contains("ImagePullBackOff") && ready.message.contains("deadline"));
+    assert_eq!(planned.events.len(), 1);
+    assert!(planned.events[0].warning);
+    assert_eq!(planned.requeue, Some(Duration::from_secs(15)));
+    // Said once: the same reason again publishes nothing.
+    facts.backup.status = Some(status);
+    assert!(plan_events(&facts).is_empty());
+    // The pod starts: Running again.
+    facts.job_pod_problem = None;
+    let ready = plan(&facts)
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::RUNNING);
+}
+
+fn plan_events(facts: &Facts) -> Vec<Note> {
+    plan(facts).events
 }
