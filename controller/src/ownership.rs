@@ -26,33 +26,9 @@ pub fn controller_reference<K: kube::Resource<DynamicType = ()>>(
     })
 }
 
-/// Whether `meta` is owned by the custody object of `kind` with `uid`, as a controller
-/// reference and by the label `label`.
-pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str, label: &str) -> bool {
-    if uid.is_empty() {
-        return false;
-    }
-    let api_version = format!("{GROUP}/{VERSION}");
-    let owner_matches = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|owner| owner.controller == Some(true))
-        .is_some_and(|owner| {
-            owner.kind == kind && owner.api_version == api_version && owner.uid == uid
-        });
-    let label_matches = meta
-        .labels
-        .as_ref()
-        .and_then(|labels| labels.get(label))
-        .is_some_and(|value| value == uid);
-    owner_matches && label_matches
-}
-
-/// Whether `meta` names the custody object of `kind` with `uid` as its controller, without
-/// a label (for objects whose labels belong to their user, such as a Restore).
-pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
-    let api_version = format!("{GROUP}/{VERSION}");
+/// Whether `meta`'s controller reference names the object of `api_version` and `kind` with
+/// `uid` (never an empty UID).
+fn controller_is(meta: &ObjectMeta, api_version: &str, kind: &str, uid: &str) -> bool {
     !uid.is_empty()
         && meta
             .owner_references
@@ -64,18 +40,27 @@ pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
             })
 }
 
+/// Whether `meta` is owned by the custody object of `kind` with `uid`, as a controller
+/// reference and by the label `label`.
+pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str, label: &str) -> bool {
+    let label_matches = meta
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(label))
+        .is_some_and(|value| value == uid);
+    controlled_by(meta, kind, uid) && label_matches
+}
+
+/// Whether `meta` names the custody object of `kind` with `uid` as its controller, without
+/// a label (for objects whose labels belong to their user, such as a Restore).
+pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
+    controller_is(meta, &format!("{GROUP}/{VERSION}"), kind, uid)
+}
+
 /// Whether `meta` (a pod) was created by the Job with `job_uid`: its controller reference
 /// names that Job. Labels such as `job-name` prove nothing; anyone who creates pods sets them.
 pub fn created_by_job(meta: &ObjectMeta, job_uid: &str) -> bool {
-    !job_uid.is_empty()
-        && meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|owner| owner.controller == Some(true))
-            .is_some_and(|owner| {
-                owner.kind == "Job" && owner.api_version == "batch/v1" && owner.uid == job_uid
-            })
+    controller_is(meta, "batch/v1", "Job", job_uid)
 }
 
 #[cfg(test)]

@@ -284,6 +284,34 @@ impl FaultyLink {
     }
 }
 
+/// Relays both ways between `client` and `upstream`; with `cut`, only that many bytes of the
+/// answer, then both connections are closed.
+fn pipe(mut client: std::net::TcpStream, upstream: &str, cut: Option<u64>) {
+    use std::io::Read;
+    let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
+        return;
+    };
+    let (Ok(mut client_reader), Ok(mut server_writer)) = (client.try_clone(), server.try_clone())
+    else {
+        return;
+    };
+    let upload = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut client_reader, &mut server_writer);
+        let _ = server_writer.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(
+        &mut (&mut server).take(cut.unwrap_or(u64::MAX)),
+        &mut client,
+    );
+    if cut.is_some() {
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    } else {
+        let _ = client.shutdown(std::net::Shutdown::Write);
+    }
+    let _ = upload.join();
+}
+
 fn relay(
     mut client: std::net::TcpStream,
     upstream: &str,
@@ -292,39 +320,8 @@ fn relay(
 ) {
     use std::io::{Read, Write};
     match fault {
-        Fault::None => {
-            let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
-                return;
-            };
-            let (Ok(mut client_reader), Ok(mut server_writer)) =
-                (client.try_clone(), server.try_clone())
-            else {
-                return;
-            };
-            let upload = std::thread::spawn(move || {
-                let _ = std::io::copy(&mut client_reader, &mut server_writer);
-                let _ = server_writer.shutdown(std::net::Shutdown::Write);
-            });
-            let _ = std::io::copy(&mut server, &mut client);
-            let _ = client.shutdown(std::net::Shutdown::Write);
-            let _ = upload.join();
-        }
-        Fault::CutEvery(limit) => {
-            let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
-                return;
-            };
-            let (Ok(mut client_reader), Ok(mut server_writer)) =
-                (client.try_clone(), server.try_clone())
-            else {
-                return;
-            };
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut client_reader, &mut server_writer);
-            });
-            let _ = std::io::copy(&mut (&mut server).take(limit), &mut client);
-            let _ = client.shutdown(std::net::Shutdown::Both);
-            let _ = server.shutdown(std::net::Shutdown::Both);
-        }
+        Fault::None => pipe(client, upstream, None),
+        Fault::CutEvery(limit) => pipe(client, upstream, Some(limit)),
         Fault::Unavailable => {
             // Read the request head, then answer as an overloaded S3 server.
             let mut head = Vec::new();

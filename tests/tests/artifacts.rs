@@ -826,27 +826,9 @@ async fn measured_offset(setup: &Setup, expected: i64) -> i64 {
 
 async fn command_backup(setup: &Setup, name: &str, skew: &str) -> Backup {
     let dump = custody_tests::binary("dump-to-s3");
-    create::<Backup>(
-        &setup.namespace.api(),
-        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": name},
-               "spec": {"clusterRef": {"name": "orders"},
-                        "command": {"image": "registry.invalid/pg-dump:17", "prefix": "pg-dumps",
-                                    "command": ["faketime", "-f", skew, dump.to_str().unwrap(), "/data"]}}}),
-    )
-    .await;
-    await_condition(
-        &setup.namespace.api::<Backup>(),
-        name,
-        "finished",
-        TIMEOUT,
-        |backup: &Backup| {
-            matches!(
-                phase(backup),
-                Some(BackupPhase::Completed | BackupPhase::Failed)
-            )
-        },
-    )
-    .await
+    let command = ["faketime", "-f", skew, dump.to_str().unwrap(), "/data"];
+    start_command_backup(setup, name, "store", command.map(str::to_string).to_vec()).await;
+    finished(setup, name).await
 }
 
 #[tokio::test]

@@ -34,21 +34,7 @@ fn run(mut command: Command) -> Output {
 }
 
 fn backup(url: &str, bucket: &str, source: &Path, prefix: &str) -> BackupResult {
-    let output = run(mover(
-        url,
-        bucket,
-        &[
-            "backup",
-            "--source",
-            source.to_str().unwrap(),
-            "--prefix",
-            prefix,
-            "--backup-uid",
-            BACKUP_UID,
-            "--cluster-uid",
-            "cluster-uid",
-        ],
-    ));
+    let output = run(mover(url, bucket, &backup_args(source, prefix)));
     assert!(output.status.success(), "backup failed");
     serde_json::from_slice(&output.stdout).expect("backup result")
 }
@@ -60,23 +46,22 @@ fn restore(
     result: &BackupResult,
     extra: &[&str],
 ) -> Output {
-    let mut args = vec![
-        "restore",
-        "--target",
-        target.to_str().unwrap(),
-        "--key",
-        &result.key,
-        "--manifest-key",
-        &result.manifest_key,
-        "--manifest-hash",
-        &result.manifest_hash,
-        "--backup-uid",
-        BACKUP_UID,
-        "--restore-uid",
-        RESTORE_UID,
-    ];
-    args.extend_from_slice(extra);
-    run(mover(url, bucket, &args))
+    let mut command = restore_as(url, bucket, target, result, RESTORE_UID);
+    command.args(extra);
+    run(command)
+}
+
+/// `size` bytes no compressor can shrink (xorshift from `seed`), so an upload takes many parts.
+fn incompressible(size: usize, seed: u64) -> Vec<u8> {
+    let mut content = vec![0u8; size];
+    let mut state = seed;
+    for chunk in content.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    content
 }
 
 /// ~10k small files in nested directories, a few large ones, modes, owners and a symlink.
@@ -176,14 +161,7 @@ async fn a_server_that_dies_mid_upload_leaves_no_object_and_no_open_upload() {
     let bucket = s3::bucket(&server.url, "crash").await;
     let source = LoopVolume::new(512);
     // Incompressible data, so that the upload takes many parts.
-    let mut content = vec![0u8; 320 << 20];
-    let mut state = 0x9e3779b97f4a7c15u64;
-    for chunk in content.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
+    let content = incompressible(320 << 20, 0x9e3779b97f4a7c15u64);
     std::fs::write(source.path().join("big"), &content).unwrap();
     drop(content);
     let prefix = format!("custody/db/orders/{BACKUP_UID}");
@@ -317,14 +295,7 @@ async fn sigterm_aborts_the_multipart_upload() {
     let url = s3::shared();
     let bucket = s3::bucket(url, "sigterm").await;
     let source = LoopVolume::new(512);
-    let mut content = vec![0u8; 320 << 20];
-    let mut state = 0x2545f4914f6cdd1du64;
-    for chunk in content.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
+    let content = incompressible(320 << 20, 0x2545f4914f6cdd1du64);
     std::fs::write(source.path().join("big"), &content).unwrap();
     drop(content);
     let prefix = format!("custody/db/orders/{BACKUP_UID}");
@@ -424,14 +395,7 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
     let url = s3::shared();
     let bucket = s3::bucket(url, "resume").await;
     let source = LoopVolume::new(640);
-    let mut content = vec![0u8; 500 << 20];
-    let mut state = 0x853c49e6748fea9bu64;
-    for chunk in content.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
+    let content = incompressible(500 << 20, 0x853c49e6748fea9bu64);
     std::fs::create_dir_all(source.path().join("base")).unwrap();
     std::fs::write(source.path().join("base/big"), &content).unwrap();
     drop(content);

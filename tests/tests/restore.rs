@@ -1106,19 +1106,17 @@ async fn a_pod_of_a_cluster_that_does_not_exist_is_refused_unless_its_claims_hol
     setup.finish().await;
 }
 
-/// Issue 15, item 3: a pod scheduled to a node where no custody agent runs stays held (good),
-/// and the Restore says so, naming the pod and the node, instead of waiting in silence.
-#[tokio::test]
-async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
-    let setup = setup("noagent").await;
-    let client = setup.namespace.client.clone();
+/// Cluster `shop` restored onto node `<namespace>-b`, where no agent runs: its node, target
+/// volume, and the Restore once its volume waits with `AgentMissing`.
+async fn restore_on_a_node_without_an_agent(
+    setup: &Setup,
+) -> (custody_tests::kubelet::FakeKubelet, LoopVolume, Restore) {
     let node = format!("{}-b", setup.namespace.name);
-    let elsewhere = custody_tests::kubelet::FakeKubelet::new(&client, &node).await;
+    let elsewhere = custody_tests::kubelet::FakeKubelet::new(&setup.namespace.client, &node).await;
     let target = LoopVolume::new(64);
-    custody_tests::scenario::restore_into_on(&setup, &elsewhere, target.path(), json!({})).await;
-    let restores: Api<Restore> = setup.namespace.api();
+    custody_tests::scenario::restore_into_on(setup, &elsewhere, target.path(), json!({})).await;
     let restore = await_condition(
-        &restores,
+        &setup.namespace.api::<Restore>(),
         "shop",
         "the volume waits for a missing agent",
         TIMEOUT,
@@ -1132,6 +1130,16 @@ async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
         },
     )
     .await;
+    (elsewhere, target, restore)
+}
+
+/// Issue 15, item 3: a pod scheduled to a node where no custody agent runs stays held (good),
+/// and the Restore says so, naming the pod and the node, instead of waiting in silence.
+#[tokio::test]
+async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
+    let setup = setup("noagent").await;
+    let (elsewhere, _target, restore) = restore_on_a_node_without_an_agent(&setup).await;
+    let node = elsewhere.node.clone();
     let status = restore.status.unwrap();
     let message = status.volumes[0].message.clone().unwrap_or_default();
     assert!(
@@ -1168,26 +1176,9 @@ async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
 async fn a_nodes_report_about_a_pod_on_another_node_changes_nothing() {
     let mut setup = setup("otherreport").await;
     let client = setup.namespace.client.clone();
-    let node_b = format!("{}-b", setup.namespace.name);
-    let elsewhere = custody_tests::kubelet::FakeKubelet::new(&client, &node_b).await;
-    let target = LoopVolume::new(64);
-    custody_tests::scenario::restore_into_on(&setup, &elsewhere, target.path(), json!({})).await;
+    let (elsewhere, _target, restore) = restore_on_a_node_without_an_agent(&setup).await;
+    let node_b = elsewhere.node.clone();
     let restores: Api<Restore> = setup.namespace.api();
-    let restore = await_condition(
-        &restores,
-        "shop",
-        "the volume waits for a missing agent",
-        TIMEOUT,
-        |restore: &Restore| {
-            restore.status.as_ref().is_some_and(|status| {
-                status
-                    .volumes
-                    .iter()
-                    .any(|volume| volume.reason.as_deref() == Some("AgentMissing"))
-            })
-        },
-    )
-    .await;
     let restore_uid = restore.metadata.uid.clone().unwrap();
     let pods: Api<Pod> = setup.namespace.api();
     let pod = pods.get("shop-0").await.unwrap();

@@ -284,7 +284,7 @@ pub async fn restore(
         .map_err(local("syncing the identity"))?;
 
     let (sender, receiver) = mpsc::channel(4);
-    let downloader = {
+    let mut downloader = {
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = request.key.to_string();
@@ -302,7 +302,6 @@ pub async fn restore(
     .await
     .map_err(|error| MoverError::Local(format!("the extracting thread: {error}")))?;
     // A download that gave up is named as such (the extractor only saw its stream end).
-    let mut downloader = downloader;
     if extracted.is_err()
         && let Ok(Ok(Err(message))) =
             tokio::time::timeout(std::time::Duration::from_secs(2), &mut downloader).await

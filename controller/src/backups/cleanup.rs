@@ -496,11 +496,12 @@ async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
     {
         record(context, backup, |cleanup| cleanup.done = true).await?;
     }
-    let repository_secret = match held_secrets_recorded(backup) {
-        true => None,
-        false => repository_secret(client, backup).await?,
-    };
-    for secret in artifacts::held_secrets(backup, repository_secret.as_deref()) {
+    let mut secrets = artifacts::held_secrets(backup, None);
+    if secrets.is_empty() {
+        secrets =
+            artifacts::held_secrets(backup, repository_secret(client, backup).await?.as_deref());
+    }
+    for secret in secrets {
         let done =
             release_secret(client, &namespace, &secret, backup.metadata.uid.as_deref()).await?;
         if !done {
@@ -530,11 +531,6 @@ async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
     Err(Error::Webhook(format!(
         "{what} kept changing while its finalizer was removed; trying again"
     )))
-}
-
-/// Whether the Backup recorded which Secret it holds.
-fn held_secrets_recorded(backup: &Backup) -> bool {
-    !artifacts::held_secrets(backup, None).is_empty()
 }
 
 /// The credentials Secret of the repository a Backup names (or its Cluster does), if both

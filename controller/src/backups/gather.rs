@@ -99,11 +99,8 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
                 (None, _) => {
-                    let job_uid = job
-                        .as_ref()
-                        .and_then(|job| job.metadata.uid.clone())
-                        .unwrap_or_default();
-                    facts.report = report(client, &namespace, &job_name, &job_uid).await?
+                    facts.report =
+                        report(&job_pods(client, &namespace, &job_name, job.as_ref()).await?)
                 }
                 (Some(command), Some(repository)) => {
                     facts.listing = Some(listing(client, repository, &command.prefix).await?);
@@ -118,18 +115,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             }
         }
         JobFact::Owned(JobState::Running) => {
-            let job_uid = job
-                .as_ref()
-                .and_then(|job| job.metadata.uid.clone())
-                .unwrap_or_default();
-            let pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), &namespace)
-                .list(&ListParams::default().labels(&format!("job-name={job_name}")))
-                .await
-                .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
-                .items
-                .into_iter()
-                .filter(|pod| crate::ownership::created_by_job(&pod.metadata, &job_uid))
-                .collect();
+            let pods = job_pods(client, &namespace, &job_name, job.as_ref()).await?;
             facts.job_pod_problem = decide::pod_not_starting(&pods);
         }
         JobFact::Foreign => {}
@@ -178,22 +164,30 @@ async fn clock(client: &Client, node: &str) -> Option<ClockMeasurement> {
     })
 }
 
-/// The mover's report: the termination message of a pod the Backup's own Job created (its
-/// controller owner is the Job's UID). The `job-name` label only narrows the list: anyone who
-/// may create pods can set it.
-async fn report(
+/// The pods the Backup's own Job created (their controller is the Job's UID). The `job-name`
+/// label only narrows the list: anyone who may create pods can set it.
+async fn job_pods(
     client: &Client,
     namespace: &str,
     job_name: &str,
-    job_uid: &str,
-) -> Result<Option<String>> {
+    job: Option<&Job>,
+) -> Result<Vec<Pod>> {
+    let job_uid = job
+        .and_then(|job| job.metadata.uid.as_deref())
+        .unwrap_or_default();
     Ok(Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("job-name={job_name}")))
         .await
         .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
         .items
-        .iter()
+        .into_iter()
         .filter(|pod| crate::ownership::created_by_job(&pod.metadata, job_uid))
+        .collect())
+}
+
+/// The mover's report: the termination message of the Job's pod.
+fn report(pods: &[Pod]) -> Option<String> {
+    pods.iter()
         .flat_map(|pod| pod.status.iter())
         .flat_map(|status| status.container_statuses.iter().flatten())
         .filter_map(|container| {
@@ -205,7 +199,7 @@ async fn report(
                 .message
                 .clone()
         })
-        .next_back())
+        .next_back()
 }
 
 /// What a command left under its prefix. An API server that cannot be read is an error (the

@@ -205,11 +205,7 @@ pub fn plan(facts: &Facts) -> Plan {
                         "Job {job_name} does not start: {problem}; it fails at its deadline ({} s after it started) unless that is fixed",
                         facts.mover.deadline_seconds
                     );
-                    let new_reason = !backup.conditions().iter().any(|condition| {
-                        condition.type_ == types::READY
-                            && condition.reason == reasons::JOB_POD_NOT_STARTING
-                    });
-                    let events = if new_reason {
+                    let events = if new_reason(backup, reasons::JOB_POD_NOT_STARTING) {
                         vec![Note::warning(
                             reasons::JOB_POD_NOT_STARTING,
                             message.clone(),
@@ -546,14 +542,18 @@ fn waiting(reason: &'static str, message: String) -> Desired {
     }
 }
 
+/// Whether `Ready` does not carry `reason` yet: its Warning is published once.
+fn new_reason(backup: &Backup, reason: &str) -> bool {
+    !backup
+        .conditions()
+        .iter()
+        .any(|condition| condition.type_ == types::READY && condition.reason == reason)
+}
+
 /// Pending with a reason; a Warning Event when the reason is new; look again after `retry`
 /// seconds.
 fn wait(facts: &Facts, reason: &'static str, message: String, retry: u64) -> Plan {
     let backup = &facts.backup;
-    let new_reason = !backup
-        .conditions()
-        .iter()
-        .any(|condition| condition.type_ == types::READY && condition.reason == reason);
     let status = backup.status.clone().unwrap_or_default();
     Plan {
         status: next_status(
@@ -563,7 +563,7 @@ fn wait(facts: &Facts, reason: &'static str, message: String, retry: u64) -> Pla
             &waiting(reason, message.clone()),
             facts.now,
         ),
-        events: if new_reason {
+        events: if new_reason(backup, reason) {
             vec![Note::warning(reason, message)]
         } else {
             Vec::new()
