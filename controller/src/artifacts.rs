@@ -281,6 +281,10 @@ pub enum Step {
 #[derive(Clone, Debug)]
 pub struct Deleting<'a> {
     pub has_finalizer: bool,
+    /// `status.cleanup.done`: an earlier step dealt with the artifact (deleted, kept or found
+    /// nothing to delete) and may have released the credentials Secret already; only the
+    /// Backup's own finalizer is left to remove.
+    pub done: bool,
     /// The skip annotation is `"true"`.
     pub skip: bool,
     pub policy: DeletionPolicy,
@@ -291,11 +295,20 @@ pub struct Deleting<'a> {
     pub contest: Option<Contest>,
 }
 
-/// The order matters: a reading restore holds everything (its agent still needs the Backup's
+/// The order matters: a finished cleanup only releases; a reading restore holds everything (its agent still needs the Backup's
 /// manifest hash); then the user's explicit choices; then proof.
 pub fn step(facts: &Deleting<'_>) -> Step {
     if !facts.has_finalizer {
         return Step::Nothing;
+    }
+    // A step stopped between releasing the Secret and removing the finalizer (a restart, a
+    // lost write) must not need the Secret again: it may be gone with its namespace.
+    if facts.done {
+        return Step::Release {
+            reason: "CleanupDone",
+            message: "the artifact was already dealt with: releasing the Backup".to_string(),
+            warning: false,
+        };
     }
     if let Some(reader) = facts.readers.first() {
         return Step::Wait {

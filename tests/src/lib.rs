@@ -163,6 +163,7 @@ impl TestNamespace {
     pub async fn delete(self) {
         let namespaces = Api::<Namespace>::all(self.client.clone());
         let pods: Api<k8s_openapi::api::core::v1::Pod> = self.api();
+        let backups: Api<custody_kube::api::Backup> = self.api();
         let _ = namespaces
             .delete(&self.name, &DeleteParams::background())
             .await;
@@ -170,8 +171,12 @@ impl TestNamespace {
             &format!("namespace {} gone", self.name),
             Duration::from_secs(180),
             || {
-                let (namespaces, pods, name) =
-                    (namespaces.clone(), pods.clone(), self.name.clone());
+                let (namespaces, pods, backups, name) = (
+                    namespaces.clone(),
+                    pods.clone(),
+                    backups.clone(),
+                    self.name.clone(),
+                );
                 async move {
                     for pod in pods
                         .list(&Default::default())
@@ -190,7 +195,7 @@ impl TestNamespace {
                     {
                         None => Ok(()),
                         Some(namespace) => Err(format!(
-                            "{:?}",
+                            "{:?}; {}",
                             namespace
                                 .status
                                 .and_then(|status| status.conditions)
@@ -198,13 +203,41 @@ impl TestNamespace {
                                 .into_iter()
                                 .filter(|condition| condition.status == "True")
                                 .map(|condition| condition.message.unwrap_or_default())
-                                .collect::<Vec<_>>()
+                                .collect::<Vec<_>>(),
+                            remaining_backups(&backups).await
                         )),
                     }
                 }
             },
         )
         .await;
+    }
+}
+
+/// The Backups still in a namespace being deleted, with what holds them: their finalizers,
+/// cleanup status and conditions (what a timed-out teardown reports).
+pub async fn remaining_backups(backups: &Api<custody_kube::api::Backup>) -> String {
+    match backups.list(&Default::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(|backup| {
+                let status = backup.status.as_ref();
+                format!(
+                    "Backup {} finalizers {:?} cleanup {:?} conditions {:?}",
+                    backup.metadata.name.as_deref().unwrap_or_default(),
+                    backup.metadata.finalizers,
+                    status.and_then(|status| status.cleanup.as_ref()),
+                    status.map(|status| status
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(error) => format!("Backups not listed: {error}"),
     }
 }
 

@@ -113,6 +113,20 @@ pub async fn put(url: &str, bucket: &str, key: &str, body: Vec<u8>) {
         .unwrap_or_else(|error| panic!("putting {bucket}/{key}: {error}"));
 }
 
+/// Deletes `keys` from `bucket`.
+pub async fn delete(url: &str, bucket: &str, keys: &[&str]) {
+    let client = client(url);
+    for key in keys {
+        client
+            .delete_object()
+            .bucket(bucket)
+            .key(*key)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("deleting {key}: {error:?}"));
+    }
+}
+
 /// Keys in `bucket` under `prefix`.
 pub async fn keys(url: &str, bucket: &str, prefix: &str) -> Vec<String> {
     let listed = client(url)

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +43,36 @@ pub struct Setup {
     agents_namespace: String,
     webhook: String,
     gate: SocketAddr,
+    controller_flags: Vec<String>,
+    controller_kubeconfig: PathBuf,
 }
 
 impl Setup {
+    /// Stops the controller (SIGTERM, then SIGKILL after 20 s).
+    pub fn stop_controller(&mut self) {
+        if self
+            .controller
+            .child
+            .terminate(Duration::from_secs(20))
+            .is_none()
+            && let Some(mut child) = self.controller.child.0.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the controller again with the flags it first ran with. Its report service gets a
+    /// new port: the running agent keeps reporting to the old one.
+    pub fn start_controller(&mut self) {
+        self.controller = ControllerProcess::start_as(
+            &self.namespace.name,
+            &self.pki,
+            &self.controller_flags,
+            &self.controller_kubeconfig,
+        );
+    }
+
     /// Stops the node's agent and starts it again under `wrapper` (such as
     /// `faketime -f +30s`) with `envs`, reporting as before.
     pub fn restart_agent(&mut self, wrapper: &[&str], envs: Vec<(&str, &str)>) {
@@ -325,25 +352,23 @@ async fn setup_full(
         }],
     }))
     .await;
-    let controller = ControllerProcess::start_as(
-        &ns,
-        &pki,
-        &[
-            "--mover-image=custody-mover:test".to_string(),
-            "--wait-image=custody-wait:test".to_string(),
-            format!("--agent-service-account={agents_namespace}:custody-agent"),
-            format!("--gate-ca-file={}", pki.ca().display()),
-            format!("--webhook-address=127.0.0.1:{webhook_port}"),
-            format!("--webhook-configuration={webhook}"),
-            format!("--webhook-secret={webhook_secret}"),
-            "--webhook-names=127.0.0.1".to_string(),
-            "--webhook-check-seconds=1".to_string(),
-        ],
-        identities
-            .as_ref()
-            .map(|(controller, _)| controller.path())
-            .unwrap_or(crate::control_plane()),
-    );
+    let controller_flags = vec![
+        "--mover-image=custody-mover:test".to_string(),
+        "--wait-image=custody-wait:test".to_string(),
+        format!("--agent-service-account={agents_namespace}:custody-agent"),
+        format!("--gate-ca-file={}", pki.ca().display()),
+        format!("--webhook-address=127.0.0.1:{webhook_port}"),
+        format!("--webhook-configuration={webhook}"),
+        format!("--webhook-secret={webhook_secret}"),
+        "--webhook-names=127.0.0.1".to_string(),
+        "--webhook-check-seconds=1".to_string(),
+    ];
+    let controller_kubeconfig = identities
+        .as_ref()
+        .map(|(controller, _)| controller.path().to_path_buf())
+        .unwrap_or_else(|| crate::control_plane().to_path_buf());
+    let controller =
+        ControllerProcess::start_as(&ns, &pki, &controller_flags, &controller_kubeconfig);
     let token = report_token(&client, &agents_namespace, &kubelet.node).await;
     let gate: SocketAddr = format!("{ip}:{}", names::GATE_PORT).parse().unwrap();
     let agent = AgentProcess::start(
@@ -424,6 +449,8 @@ async fn setup_full(
         agents_namespace,
         webhook,
         gate,
+        controller_flags,
+        controller_kubeconfig,
     }
 }
 

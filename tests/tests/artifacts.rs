@@ -558,6 +558,66 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
     setup.finish().await;
 }
 
+/// A controller stopped after its cleanup deleted the keys, recorded `cleanup.done` and released
+/// the credentials Secret, but before it removed the Backup's finalizer (the Secret then goes
+/// with its namespace). Started again, it only removes the finalizer: it never needs the gone
+/// Secret for a delete that already happened.
+#[tokio::test]
+async fn a_cleanup_interrupted_after_the_secret_was_released_finishes_without_it() {
+    let mut setup = setup("resume").await;
+    let artifact = artifact_of(&setup, "nightly").await;
+    setup.stop_controller();
+    // The state the stopped controller left behind.
+    let backups = setup.namespace.api::<Backup>();
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    s3::delete(
+        s3::shared(),
+        &artifact.bucket,
+        &[&artifact.key, &artifact.manifest_key],
+    )
+    .await;
+    backups
+        .patch_status(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"cleanup": {"done": true, "attempts": 0}}})),
+        )
+        .await
+        .unwrap();
+    let secrets = setup.namespace.api::<k8s_openapi::api::core::v1::Secret>();
+    secrets
+        .patch(
+            "s3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    secrets
+        .delete("s3", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(secrets.get_opt("s3").await.unwrap().is_none());
+
+    setup.start_controller();
+    gone(&setup, "nightly").await;
+    let events: Api<Event> = setup.namespace.api();
+    let failures: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some("ArtifactCleanupFailed"))
+        .filter_map(|event| event.message)
+        .collect();
+    assert!(failures.is_empty(), "{failures:?}");
+    setup.finish().await;
+}
+
 /// Deletes the scenario's namespace (the kubelet confirming its pods' deletion) and waits
 /// until it is gone, naming what still holds it.
 async fn delete_namespace_and_wait(setup: &Setup) {
@@ -569,9 +629,11 @@ async fn delete_namespace_and_wait(setup: &Setup) {
         .delete(&ns, &DeleteParams::default())
         .await
         .unwrap();
+    let backups = setup.namespace.api::<Backup>();
     eventually("the namespace gone", Duration::from_secs(180), || {
         let namespaces = namespaces.clone();
         let ns = ns.clone();
+        let backups = backups.clone();
         async move {
             match namespaces
                 .get_opt(&ns)
@@ -579,7 +641,11 @@ async fn delete_namespace_and_wait(setup: &Setup) {
                 .map_err(|error| error.to_string())?
             {
                 None => Ok(()),
-                Some(namespace) => Err(format!("{:?}", namespace.status)),
+                Some(namespace) => Err(format!(
+                    "{:?}; {}",
+                    namespace.status,
+                    custody_tests::remaining_backups(&backups).await
+                )),
             }
         }
     })

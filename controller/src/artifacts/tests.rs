@@ -225,6 +225,7 @@ fn deletion_steps() {
     let readers = vec!["shop".to_string()];
     let base = Deleting {
         has_finalizer: true,
+        done: false,
         skip: false,
         policy: DeletionPolicy::Delete,
         artifact: Some(&mine),
@@ -248,6 +249,32 @@ fn deletion_steps() {
                 ..base.clone()
             },
             "Wait",
+        ),
+        (
+            "cleanup done earlier (the Secret may be gone)",
+            Deleting {
+                done: true,
+                ..base.clone()
+            },
+            "CleanupDone",
+        ),
+        (
+            "cleanup done, even with a reader (its keys are gone already)",
+            Deleting {
+                done: true,
+                readers: &readers,
+                ..base.clone()
+            },
+            "CleanupDone",
+        ),
+        (
+            "cleanup done, finalizer gone",
+            Deleting {
+                done: true,
+                has_finalizer: false,
+                ..base.clone()
+            },
+            "Nothing",
         ),
         (
             "a restore reads it, even with skip",

@@ -99,6 +99,7 @@ pub fn plan(facts: &Facts) -> Plan {
         .and_then(|status| status.artifact.as_ref());
     let step = artifacts::step(&Deleting {
         has_finalizer: has_finalizer(backup),
+        done: cleanup.done,
         skip: backup
             .annotations()
             .get(artifacts::SKIP_ANNOTATION)
@@ -232,7 +233,12 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
         readers: Vec::new(),
         contest: None,
     };
-    if !has_finalizer(backup) {
+    let done = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.cleanup.as_ref())
+        .is_some_and(|cleanup| cleanup.done);
+    if !has_finalizer(backup) || done {
         return Ok(facts);
     }
     let artifact = backup
