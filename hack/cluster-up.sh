@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts a local control plane on loopback: etcd, kube-apiserver (RBAC on, admission webhooks
+# Starts a local control plane on loopback (the API server also on $HOST_IP, for pods on a real
+# node, hack/node-up.sh): etcd, kube-apiserver (RBAC on, admission webhooks
 # possible), kube-controller-manager (garbage collection, namespaces, service accounts, Jobs,
 # StatefulSets, volume binding) and kube-scheduler.
 # Already running: does nothing. A stale PID file is cleaned up. Writes a kubeconfig and
@@ -40,14 +41,17 @@ mkdir -p "$CLUSTER_DIR/pki" "$CLUSTER_DIR/logs" "$CLUSTER_DIR/etcd"
 
 generate_certificates() {
   local pki="$CLUSTER_DIR/pki"
-  [[ -s "$pki/admin.crt" && -s "$pki/apiserver.crt" && -s "$pki/sa.key" ]] && return
+  if [[ -s "$pki/admin.crt" && -s "$pki/apiserver.crt" && -s "$pki/sa.key" ]] \
+    && openssl x509 -in "$pki/apiserver.crt" -noout -text | grep -q "IP Address:$HOST_IP\b"; then
+    return
+  fi
   log "generating certificates in $pki"
   (
     cd "$pki"
     openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=custody-local-ca" \
       -keyout ca.key -out ca.crt 2>/dev/null
     cat > apiserver.ext <<EXT
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+subjectAltName=IP:127.0.0.1,IP:$HOST_IP,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth
 EXT
     openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout apiserver.key -out apiserver.csr 2>/dev/null
@@ -85,6 +89,9 @@ current-context: custody-local
 KC
 }
 
+# The host's address pods reach the API server at (through the kubernetes Service) and a real
+# node's kubelet, DNS and agents listen on: an address of its own on the loopback device.
+ip -4 addr show dev lo | grep -q "inet $HOST_IP/32" || ip addr add "$HOST_IP/32" dev lo
 generate_certificates
 write_kubeconfig
 pki="$CLUSTER_DIR/pki"
@@ -100,16 +107,16 @@ wait_for etcd curl -fsS "http://127.0.0.1:$ETCD_METRICS_PORT/health"
 
 start kube-apiserver "$APISERVER" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+  --bind-address=0.0.0.0 --advertise-address="$HOST_IP" --secure-port="$APISERVER_PORT" \
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" \
+  --kubelet-client-certificate="$pki/admin.crt" --kubelet-client-key="$pki/admin.key" \
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc \
   --api-audiences=https://kubernetes.default.svc \
   --authorization-mode=RBAC --anonymous-auth=false \
   --service-cluster-ip-range=10.96.0.0/16 --allow-privileged=true \
   --enable-admission-plugins=NamespaceLifecycle,ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
-  --endpoint-reconciler-type=none \
   --profiling=false -v=1
 wait_for kube-apiserver healthy
 

@@ -71,8 +71,8 @@ pub struct RunOptions {
     )]
     pub agent_service_account: String,
 
-    /// Image of `custody-mover`, run by backup and restore Jobs.
-    #[arg(long, env = "CUSTODY_MOVER_IMAGE", default_value = concat!("ghcr.io/custody/custody-mover:", env!("CARGO_PKG_VERSION")))]
+    /// Image of `custody-mover`, run by backup and restore Jobs (the agent's image carries it).
+    #[arg(long, env = "CUSTODY_MOVER_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
     pub mover_image: String,
 
     /// Hard bound, in seconds, on how long a backup or prepareData Job may run (its

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod kubelet;
+pub mod node;
 pub mod pki;
 pub mod s3;
 pub mod scenario;
