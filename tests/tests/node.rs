@@ -4,15 +4,23 @@
 //! the README names (hack/tls-secrets.sh). Every test here is named `on_a_real_node_…`: it is
 //! a tier of its own in hack/test.sh (see custody_tests::node).
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use custody_kube::api::NodeAgent;
+use custody_kube::api::{
+    Backup, BackupPhase, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
+};
 use custody_tests::node::{hack, real_node};
-use custody_tests::{await_condition, client, kubectl, repo_root};
+use custody_tests::s3;
+use custody_tests::scenario::{create, small_database};
+use custody_tests::volumes::LoopVolume;
+use custody_tests::{TestNamespace, await_condition, client, kubectl, repo_root};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 const NAMESPACE: &str = "custody-system";
@@ -22,8 +30,17 @@ const NAMESPACE: &str = "custody-system";
 /// no test.
 struct Installed;
 
+/// Tests under way that use the install (they run in parallel; the last one removes it).
+static USERS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
 impl Installed {
+    /// The first test applies `deploy/`; the others wait for it and share it.
     fn apply() -> Installed {
+        let mut users = USERS.lock().expect("not poisoned");
+        *users += 1;
+        if *users > 1 {
+            return Installed;
+        }
         hack("tls-secrets.sh", &[]);
         let deploy = repo_root().join("deploy");
         let output = kubectl(&["apply", "-k", deploy.to_str().expect("utf-8 path")]);
@@ -39,6 +56,11 @@ impl Installed {
 
 impl Drop for Installed {
     fn drop(&mut self) {
+        let mut users = USERS.lock().expect("not poisoned");
+        *users -= 1;
+        if *users > 0 {
+            return;
+        }
         let _ = kubectl(&[
             "delete",
             "--ignore-not-found",
@@ -57,13 +79,9 @@ impl Drop for Installed {
     }
 }
 
-#[tokio::test]
-async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_through_the_service() {
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-
-    // The controller's Deployment and the agent's DaemonSet run as pods on the node.
+/// Waits until the controller's Deployment has an available replica and the agent's DaemonSet
+/// a ready pod.
+async fn running(client: &kube::Client) {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     await_condition(
         &deployments,
@@ -93,6 +111,16 @@ async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_throu
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_through_the_service() {
+    let node = real_node();
+    let _installed = Installed::apply();
+    let client = client().await;
+
+    // The controller's Deployment and the agent's DaemonSet run as pods on the node.
+    running(&client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let listed = pods.list(&ListParams::default()).await.unwrap().items;
     for (app, image) in [
@@ -169,4 +197,314 @@ async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_throu
         },
     )
     .await;
+}
+
+/// The host address pods reach MinIO at (hack/s3-up.sh listens there too).
+fn s3_for_pods() -> String {
+    let port = s3::shared().rsplit(':').next().expect("port").to_string();
+    format!(
+        "http://{}:{port}",
+        std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into())
+    )
+}
+
+/// A local PersistentVolume on the node for `namespace/claim`, backed by `path`.
+async fn local_volume(
+    client: &kube::Client,
+    node: &str,
+    namespace: &str,
+    claim: &str,
+    path: &Path,
+) {
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": format!("{namespace}-{claim}")},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "custody-real-node",
+                    "local": {"path": path.display().to_string()},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
+                    ]}]}},
+                },
+            }))
+            .expect("PersistentVolume"),
+        )
+        .await
+        .expect("creating the PersistentVolume");
+}
+
+/// A StatefulSet of one pod whose container (the node's pause image: it only holds the
+/// volume) mounts claim template `data`, labelled for Cluster `name`.
+fn statefulset(name: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "custody.io/cluster": name}},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "db", "image": "localhost/custody/pause:1",
+                                    "imagePullPolicy": "Never",
+                                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/db"}]}],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "custody-real-node",
+                         "resources": {"requests": {"storage": "64Mi"}}},
+            }],
+        },
+    })
+}
+
+/// Every file, directory and symlink under `root`, with contents (link targets for links).
+fn tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let relative = path.strip_prefix(root).expect("under root").to_path_buf();
+            if relative == Path::new("lost+found") {
+                continue;
+            }
+            let kind = std::fs::symlink_metadata(&path)
+                .expect("metadata")
+                .file_type();
+            if kind.is_symlink() {
+                let target = std::fs::read_link(&path).expect("link");
+                found.insert(relative, target.into_os_string().into_encoded_bytes());
+            } else if kind.is_dir() {
+                found.insert(relative, b"<dir>".to_vec());
+                stack.push(path);
+            } else {
+                found.insert(relative, std::fs::read(&path).expect("read"));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_verified_its_volume()
+{
+    let node = real_node();
+    let _installed = Installed::apply();
+    let client = client().await;
+    running(&client).await;
+    let namespace = TestNamespace::create("real").await;
+    let ns = namespace.name.clone();
+
+    // A repository the Jobs' pods reach on the host address.
+    let bucket = s3::bucket(s3::shared(), "real").await;
+    create::<Secret>(&namespace.api(), json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
+    }))
+    .await;
+    create::<BackupRepository>(&namespace.api(), json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+        "metadata": {"name": "store"},
+        "spec": {"endpoint": s3_for_pods(), "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                 "credentialsSecretRef": {"name": "s3"}},
+    }))
+    .await;
+
+    // The source: Cluster orders, its StatefulSet's pod running on the node on a real volume.
+    let source = LoopVolume::new(64);
+    small_database(source.path());
+    local_volume(&client, node, &ns, "data-orders-0", source.path()).await;
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "orders"},
+            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                     "repositoryRef": {"name": "store"}},
+        }),
+    )
+    .await;
+    create::<StatefulSet>(&namespace.api(), statefulset("orders")).await;
+    let pods: Api<Pod> = namespace.api();
+    await_condition(&pods, "orders-0", "running", TIMEOUT, |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            == Some("Running")
+    })
+    .await;
+
+    // Backed up by custody-mover in a Job's pod on the node.
+    create::<Backup>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "nightly"},
+            "spec": {"clusterRef": {"name": "orders"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<Backup>(),
+        "nightly",
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
+    )
+    .await;
+
+    // Restored into Cluster shop on an empty volume: its pod starts only once the agent
+    // verified the volume.
+    let target = LoopVolume::new(64);
+    local_volume(&client, node, &ns, "data-shop-0", target.path()).await;
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "shop"},
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                     "restore": {"backupRef": {"name": "nightly"}}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "the Restore",
+        TIMEOUT,
+        |_: &Restore| true,
+    )
+    .await;
+    create::<StatefulSet>(&namespace.api(), statefulset("shop")).await;
+    // Held: custody-wait runs in the pod's first init container while the volume is written
+    // and verified; the application container has not started.
+    await_condition(
+        &pods,
+        "shop-0",
+        "held in Init by custody-wait",
+        TIMEOUT,
+        |pod: &Pod| {
+            pod.status.as_ref().is_some_and(|status| {
+                let waiting_in_init = status
+                    .init_container_statuses
+                    .iter()
+                    .flatten()
+                    .next()
+                    .is_some_and(|wait| {
+                        wait.state
+                            .as_ref()
+                            .is_some_and(|state| state.running.is_some())
+                    });
+                let application_started =
+                    status.container_statuses.iter().flatten().any(|container| {
+                        container
+                            .state
+                            .as_ref()
+                            .is_some_and(|state| state.running.is_some())
+                    });
+                waiting_in_init && !application_started
+            })
+        },
+    )
+    .await;
+    let restore = await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let pod = await_condition(
+        &pods,
+        "shop-0",
+        "running and ready",
+        TIMEOUT,
+        |pod: &Pod| {
+            pod.status.as_ref().is_some_and(|status| {
+                status.phase.as_deref() == Some("Running")
+                    && status
+                        .conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    // custody-wait ran as the pod's first init container, in a real container, and was
+    // released (exit 0); the readiness gate is set.
+    let spec = pod.spec.as_ref().unwrap();
+    let first = &spec.init_containers.as_ref().expect("init containers")[0];
+    assert_eq!(
+        first.command.as_deref(),
+        Some(&["custody-wait".to_string()][..])
+    );
+    let status = pod.status.as_ref().unwrap();
+    let waited = &status
+        .init_container_statuses
+        .as_ref()
+        .expect("init statuses")[0];
+    let terminated = waited
+        .state
+        .as_ref()
+        .and_then(|state| state.terminated.as_ref())
+        .unwrap_or_else(|| panic!("custody-wait not finished: {waited:?}"));
+    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
+    assert!(
+        waited.image_id.starts_with("sha256:"),
+        "{}",
+        waited.image_id
+    );
+    assert!(
+        spec.readiness_gates
+            .iter()
+            .flatten()
+            .any(|gate| gate.condition_type.starts_with("custody.io/")),
+        "{:?}",
+        spec.readiness_gates
+    );
+    // What the pod got is exactly what was backed up (beside custody's own .custody/: the
+    // restore's identity and manifest, which the agent verified against).
+    let mut restored = tree(target.path());
+    assert!(
+        restored.contains_key(Path::new(".custody/manifest.jsonl")),
+        "{:?}",
+        restored.keys()
+    );
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    let original = tree(source.path());
+    let differing: Vec<&PathBuf> = original
+        .keys()
+        .chain(restored.keys())
+        .filter(|path| original.get(*path) != restored.get(*path))
+        .collect();
+    assert!(differing.is_empty(), "restored differs at {differing:?}");
+    assert_eq!(original.len(), restored.len());
+    assert!(original.len() > 500, "{}", original.len());
+    // The agent of this node verified the volume.
+    let volume = &restore.status.as_ref().expect("status").volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    assert_eq!(volume.node_name.as_deref(), Some(node), "{volume:?}");
+
+    namespace.delete().await;
+    for claim in ["data-orders-0", "data-shop-0"] {
+        let _ = Api::<PersistentVolume>::all(client.clone())
+            .delete(&format!("{ns}-{claim}"), &Default::default())
+            .await;
+    }
 }
