@@ -113,6 +113,23 @@ pub async fn put(url: &str, bucket: &str, key: &str, body: Vec<u8>) {
         .unwrap_or_else(|error| panic!("putting {bucket}/{key}: {error}"));
 }
 
+/// The object at `key`.
+pub async fn get(url: &str, bucket: &str, key: &str) -> Vec<u8> {
+    client(url)
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("getting {bucket}/{key}: {error}"))
+        .body
+        .collect()
+        .await
+        .expect("reading the body")
+        .into_bytes()
+        .to_vec()
+}
+
 /// Deletes `keys` from `bucket`.
 pub async fn delete(url: &str, bucket: &str, keys: &[&str]) {
     let client = client(url);

@@ -295,18 +295,29 @@ fn tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     found
 }
 
-#[tokio::test]
-async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_verified_its_volume()
-{
+/// A namespace on the real node with custody installed, a repository the Jobs' pods reach,
+/// Cluster `orders` (its pod running on a real volume holding the tests' small database) and
+/// its completed Backup `nightly`.
+struct BackedUp {
+    node: &'static str,
+    client: kube::Client,
+    namespace: TestNamespace,
+    bucket: String,
+    source: LoopVolume,
+    pods: Api<Pod>,
+    _installed: Installed,
+}
+
+async fn backed_up(prefix: &str) -> BackedUp {
     let node = real_node();
-    let _installed = Installed::apply();
+    let installed = Installed::apply();
     let client = client().await;
     running(&client).await;
-    let namespace = TestNamespace::create("real").await;
+    let namespace = TestNamespace::create(prefix).await;
     let ns = namespace.name.clone();
 
     // A repository the Jobs' pods reach on the host address.
-    let bucket = s3::bucket(s3::shared(), "real").await;
+    let bucket = s3::bucket(s3::shared(), prefix).await;
     create::<Secret>(&namespace.api(), json!({
         "metadata": {"name": "s3"},
         "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
@@ -365,33 +376,69 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
     )
     .await;
 
-    // Restored into Cluster shop on an empty volume: its pod starts only once the agent
-    // verified the volume.
+    BackedUp {
+        node,
+        client,
+        namespace,
+        bucket,
+        source,
+        pods,
+        _installed: installed,
+    }
+}
+
+impl BackedUp {
+    /// Cluster `shop` restored from `nightly` onto an empty real volume, and its StatefulSet.
+    async fn restore_shop(&self, target: &Path) {
+        let (node, client, namespace) = (self.node, &self.client, &self.namespace);
+        let ns = namespace.name.clone();
+        // Restored into Cluster shop on an empty volume: its pod starts only once the agent
+        // verified the volume.
+        local_volume(client, node, &ns, "data-shop-0", target).await;
+        create::<Cluster>(
+            &namespace.api(),
+            json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": "shop"},
+                "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                         "restore": {"backupRef": {"name": "nightly"}}},
+            }),
+        )
+        .await;
+        await_condition(
+            &namespace.api::<Restore>(),
+            "shop",
+            "the Restore",
+            TIMEOUT,
+            |_: &Restore| true,
+        )
+        .await;
+        create::<StatefulSet>(&namespace.api(), statefulset("shop")).await;
+    }
+
+    /// Deletes the namespace and the PersistentVolumes made for it.
+    async fn finish(self) {
+        let ns = self.namespace.name.clone();
+        self.namespace.delete().await;
+        for claim in ["data-orders-0", "data-shop-0"] {
+            let _ = Api::<PersistentVolume>::all(self.client.clone())
+                .delete(&format!("{ns}-{claim}"), &Default::default())
+                .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_verified_its_volume()
+{
+    let setup = backed_up("real").await;
+    let (node, namespace, pods) = (setup.node, &setup.namespace, &setup.pods);
     let target = LoopVolume::new(64);
-    local_volume(&client, node, &ns, "data-shop-0", target.path()).await;
-    create::<Cluster>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": "shop"},
-            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
-                     "restore": {"backupRef": {"name": "nightly"}}},
-        }),
-    )
-    .await;
-    await_condition(
-        &namespace.api::<Restore>(),
-        "shop",
-        "the Restore",
-        TIMEOUT,
-        |_: &Restore| true,
-    )
-    .await;
-    create::<StatefulSet>(&namespace.api(), statefulset("shop")).await;
+    setup.restore_shop(target.path()).await;
     // Held: custody-wait runs in the pod's first init container while the volume is written
     // and verified; the application container has not started.
     await_condition(
-        &pods,
+        pods,
         "shop-0",
         "held in Init by custody-wait",
         TIMEOUT,
@@ -429,22 +476,16 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
         },
     )
     .await;
-    let pod = await_condition(
-        &pods,
-        "shop-0",
-        "running and ready",
-        TIMEOUT,
-        |pod: &Pod| {
-            pod.status.as_ref().is_some_and(|status| {
-                status.phase.as_deref() == Some("Running")
-                    && status
-                        .conditions
-                        .iter()
-                        .flatten()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
-            })
-        },
-    )
+    let pod = await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status.phase.as_deref() == Some("Running")
+                && status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
     .await;
     // custody-wait ran as the pod's first init container, in a real container, and was
     // released (exit 0); the readiness gate is set.
@@ -487,7 +528,7 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
         restored.keys()
     );
     restored.retain(|path, _| !path.starts_with(".custody"));
-    let original = tree(source.path());
+    let original = tree(setup.source.path());
     let differing: Vec<&PathBuf> = original
         .keys()
         .chain(restored.keys())
@@ -501,10 +542,74 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
     assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
     assert_eq!(volume.node_name.as_deref(), Some(node), "{volume:?}");
 
-    namespace.delete().await;
-    for claim in ["data-orders-0", "data-shop-0"] {
-        let _ = Api::<PersistentVolume>::all(client.clone())
-            .delete(&format!("{ns}-{claim}"), &Default::default())
-            .await;
-    }
+    setup.finish().await;
+}
+
+/// A restore whose artifact was changed in the repository after the backup is refused, and
+/// its pod stays in Init: custody-wait keeps the application container from ever starting
+/// on the unverified volume.
+#[tokio::test]
+async fn on_a_real_node_a_tampered_restore_is_refused_and_its_pod_stays_held() {
+    let setup = backed_up("tamper").await;
+    let backup = setup
+        .namespace
+        .api::<Backup>()
+        .get("nightly")
+        .await
+        .unwrap();
+    let artifact = backup.status.unwrap().artifact.expect("an artifact");
+    let mut bytes = s3::get(s3::shared(), &setup.bucket, &artifact.key).await;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    s3::put(s3::shared(), &setup.bucket, &artifact.key, bytes).await;
+
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let restore = await_condition(
+        &setup.namespace.api::<Restore>(),
+        "shop",
+        "Failed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Failed)
+        },
+    )
+    .await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Failed, "{volume:?}");
+    // Still held well after the refusal: custody-wait has not let the application start.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pod = setup.pods.get("shop-0").await.unwrap();
+    let status = pod.status.as_ref().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Pending"), "{status:?}");
+    let wait = &status
+        .init_container_statuses
+        .as_ref()
+        .expect("init statuses")[0];
+    assert!(
+        wait.state
+            .as_ref()
+            .is_some_and(|state| state.terminated.is_none()),
+        "custody-wait ended: {wait:?}"
+    );
+    assert!(
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .all(|container| container
+                .state
+                .as_ref()
+                .is_none_or(|state| state.running.is_none())),
+        "{:?}",
+        status.container_statuses
+    );
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+    );
+    setup.finish().await;
 }
