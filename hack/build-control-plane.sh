@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the Go module proxy into a
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (and any other
+# command of k8s.io/kubernetes named as an argument) from the Go module proxy into a
 # cache outside the repository, keyed by version. A second run finds the binaries and returns.
 #
 #   hack/build-control-plane.sh          # prints the bin directory on its last line
+#   hack/build-control-plane.sh kubelet kube-proxy   # also these commands (hack/build-node.sh)
 set -euo pipefail
+names=(kube-apiserver kube-controller-manager kube-scheduler kubectl "$@")
 
 KUBE_VERSION="${CUSTODY_KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${CUSTODY_ETCD_VERSION:-v3.6.16}"
@@ -29,12 +32,12 @@ build_etcd() {
 }
 
 build_kubernetes() {
-  local apiserver="$BIN/kube-apiserver-$KUBE_VERSION"
-  local kcm="$BIN/kube-controller-manager-$KUBE_VERSION"
-  local scheduler="$BIN/kube-scheduler-$KUBE_VERSION"
-  local kubectl="$BIN/kubectl-$KUBE_VERSION"
-  if [[ -x "$apiserver" && -x "$kcm" && -x "$scheduler" && -x "$kubectl" ]]; then return; fi
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler and kubectl $KUBE_VERSION (first run only)"
+  local name missing=()
+  for name in "${names[@]}"; do
+    [[ -x "$BIN/$name-$KUBE_VERSION" ]] || missing+=("$name")
+  done
+  ((${#missing[@]})) || return 0
+  log "building ${missing[*]} $KUBE_VERSION (first run only)"
   local staging_version="v0.${KUBE_VERSION#v1.}"
   local work; work=$(mktemp -d)
   (
@@ -48,18 +51,11 @@ build_kubernetes() {
       | awk '{print $1}' | sort -u | while read -r module; do
         go mod edit -replace "$module=$module@$staging_version"
       done
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+    {
+      printf '//go:build tools\n\npackage tools\n\nimport (\n'
+      for name in "${missing[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$name"; done
+      printf ')\n'
+    } > tools.go
     go mod edit -require "k8s.io/kubernetes@$KUBE_VERSION"
     # -e: tidy also walks the tests of dependencies, some of which import unpublished packages.
     go mod tidy -e >/dev/null 2>&1
@@ -68,9 +64,7 @@ GO
     local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
     ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
     ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-    local name
-    for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-      [[ -x "$BIN/$name-$KUBE_VERSION" ]] && continue
+    for name in "${missing[@]}"; do
       CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$BIN/$name-$KUBE_VERSION.tmp" "k8s.io/kubernetes/cmd/$name"
       mv "$BIN/$name-$KUBE_VERSION.tmp" "$BIN/$name-$KUBE_VERSION"
     done
