@@ -264,33 +264,10 @@ async fn setup_full(
     let ip = node_address(&ns);
     let kubelet = Arc::new(FakeKubelet::with_address(&client, &format!("{ns}-a"), &ip).await);
 
-    create::<Secret>(&namespace.api(), json!({
-        "metadata": {"name": "s3"},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
-    }))
-    .await;
-    create::<BackupRepository>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
-            "metadata": {"name": "store"},
-            "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
-                     "credentialsSecretRef": {"name": "s3"}},
-        }),
-    )
-    .await;
+    repository(&namespace, url, &bucket).await;
 
     // The source: Cluster orders, its claim mounted by a running pod on the node.
-    create::<Cluster>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": "orders"},
-            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
-                     "repositoryRef": {"name": "store"}},
-        }),
-    )
-    .await;
+    source_cluster(&namespace).await;
     create::<PersistentVolumeClaim>(&namespace.api(), json!({
         "metadata": {"name": "data-orders-0"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}},
@@ -510,6 +487,40 @@ pub async fn restore_into_on(
             }],
         },
     }))
+    .await;
+}
+
+/// Secret `s3` with the test S3 server's credentials, and BackupRepository `store` at
+/// `endpoint`, bucket `bucket`, prefix `custody`.
+pub async fn repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
+    create::<Secret>(&namespace.api(), json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
+    }))
+    .await;
+    create::<BackupRepository>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "store"},
+            "spec": {"endpoint": endpoint, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}},
+        }),
+    )
+    .await;
+}
+
+/// Cluster `orders` of StatefulSet `orders` (claim template `data`), backed up to `store`.
+pub async fn source_cluster(namespace: &TestNamespace) {
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "orders"},
+            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                     "repositoryRef": {"name": "store"}},
+        }),
+    )
     .await;
 }
 

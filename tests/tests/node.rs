@@ -9,16 +9,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use custody_kube::api::{
-    Backup, BackupPhase, BackupRepository, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
+    Backup, BackupPhase, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
 };
 use custody_tests::node::{hack, real_node};
 use custody_tests::s3;
-use custody_tests::scenario::{create, small_database};
+use custody_tests::scenario::{create, repository, small_database, source_cluster};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::{TestNamespace, await_condition, client, kubectl, repo_root};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -318,33 +318,13 @@ async fn backed_up(prefix: &str) -> BackedUp {
 
     // A repository the Jobs' pods reach on the host address.
     let bucket = s3::bucket(s3::shared(), prefix).await;
-    create::<Secret>(&namespace.api(), json!({
-        "metadata": {"name": "s3"},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
-    }))
-    .await;
-    create::<BackupRepository>(&namespace.api(), json!({
-        "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
-        "metadata": {"name": "store"},
-        "spec": {"endpoint": s3_for_pods(), "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
-                 "credentialsSecretRef": {"name": "s3"}},
-    }))
-    .await;
+    repository(&namespace, &s3_for_pods(), &bucket).await;
 
     // The source: Cluster orders, its StatefulSet's pod running on the node on a real volume.
     let source = LoopVolume::new(64);
     small_database(source.path());
     local_volume(&client, node, &ns, "data-orders-0", source.path()).await;
-    create::<Cluster>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": "orders"},
-            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
-                     "repositoryRef": {"name": "store"}},
-        }),
-    )
-    .await;
+    source_cluster(&namespace).await;
     create::<StatefulSet>(&namespace.api(), statefulset("orders")).await;
     let pods: Api<Pod> = namespace.api();
     await_condition(&pods, "orders-0", "running", TIMEOUT, |pod: &Pod| {
