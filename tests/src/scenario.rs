@@ -393,25 +393,7 @@ async fn setup_full(
     })
     .await;
 
-    create::<Backup>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
-            "metadata": {"name": "nightly"},
-            "spec": {"clusterRef": {"name": "orders"}},
-        }),
-    )
-    .await;
-    await_condition(
-        &namespace.api::<Backup>(),
-        "nightly",
-        "Completed",
-        TIMEOUT,
-        |backup: &Backup| {
-            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
-        },
-    )
-    .await;
+    nightly_completed(&namespace).await;
 
     Setup {
         namespace,
@@ -520,6 +502,29 @@ pub async fn source_cluster(namespace: &TestNamespace) {
             "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
                      "repositoryRef": {"name": "store"}},
         }),
+    )
+    .await;
+}
+
+/// Backup `nightly` of Cluster `orders`, once it is Completed.
+pub async fn nightly_completed(namespace: &TestNamespace) {
+    create::<Backup>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "nightly"},
+            "spec": {"clusterRef": {"name": "orders"}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<Backup>(),
+        "nightly",
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
     )
     .await;
 }

@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use custody_kube::api::{
-    Backup, BackupPhase, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
-};
+use custody_kube::api::{Backup, Cluster, NodeAgent, Restore, RestorePhase, VolumeState};
 use custody_tests::node::{hack, real_node};
 use custody_tests::s3;
-use custody_tests::scenario::{create, repository, small_database, source_cluster};
+use custody_tests::scenario::{
+    create, nightly_completed, repository, small_database, source_cluster,
+};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::{TestNamespace, await_condition, client, kubectl, repo_root};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -336,25 +336,7 @@ async fn backed_up(prefix: &str) -> BackedUp {
     .await;
 
     // Backed up by custody-mover in a Job's pod on the node.
-    create::<Backup>(
-        &namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
-            "metadata": {"name": "nightly"},
-            "spec": {"clusterRef": {"name": "orders"}},
-        }),
-    )
-    .await;
-    await_condition(
-        &namespace.api::<Backup>(),
-        "nightly",
-        "Completed",
-        TIMEOUT,
-        |backup: &Backup| {
-            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
-        },
-    )
-    .await;
+    nightly_completed(&namespace).await;
 
     BackedUp {
         node,
