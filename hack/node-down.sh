@@ -24,7 +24,8 @@ stop containerd
 pkill -f "containerd-shim-runc-v2 .*-address $NODE_RUN/containerd.sock" 2>/dev/null || true
 if [[ "${1:-}" == "--purge" ]]; then
   "$CUSTODY_CACHE/bin/kube-proxy-$CUSTODY_KUBE_VERSION" --cleanup >/dev/null 2>&1 || true
-  grep -E " (/var/lib/kubelet|$NODE_DIR|$NODE_RUN)/" /proc/self/mounts | awk '{print $2}' | sort -r \
+  # Deepest first, the kubelet's own bind mount of its root directory last.
+  grep -E " (/var/lib/kubelet|$NODE_DIR|$NODE_RUN)[/ ]" /proc/self/mounts | awk '{print $2}' | sort -r \
     | while read -r target; do umount -l "$target" 2>/dev/null || true; done
   ip link delete custody0 2>/dev/null || true
   rm -rf "$NODE_DIR" "$NODE_RUN" /var/lib/kubelet
