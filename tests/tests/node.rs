@@ -306,9 +306,24 @@ struct BackedUp {
     source: LoopVolume,
     pods: Api<Pod>,
     _installed: Installed,
+    _agents: Agents,
 }
 
+/// Held by every test: shared, or exclusive by one that replaces the agents.
+#[allow(dead_code)]
+enum Agents {
+    Shared(tokio::sync::RwLockReadGuard<'static, ()>),
+    Exclusive(tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
+/// Tests that restart the agents run alone: the others' restores would see it too.
+static AGENTS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 async fn backed_up(prefix: &str) -> BackedUp {
+    backed_up_with(prefix, Agents::Shared(AGENTS.read().await)).await
+}
+
+async fn backed_up_with(prefix: &str, agents: Agents) -> BackedUp {
     let node = real_node();
     let installed = Installed::apply();
     let client = client().await;
@@ -346,6 +361,7 @@ async fn backed_up(prefix: &str) -> BackedUp {
         source,
         pods,
         _installed: installed,
+        _agents: agents,
     }
 }
 
@@ -572,6 +588,167 @@ async fn on_a_real_node_a_tampered_restore_is_refused_and_its_pod_stays_held() {
             .iter()
             .flatten()
             .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+    );
+    setup.finish().await;
+}
+
+/// The node's containerd, as the kubelet uses it.
+fn ctr(args: &[&str]) -> String {
+    let output = std::process::Command::new("ctr")
+        .args([
+            "--address",
+            "/run/custody-node/containerd.sock",
+            "-n",
+            "k8s.io",
+        ])
+        .args(args)
+        .output()
+        .expect("running ctr");
+    assert!(
+        output.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// Issue 15, item 1, on a real kubelet: a restore completed, the application changed its
+/// volume, every agent was replaced (a DaemonSet rollout), then the pod's sandbox died, so the
+/// kubelet ran custody-wait again. It is released (the Restore's record of the verification
+/// counts, not the changed volume), and no agent reports the volume failed.
+#[tokio::test]
+async fn on_a_real_node_a_completed_restore_is_not_held_again_after_an_agent_rollout_and_a_sandbox_restart()
+ {
+    let setup = backed_up_with("rollout", Agents::Exclusive(AGENTS.write().await)).await;
+    let (node, namespace, pods) = (setup.node, &setup.namespace, &setup.pods);
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let ready = |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    };
+    let before = await_condition(pods, "shop-0", "ready", TIMEOUT, ready).await;
+
+    // The application writes: the volume is no longer the backup.
+    std::fs::write(
+        target.path().join("base/16384/0001"),
+        b"changed by the application",
+    )
+    .unwrap();
+    std::fs::write(target.path().join("new-table"), b"rows").unwrap();
+
+    // Every agent replaced.
+    let output = kubectl(&[
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "restart",
+        "daemonset/custody-agent",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = kubectl(&[
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "status",
+        "daemonset/custody-agent",
+        "--timeout=180s",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The pod's sandbox dies: the kubelet makes a new one and runs the init containers again.
+    let uid = before.metadata.uid.clone().unwrap();
+    let sandboxes = ctr(&[
+        "containers",
+        "ls",
+        "-q",
+        &format!("labels.\"io.kubernetes.pod.uid\"=={uid}"),
+    ]);
+    let sandbox = sandboxes
+        .lines()
+        .find(|id| {
+            ctr(&["containers", "info", id]).contains("\"io.cri-containerd.kind\": \"sandbox\"")
+        })
+        .unwrap_or_else(|| panic!("the sandbox of shop-0 among {sandboxes:?}"));
+    ctr(&["tasks", "kill", "-s", "SIGKILL", sandbox]);
+    let restarted = |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .next()
+                .is_some_and(|wait| wait.restart_count > 0)
+        })
+    };
+    await_condition(pods, "shop-0", "custody-wait run again", TIMEOUT, restarted).await;
+    let after = await_condition(pods, "shop-0", "ready again", TIMEOUT, |pod: &Pod| {
+        restarted(pod) && ready(pod)
+    })
+    .await;
+    let wait = &after
+        .status
+        .as_ref()
+        .unwrap()
+        .init_container_statuses
+        .as_ref()
+        .unwrap()[0];
+    let terminated = wait
+        .state
+        .as_ref()
+        .and_then(|state| state.terminated.as_ref())
+        .expect("custody-wait ended");
+    assert_eq!(terminated.exit_code, 0, "{wait:?}");
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "the same pod, not a new one"
+    );
+
+    // The agents never report the volume failed, and the application's change is still there.
+    let agent = Api::<NodeAgent>::all(setup.client.clone())
+        .get(node)
+        .await
+        .unwrap();
+    let status = agent.status.unwrap_or_default();
+    assert!(
+        status
+            .restored_volumes
+            .iter()
+            .all(|volume| volume.state != VolumeState::Failed)
+            && status
+                .volumes
+                .as_ref()
+                .is_none_or(|counts| counts.failed == 0),
+        "{status:?}"
+    );
+    let restore = namespace.api::<Restore>().get("shop").await.unwrap();
+    assert_eq!(restore.status.unwrap().phase, Some(RestorePhase::Completed));
+    assert_eq!(
+        std::fs::read(target.path().join("new-table")).unwrap(),
+        b"rows"
     );
     setup.finish().await;
 }
