@@ -305,6 +305,21 @@ pub fn kubectl_path() -> PathBuf {
     cache.join(format!("bin/kubectl-{version}"))
 }
 
+/// Runs `command` to its end and returns its standard output; panics naming the command and
+/// what it printed when it fails.
+pub fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("running {command:?}: {error}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// Runs the kubectl built with the control plane against it.
 pub fn kubectl(args: &[&str]) -> Output {
     let kubectl = kubectl_path();

@@ -39,14 +39,5 @@ pub fn real_node() -> &'static str {
 
 /// Runs a hack/ script with arguments; panics with its output when it fails.
 pub fn hack(script: &str, args: &[&str]) {
-    let output = Command::new(repo_root().join("hack").join(script))
-        .args(args)
-        .output()
-        .unwrap_or_else(|error| panic!("running hack/{script}: {error}"));
-    assert!(
-        output.status.success(),
-        "hack/{script} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::run(Command::new(repo_root().join("hack").join(script)).args(args));
 }

@@ -6,16 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn openssl(args: &[&str], dir: &Path) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running openssl");
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::run(Command::new("openssl").args(args).current_dir(dir));
 }
 
 /// A CA with one server certificate, in a temporary directory.

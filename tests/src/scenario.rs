@@ -529,6 +529,34 @@ pub async fn nightly_completed(namespace: &TestNamespace) {
     .await;
 }
 
+/// The artifact Backup `name` recorded.
+pub async fn artifact_of(namespace: &TestNamespace, name: &str) -> custody_kube::api::Artifact {
+    namespace
+        .api::<Backup>()
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|status| status.artifact)
+        .unwrap_or_else(|| panic!("Backup {name} has no artifact"))
+}
+
+/// Restore `name` once it is in `phase`.
+pub async fn restore_reaches(
+    namespace: &TestNamespace,
+    name: &str,
+    phase: custody_kube::api::RestorePhase,
+) -> Restore {
+    await_condition(
+        &namespace.api::<Restore>(),
+        name,
+        &format!("{phase:?}"),
+        TIMEOUT,
+        |restore: &Restore| restore.status.as_ref().and_then(|status| status.phase) == Some(phase),
+    )
+    .await
+}
+
 /// The scenario with the tests' small database.
 pub async fn setup(prefix: &str) -> Setup {
     setup_with(prefix, 64, small_database).await

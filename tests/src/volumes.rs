@@ -11,15 +11,7 @@ pub struct LoopVolume {
 }
 
 fn run(program: &str, args: &[&str]) {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|error| panic!("{program}: {error}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::run(Command::new(program).args(args));
 }
 
 impl LoopVolume {
@@ -77,4 +69,38 @@ pub fn copy_tree(from: &Path, to: &Path) {
             to.to_str().expect("utf-8"),
         ],
     );
+}
+
+/// Every directory, regular file and symlink under `root` (but custody's `.custody/` and
+/// `lost+found`), with its content (a symlink's target; a directory, ending in `/`, none).
+pub fn tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let relative = path.strip_prefix(root).unwrap().display().to_string();
+            if relative == ".custody" || relative == "lost+found" {
+                continue;
+            }
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                out.insert(
+                    relative,
+                    std::fs::read_link(&path)
+                        .unwrap()
+                        .display()
+                        .to_string()
+                        .into_bytes(),
+                );
+            } else if kind.is_dir() {
+                out.insert(format!("{relative}/"), Vec::new());
+                walk(root, &path, out);
+            } else {
+                out.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(root, root, &mut out);
+    out
 }

@@ -9,7 +9,7 @@ use custody_kube::api::{
     RestorePhase,
 };
 use custody_tests::s3::{self, Fault, FaultyLink, PrivateS3};
-use custody_tests::scenario::{Setup, create, restore_into, setup};
+use custody_tests::scenario::{Setup, artifact_of, create, restore_into, setup};
 use custody_tests::volumes::LoopVolume;
 use custody_tests::workloads::WorkloadRunner;
 use custody_tests::{await_condition, eventually};
@@ -70,18 +70,6 @@ async fn gone(setup: &Setup, name: &str) {
 }
 
 /// The artifact a Backup recorded.
-async fn artifact_of(setup: &Setup, name: &str) -> custody_kube::api::Artifact {
-    setup
-        .namespace
-        .api::<Backup>()
-        .get(name)
-        .await
-        .unwrap()
-        .status
-        .and_then(|status| status.artifact)
-        .unwrap_or_else(|| panic!("Backup {name} has no artifact"))
-}
-
 /// Deletes a Backup and waits until it is gone.
 async fn delete_and_wait(setup: &Setup, name: &str) {
     setup
@@ -300,7 +288,7 @@ async fn a_restore_holds_the_deletion_of_its_backup_and_a_restore_refuses_a_back
     let setup = setup("readers").await;
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
-    let nightly = artifact_of(&setup, "nightly").await;
+    let nightly = artifact_of(&setup.namespace, "nightly").await;
     let store = setup
         .namespace
         .api::<BackupRepository>()
@@ -517,7 +505,7 @@ async fn backups_and_restores_of_one_cluster_never_overlap() {
 #[tokio::test]
 async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_goes() {
     let setup = setup("teardown").await;
-    let nightly = artifact_of(&setup, "nightly").await;
+    let nightly = artifact_of(&setup.namespace, "nightly").await;
     // A second Backup of the same Secret: both are released at once.
     backup(&setup, "second", "orders", None).await;
     let second = completed(&setup, "second")
@@ -565,7 +553,7 @@ async fn deleting_a_namespace_deletes_its_backups_artifacts_and_the_namespace_go
 #[tokio::test]
 async fn a_cleanup_interrupted_after_the_secret_was_released_finishes_without_it() {
     let mut setup = setup("resume").await;
-    let artifact = artifact_of(&setup, "nightly").await;
+    let artifact = artifact_of(&setup.namespace, "nightly").await;
     setup.stop_controller();
     // The state the stopped controller left behind.
     let backups = setup.namespace.api::<Backup>();
@@ -954,7 +942,7 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
 
     // Deleting an attributed Backup deletes its dump only.
     let keys_before = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
-    let first = artifact_of(&setup, "dump30").await;
+    let first = artifact_of(&setup.namespace, "dump30").await;
     // The user's own retention prunes the older run's dump first: deleting the older Backup
     // then reports it gone and never takes the newer run's dump in its place.
     s3::client(s3::shared())
@@ -975,7 +963,7 @@ async fn a_command_dump_is_attributed_by_two_clocks_only_with_the_nodes_offset_m
     );
 
     // Deleting the newer one deletes its dump only.
-    let second = artifact_of(&setup, "dump-30").await;
+    let second = artifact_of(&setup.namespace, "dump-30").await;
     delete_and_wait(&setup, "dump-30").await;
     let keys_last = s3::keys(s3::shared(), &bucket, "custody/pg-dumps/").await;
     let removed = removed_between(&keys_after, &keys_last);

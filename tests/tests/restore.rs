@@ -4,17 +4,15 @@
 //! gRPC, the real `custody-mover` against the real S3 server, real ext4 volumes. The fake
 //! kubelet only mounts volumes, runs the workspace binaries a pod names, and reports status.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use custody_kube::api::{
-    Backup, BackupRepository, Cluster, ClusterPhase, HasConditions, NodeAgent, Restore,
-    RestorePhase, VolumeState,
+    BackupRepository, Cluster, ClusterPhase, HasConditions, NodeAgent, Restore, RestorePhase,
+    VolumeState,
 };
 use custody_proto::names;
-use custody_tests::scenario::{Setup, create, restore_into, setup, setup_as_deployed};
-use custody_tests::volumes::LoopVolume;
+use custody_tests::scenario::{Setup, artifact_of, create, restore_into, setup, setup_as_deployed};
+use custody_tests::volumes::{LoopVolume, tree};
 use custody_tests::workloads::WorkloadRunner;
 use custody_tests::{await_condition, eventually, s3};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -73,39 +71,6 @@ async fn await_event(
         }
     })
     .await;
-}
-
-/// Every regular file and symlink under `root` (but `.custody/` and `lost+found`), with content.
-fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let relative = path.strip_prefix(root).unwrap().display().to_string();
-            if relative == ".custody" || relative == "lost+found" {
-                continue;
-            }
-            let kind = entry.file_type().unwrap();
-            if kind.is_symlink() {
-                out.insert(
-                    relative,
-                    std::fs::read_link(&path)
-                        .unwrap()
-                        .display()
-                        .to_string()
-                        .into_bytes(),
-                );
-            } else if kind.is_dir() {
-                out.insert(format!("{relative}/"), Vec::new());
-                walk(root, &path, out);
-            } else {
-                out.insert(relative, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
 }
 
 #[tokio::test]
@@ -492,13 +457,7 @@ async fn a_corrupted_artifact_fails_the_restore() {
     let client = setup.namespace.client.clone();
     let ns = setup.namespace.name.clone();
     // Somebody rewrote the data object in the bucket after the backup.
-    let backup = setup
-        .namespace
-        .api::<Backup>()
-        .get("nightly")
-        .await
-        .unwrap();
-    let artifact = backup.status.unwrap().artifact.unwrap();
+    let artifact = artifact_of(&setup.namespace, "nightly").await;
     let repository = setup
         .namespace
         .api::<BackupRepository>()
@@ -1267,16 +1226,7 @@ async fn a_nodes_report_about_a_pod_on_another_node_changes_nothing() {
 #[tokio::test]
 async fn a_restore_reads_the_recorded_bucket_after_the_repository_moved_to_another() {
     let setup = setup("movedbucket").await;
-    let recorded = setup
-        .namespace
-        .api::<Backup>()
-        .get("nightly")
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .artifact
-        .unwrap();
+    let recorded = artifact_of(&setup.namespace, "nightly").await;
     let fresh = s3::bucket(s3::shared(), "moved-to").await;
     assert_ne!(fresh, recorded.bucket);
     let repositories: Api<BackupRepository> = setup.namespace.api();
