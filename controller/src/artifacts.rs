@@ -76,6 +76,15 @@ pub fn held_secrets(backup: &Backup, repository_secret: Option<&str>) -> Vec<Str
     secrets
 }
 
+/// A Backup's cleanup status as recorded (the default before its deletion wrote any).
+pub fn cleanup_of(backup: &Backup) -> custody_kube::api::CleanupStatus {
+    backup
+        .status
+        .as_ref()
+        .and_then(|status| status.cleanup.clone())
+        .unwrap_or_default()
+}
+
 /// Whether `other` still needs Secret `secret`: it holds the cleanup finalizer, its cleanup is
 /// not done, and it recorded that Secret — or it recorded nothing yet and is not finished (it
 /// may have held the Secret a moment before recording it).
@@ -88,10 +97,7 @@ pub fn needs_secret(other: &Backup, secret: &str) -> bool {
         .flatten()
         .any(|f| f == FINALIZER);
     let status = other.status.as_ref();
-    let done = status
-        .and_then(|status| status.cleanup.as_ref())
-        .is_some_and(|cleanup| cleanup.done);
-    if !holds || done {
+    if !holds || cleanup_of(other).done {
         return false;
     }
     let recorded = held_secrets(other, None);

@@ -88,11 +88,7 @@ pub struct AfterDelete {
 /// The step of a deletion, decided by [`artifacts::step`] and the Backup's own backoff.
 pub fn plan(facts: &Facts) -> Plan {
     let backup = &facts.backup;
-    let cleanup = backup
-        .status
-        .as_ref()
-        .and_then(|status| status.cleanup.clone())
-        .unwrap_or_default();
+    let cleanup = artifacts::cleanup_of(backup);
     let artifact = backup
         .status
         .as_ref()
@@ -186,13 +182,7 @@ pub fn after_delete(
             }
         }
         Outcome::Failed(message) => {
-            let attempts = facts
-                .backup
-                .status
-                .as_ref()
-                .and_then(|status| status.cleanup.as_ref())
-                .map(|cleanup| cleanup.attempts)
-                .unwrap_or(0);
+            let attempts = artifacts::cleanup_of(&facts.backup).attempts;
             let wait = artifacts::backoff(attempts);
             AfterDelete {
                 events: vec![Note::warning(
@@ -233,12 +223,7 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
         readers: Vec::new(),
         contest: None,
     };
-    let done = backup
-        .status
-        .as_ref()
-        .and_then(|status| status.cleanup.as_ref())
-        .is_some_and(|cleanup| cleanup.done);
-    if !has_finalizer(backup) || done {
+    if !has_finalizer(backup) || artifacts::cleanup_of(backup).done {
         return Ok(facts);
     }
     let artifact = backup
@@ -386,11 +371,7 @@ async fn record(
 ) -> Result<()> {
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
-    let mut cleanup = backup
-        .status
-        .as_ref()
-        .and_then(|status| status.cleanup.clone())
-        .unwrap_or_default();
+    let mut cleanup = artifacts::cleanup_of(backup);
     change(&mut cleanup);
     cleanup.last_attempt_time = Some(Time(Timestamp::now()));
     let api: Api<Backup> = Api::namespaced(context.base.client.clone(), &namespace);
@@ -494,12 +475,7 @@ async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
     let name = backup.name_any();
     // Done first, then the Secrets: of two Backups released at once, at least one sees the
     // other done and releases the Secret.
-    if !backup
-        .status
-        .as_ref()
-        .and_then(|status| status.cleanup.as_ref())
-        .is_some_and(|cleanup| cleanup.done)
-    {
+    if !artifacts::cleanup_of(backup).done {
         record(context, backup, |cleanup| cleanup.done = true).await?;
     }
     let mut secrets = artifacts::held_secrets(backup, None);
