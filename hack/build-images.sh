@@ -18,12 +18,7 @@ target_dir="$CUSTODY_CACHE/image-target"
 out="$CUSTODY_CACHE/images"
 mkdir -p "$out"
 
-for tool in musl-gcc:musl-tools buildah:buildah; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 && continue
-  log "installing ${tool##*:}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool##*:}" >/dev/null
-done
+install_missing musl-gcc:musl-tools buildah:buildah
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 
 # Run from a test (cargo test sets CARGO_* for it), cargo would see another environment and

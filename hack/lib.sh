@@ -32,6 +32,20 @@ CUSTODY_S3_SECRET_KEY="${CUSTODY_S3_SECRET_KEY:-custody-secret-key}"
 
 log() { echo "[custody-hack] $*" >&2; }
 
+# install_missing TOOL:PACKAGE...: apt-get installs the package of each TOOL (a command, or an
+# executable path) that is not there.
+install_missing() {
+  local tool missing=()
+  for tool in "$@"; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || [[ -x "${tool%%:*}" ]] || missing+=("${tool##*:}")
+  done
+  ((${#missing[@]})) || return 0
+  log "installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then log "need root to apt-get install ${missing[*]}"; return 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 pidfile() { echo "$CLUSTER_DIR/$1.pid"; }
 
 # running NAME: the PID file names a live process whose command line is NAME's binary.

@@ -11,16 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 [[ $(id -u) -eq 0 ]] || { log "a real node needs root (containerd, mounts, iptables)"; exit 1; }
-missing=()
-for tool in containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
-  buildah:buildah iptables:iptables musl-gcc:musl-tools conntrack:conntrack; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 || [[ -x "${tool%%:*}" ]] || missing+=("${tool##*:}")
-done
-if ((${#missing[@]})); then
-  log "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+install_missing containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
+  buildah:buildah iptables:iptables musl-gcc:musl-tools conntrack:conntrack
 
 "$here/cluster-up.sh" >/dev/null
 BIN=$("$here/build-node.sh" | tail -1)

@@ -5,16 +5,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
-missing=()
-for tool in openssl:openssl curl:curl flock:util-linux setsid:util-linux base64:coreutils bc:bc python3:python3 mkfs.ext4:e2fsprogs protoc:protobuf-compiler faketime:faketime; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
-done
-if ((${#missing[@]})); then
-  log "installing ${missing[*]}"
-  if [[ $(id -u) -ne 0 ]]; then log "need root to apt-get install ${missing[*]}"; exit 1; fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+install_missing openssl:openssl curl:curl flock:util-linux setsid:util-linux base64:coreutils bc:bc \
+  python3:python3 mkfs.ext4:e2fsprogs protoc:protobuf-compiler faketime:faketime
 
 command -v go >/dev/null 2>&1 || { log "Go is required to build the control plane (https://go.dev/dl)"; exit 1; }
 command -v cargo >/dev/null 2>&1 || { log "Rust (rustup) is required"; exit 1; }
