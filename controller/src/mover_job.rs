@@ -97,7 +97,9 @@ impl MoverJob {
 /// Where a Job runs and the claim it mounts.
 #[derive(Clone, Copy, Debug)]
 pub struct Placement<'a> {
-    pub node: &'a str,
+    /// The node the pod runs on; `None` leaves it to the scheduler (the claim's volume
+    /// topology decides).
+    pub node: Option<&'a str>,
     pub claim: &'a str,
     pub read_only: bool,
 }
@@ -132,7 +134,7 @@ mod tests {
             &owner,
             &Default::default(),
             Placement {
-                node: "node-a",
+                node: Some("node-a"),
                 claim: "data-db-0",
                 read_only: true,
             },

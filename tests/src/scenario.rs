@@ -499,8 +499,10 @@ pub async fn source_cluster(namespace: &TestNamespace) {
         json!({
             "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
             "metadata": {"name": "orders"},
+            // Its pod runs while it is backed up: the copy is knowingly not a point in time
+            // (the tests' small database is files, not a running engine).
             "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
-                     "repositoryRef": {"name": "store"}},
+                     "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
         }),
     )
     .await;

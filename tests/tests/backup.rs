@@ -98,7 +98,7 @@ async fn setup(prefix: &str) -> Setup {
         "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
         "metadata": {"name": "orders"},
         "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
-                 "repositoryRef": {"name": "store"}},
+                 "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
     }))
     .unwrap();
     namespace
@@ -286,12 +286,102 @@ async fn a_backup_runs_where_its_volume_is_mounted_and_records_its_key_first() {
     .expect("verified");
     assert_eq!(verified.files, 1001);
 
+    // Its pod ran during the copy: the Cluster chose a crash-unsafe copy, and the Backup
+    // says so, in a condition and in `kubectl get`.
+    let consistent = done
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Consistent")
+        .unwrap();
+    assert_eq!(
+        (consistent.status.as_str(), consistent.reason.as_str()),
+        ("False", "CrashUnsafeCopy")
+    );
     let table = kubectl(&["-n", &namespace.name, "get", "backups.custody.io"]);
     let table = String::from_utf8_lossy(&table.stdout).to_string();
     assert!(
-        table.contains("Completed") && table.contains(&setup.kubelet.node),
+        table.contains("Completed")
+            && table.contains(&setup.kubelet.node)
+            && table.contains("CONSISTENCY")
+            && table.contains("CrashUnsafe"),
         "{table}"
     );
+    setup.finish().await;
+}
+
+/// Issue 14: a volume backup of an application whose pod runs, with no consistency method
+/// chosen, is refused (files copied while a database writes are no point in time): Failed
+/// with a reason and a Warning that name the ways out; no Job runs, nothing is uploaded, the
+/// Cluster is free.
+#[tokio::test]
+async fn a_backup_of_a_running_application_without_a_method_is_refused_naming_the_ways_out() {
+    let setup = setup("backup-running").await;
+    let _runner = setup.run_pods();
+    let namespace = &setup.namespace;
+    namespace
+        .api::<custody_kube::api::Cluster>()
+        .patch(
+            "orders",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"consistency": null}})),
+        )
+        .await
+        .unwrap();
+    create_backup(namespace, "live").await;
+    let backups = namespace.api::<Backup>();
+    let refused = await_condition(&backups, "live", "Failed", TIMEOUT, |backup: &Backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Failed)
+    })
+    .await;
+    let ready = refused
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready.reason, "ConsistencyMethodRequired", "{ready:?}");
+    for part in [
+        "pod orders-0",
+        "scale StatefulSet orders to 0",
+        "CrashUnsafe",
+    ] {
+        assert!(ready.message.contains(part), "{part}: {}", ready.message);
+    }
+    let status = refused.status.unwrap();
+    assert_eq!(status.artifact, None, "no key recorded");
+    assert_eq!(status.consistency, None);
+    let events = eventually("the Warning", TIMEOUT, || {
+        let events = namespace.api::<k8s_openapi::api::core::v1::Event>();
+        async move {
+            let listed = events
+                .list(&Default::default())
+                .await
+                .map_err(|error| error.to_string())?
+                .items;
+            listed
+                .into_iter()
+                .find(|event| {
+                    event.reason.as_deref() == Some("ConsistencyMethodRequired")
+                        && event.type_.as_deref() == Some("Warning")
+                })
+                .ok_or_else(|| "no Warning yet".to_string())
+        }
+    })
+    .await;
+    assert!(
+        events.message.unwrap_or_default().contains("orders-0"),
+        "the Warning names the pod"
+    );
+    // Nothing ran and nothing was written.
+    let jobs = namespace.api::<Job>();
+    assert!(
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(s3::keys(s3::shared(), &setup.bucket, "").await.is_empty());
     setup.finish().await;
 }
 

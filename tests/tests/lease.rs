@@ -52,7 +52,8 @@ async fn one_run_holds_a_clusters_lease_and_only_a_finished_runs_lease_is_taken_
     let cluster = create::<Cluster>(
         &namespace.api(),
         json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "orders"},
-               "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"]}}),
+               "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                        "consistency": {"method": "CrashUnsafe"}}}),
     )
     .await;
     let leases: Api<Lease> = namespace.api();

@@ -9,12 +9,13 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use super::BackupContext;
+use super::consistency::Mounter;
 use super::decide::{self, JobState};
 use super::plan::{Facts, JobFact, Listing, repository_name};
 use crate::attribution::Candidate;
 use crate::error::{Error, Result};
 use custody_kube::api::{
-    Backup, BackupPhase, BackupRepository, ClockMeasurement, Cluster, NodeAgent, Restore,
+    Backup, BackupPhase, BackupRepository, Capture, ClockMeasurement, Cluster, NodeAgent, Restore,
 };
 
 /// Reads what [`super::plan::plan`] decides on.
@@ -31,6 +32,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         restores: Vec::new(),
         claim_uid: None,
         mounted_on: None,
+        started_during: None,
         clock: None,
         report: None,
         listing: None,
@@ -92,15 +94,21 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                 )))?
                 .and_then(|claim| claim.metadata.uid);
             facts.mounted_on = mounted_on(client, &namespace, &claim).await?;
-            if !started && let Some(node) = &facts.mounted_on {
-                facts.clock = clock(client, node).await;
+            if !started && let Some(mounter) = &facts.mounted_on {
+                facts.clock = clock(client, &mounter.node).await;
             }
         }
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
                 (None, _) => {
                     facts.report =
-                        report(&job_pods(client, &namespace, &job_name, job.as_ref()).await?)
+                        report(&job_pods(client, &namespace, &job_name, job.as_ref()).await?);
+                    let status = facts.backup.status.as_ref();
+                    if status.and_then(|status| status.consistency) == Some(Capture::Stopped) {
+                        let since = status.and_then(|status| status.start_time.clone());
+                        facts.started_during =
+                            started_since(client, &namespace, &claim, since).await?;
+                    }
                 }
                 (Some(command), Some(repository)) => {
                     facts.listing = Some(listing(client, repository, &command.prefix).await?);
@@ -123,13 +131,40 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
     Ok(facts)
 }
 
-/// The node where a running pod mounts `claim`: the backup reads it there.
-async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Option<String>> {
+/// The application's pods in `namespace` that mount `claim`: every pod but custody's own
+/// mover pods (a Job's pods with custody's role label).
+async fn mounting(client: &Client, namespace: &str, claim: &str) -> Result<Vec<Pod>> {
     Ok(Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
         .map_err(Error::read(format!("pods in {namespace}")))?
         .items
+        .into_iter()
+        .filter(|pod| {
+            let custody_job = pod.labels().contains_key(custody_proto::names::LABEL_ROLE)
+                && pod
+                    .owner_references()
+                    .iter()
+                    .any(|owner| owner.kind == "Job" && owner.controller == Some(true));
+            let mounts = pod
+                .spec
+                .iter()
+                .flat_map(|spec| spec.volumes.iter().flatten())
+                .any(|volume| {
+                    volume
+                        .persistent_volume_claim
+                        .as_ref()
+                        .is_some_and(|source| source.claim_name == claim)
+                });
+            mounts && !custody_job
+        })
+        .collect())
+}
+
+/// The running pod that mounts `claim`, and its node: a backup of it reads it there.
+async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Option<Mounter>> {
+    Ok(mounting(client, namespace, claim)
+        .await?
         .into_iter()
         .filter(|pod| {
             pod.status
@@ -138,15 +173,34 @@ async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Opt
                 == Some("Running")
         })
         .find_map(|pod| {
-            let spec = pod.spec?;
-            let mounts = spec.volumes.iter().flatten().any(|volume| {
-                volume
-                    .persistent_volume_claim
-                    .as_ref()
-                    .is_some_and(|source| source.claim_name == claim)
-            });
-            mounts.then_some(spec.node_name).flatten()
+            Some(Mounter {
+                node: pod.spec.as_ref()?.node_name.clone()?,
+                pod: pod.name_any(),
+            })
         }))
+}
+
+/// A pod mounting `claim` that runs now or started at or after `since` (the copy's start):
+/// the application was not stopped for the whole copy.
+async fn started_since(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+    since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) -> Result<Option<String>> {
+    Ok(mounting(client, namespace, claim)
+        .await?
+        .into_iter()
+        .find(|pod| {
+            let status = pod.status.as_ref();
+            let running = status.and_then(|status| status.phase.as_deref()) == Some("Running");
+            let started = status.and_then(|status| status.start_time.as_ref());
+            running
+                || started
+                    .zip(since.as_ref())
+                    .is_some_and(|(started, since)| started.0 >= since.0)
+        })
+        .map(|pod| pod.name_any()))
 }
 
 /// The clock offset the agent on `node` measured, if it has.

@@ -16,14 +16,15 @@ pub struct JobInputs<'a> {
     pub cluster_uid: &'a str,
     pub claim: &'a str,
     pub claim_uid: &'a str,
-    pub node: &'a str,
+    /// `None`: wherever the scheduler can mount the claim (the application is stopped).
+    pub node: Option<&'a str>,
     pub repository: &'a BackupRepository,
     pub prefix: &'a str,
     pub mover: &'a crate::mover_job::MoverJob,
 }
 
 /// The Job, as plain data: `custody-mover backup` (or the user's command) pinned to the node
-/// that mounts the claim, reading it read-only.
+/// that mounts the claim (else placed by the scheduler), reading it read-only.
 pub fn spec(inputs: JobInputs<'_>) -> Job {
     let uid = inputs.backup.metadata.uid.clone().unwrap_or_default();
     let labels = crate::ownership::labels(&[

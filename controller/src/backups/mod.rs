@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod cleanup;
+pub mod consistency;
 pub mod decide;
 pub mod gather;
 pub mod job;
@@ -39,6 +40,7 @@ pub struct BackupContext {
 
 /// Reasons of the Backup's `Ready` condition.
 pub mod reasons {
+    pub use super::consistency::{APPLICATION_STARTED, CONSISTENCY_METHOD_REQUIRED};
     pub const CLUSTER_NOT_FOUND: &str = "ClusterNotFound";
     pub const NO_REPOSITORY: &str = "NoRepository";
     pub const REPOSITORY_NOT_FOUND: &str = "RepositoryNotFound";

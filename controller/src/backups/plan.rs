@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+use super::consistency::{self, Decision, Mounter};
 use super::decide::{self, JobState};
 use super::job::{self, JobInputs};
 use super::reasons;
@@ -59,8 +60,10 @@ pub struct Facts {
     pub restores: Vec<Restore>,
     /// The UID of the claim to back up, if it exists (read before the Backup starts).
     pub claim_uid: Option<String>,
-    /// The node where a running pod mounts the claim.
-    pub mounted_on: Option<String>,
+    /// The running pod that mounts the claim, and its node (read before the Backup starts).
+    pub mounted_on: Option<Mounter>,
+    /// A pod mounting the claim that ran during a `Stopped` copy (read once its Job ended).
+    pub started_during: Option<String>,
     /// The clock offset that node's agent measured.
     pub clock: Option<ClockMeasurement>,
     /// The mover's termination message, once its Job finished.
@@ -191,12 +194,15 @@ pub fn plan(facts: &Facts) -> Plan {
             60,
         ),
         JobFact::Owned(JobState::Running) => {
-            let node = status.node_name.clone().unwrap_or_default();
+            let on = status.node_name.as_deref().map_or_else(
+                || "the node the scheduler picked".to_string(),
+                |node| format!("node {node}"),
+            );
             let (ready, events) = match &facts.job_pod_problem {
                 None => (
                     waiting(
                         reasons::RUNNING,
-                        format!("backing up claim {claim} on node {node}"),
+                        format!("backing up claim {claim} on {on}"),
                     ),
                     Vec::new(),
                 ),
@@ -229,7 +235,16 @@ pub fn plan(facts: &Facts) -> Plan {
         }
         JobFact::Owned(state) => {
             let outcome = match &backup.spec.command {
-                None => finished(status.artifact.as_ref(), &job_name, state, &facts.report),
+                None => finished(status.artifact.as_ref(), &job_name, state, &facts.report)
+                    .and_then(|artifact| {
+                        match consistency::started_during(
+                            status.consistency,
+                            facts.started_during.as_deref(),
+                        ) {
+                            Some(message) => Err((reasons::APPLICATION_STARTED, message)),
+                            None => Ok(artifact),
+                        }
+                    }),
                 Some(command) => attributed(facts, state, repository, &command.prefix),
             };
             let completed = outcome.is_ok();
@@ -299,20 +314,57 @@ fn start(
             15,
         );
     };
-    let Some(mounted_on) = &facts.mounted_on else {
-        return wait(
-            facts,
-            reasons::VOLUME_NOT_MOUNTED,
-            format!("no running pod mounts claim {claim}; the backup runs where it is mounted"),
-            10,
+    let command = &backup.spec.command;
+    // Where the copy runs, and what it will be: decided once, when it starts.
+    let node = if status.start_time.is_some() {
+        status.node_name.clone()
+    } else if command.is_some() {
+        // The user's command reads the volume where the application runs.
+        let Some(mounter) = &facts.mounted_on else {
+            return wait(
+                facts,
+                reasons::VOLUME_NOT_MOUNTED,
+                format!(
+                    "no running pod mounts claim {claim}; the backup command runs where it is mounted"
+                ),
+                10,
+            );
+        };
+        Some(mounter.node.clone())
+    } else {
+        let method = consistency::method(
+            backup.spec.consistency.as_ref(),
+            cluster.spec.consistency.as_ref(),
         );
+        match consistency::decide(
+            method,
+            facts.mounted_on.as_ref(),
+            claim,
+            cluster_name,
+            &cluster.spec.stateful_set_ref.name,
+        ) {
+            Decision::Refuse(message) => {
+                return conclude(
+                    facts,
+                    status,
+                    Err((reasons::CONSISTENCY_METHOD_REQUIRED, message)),
+                );
+            }
+            Decision::Copy { capture, node } => {
+                status.consistency = Some(capture);
+                node
+            }
+        }
     };
+    let on = node.as_deref().map_or_else(
+        || "the node the scheduler picks".to_string(),
+        |node| format!("node {node}"),
+    );
 
     // The keys first: recorded before anything is uploaded, so that the key is provably this
     // Backup's even if the controller stops right after. (A command's dump has a name only
     // the command knows: it is attributed after the run.)
     let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
-    let command = &backup.spec.command;
     let prefix = match command {
         None => decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid),
         Some(command) => decide::command_prefix(repository_prefix, &command.prefix),
@@ -326,7 +378,7 @@ fn start(
     if status.start_time.is_none() {
         // The credentials must outlive the artifact's record, even in a namespace teardown.
         plan.hold_secret = Some(repository.spec.credentials_secret_ref.name.clone());
-        status.node_name = Some(mounted_on.clone());
+        status.node_name = node.clone();
         status.start_time = Some(Time(facts.now));
         status.node_clock = facts.clock.clone();
         status.destination = Some(Destination {
@@ -346,10 +398,8 @@ fn start(
         let ready = waiting(
             reasons::RUNNING,
             match command {
-                None => format!("backing up claim {claim} on node {mounted_on} to {key}"),
-                Some(_) => format!(
-                    "running the backup command on node {mounted_on}, writing under {prefix}/"
-                ),
+                None => format!("backing up claim {claim} on {on} to {key}"),
+                Some(_) => format!("running the backup command on {on}, writing under {prefix}/"),
             },
         );
         plan.status = next_status(
@@ -360,18 +410,13 @@ fn start(
             facts.now,
         );
     }
-    // A Backup that started on a node keeps it.
-    let node = status
-        .node_name
-        .clone()
-        .unwrap_or_else(|| mounted_on.clone());
     plan.job = Some(job::spec(JobInputs {
         name: job_name,
         backup,
         cluster_uid: cluster.metadata.uid.as_deref().unwrap_or_default(),
         claim,
         claim_uid,
-        node: &node,
+        node: node.as_deref(),
         repository,
         prefix: &prefix,
         mover: &facts.mover,
@@ -383,7 +428,7 @@ fn start(
     };
     plan.events.push(Note::normal(
         "BackupStarted",
-        format!("Job {job_name} backs up claim {claim} on node {node} to {recorded}"),
+        format!("Job {job_name} backs up claim {claim} on {on} to {recorded}"),
     ));
     plan
 }
@@ -583,11 +628,13 @@ pub fn next_status(
     now: Timestamp,
 ) -> Option<BackupStatus> {
     let mut current = backup.status.clone().unwrap_or_default();
-    let wanted = std::slice::from_ref(ready);
+    let wanted: Vec<Desired> = std::iter::once(ready.clone())
+        .chain(status.consistency.map(consistency::condition))
+        .collect();
     status.phase = Some(phase);
     status.conditions =
-        conditions::wanted(&current.conditions, wanted, backup.meta().generation, now);
-    current.conditions = conditions::owned(&current.conditions, wanted);
+        conditions::wanted(&current.conditions, &wanted, backup.meta().generation, now);
+    current.conditions = conditions::owned(&current.conditions, &wanted);
     (current != status).then_some(status)
 }
 

@@ -58,7 +58,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         inputs.restore,
         &labels,
         crate::mover_job::Placement {
-            node: &inputs.create.node,
+            node: Some(&inputs.create.node),
             claim: &inputs.create.claim,
             read_only: false,
         },

@@ -16,6 +16,7 @@ fn cluster(restore: bool) -> Cluster {
                 },
                 volume_restore_policy: VolumeRestorePolicy::Parallel,
             }),
+            consistency: None,
         },
     )
 }

@@ -189,6 +189,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
                 cluster_ref: custody_kube::api::LocalObjectReference { name: "db".into() },
                 repository_ref: None,
                 deletion_policy: Default::default(),
+                consistency: None,
                 command: command.then(|| CommandBackup {
                     image: "i".into(),
                     command: vec!["c".into()],

@@ -33,8 +33,11 @@ fn backup(command: bool) -> Backup {
     .unwrap()
 }
 
+/// Cluster `orders` (StatefulSet `db`), whose Backups copy a running pod's volume knowingly
+/// crash-unsafe.
 fn cluster(repository: bool) -> Cluster {
-    let mut spec = json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]});
+    let mut spec = json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"],
+        "consistency": {"method": "CrashUnsafe"}});
     if repository {
         spec["repositoryRef"] = json!({"name": "store"});
     }
@@ -83,13 +86,28 @@ fn facts() -> Facts {
         job: JobFact::Missing,
         restores: Vec::new(),
         claim_uid: Some("claim-uid".into()),
-        mounted_on: Some(NODE.into()),
+        mounted_on: Some(mounter(NODE)),
+        started_during: None,
         clock: None,
         report: None,
         listing: None,
         job_pod_problem: None,
         others: Vec::new(),
     }
+}
+
+fn mounter(node: &str) -> Mounter {
+    Mounter {
+        pod: "db-0".into(),
+        node: node.into(),
+    }
+}
+
+/// Cluster `orders` with no consistency method.
+fn cluster_without_method() -> Cluster {
+    let mut cluster = cluster(true);
+    cluster.spec.consistency = None;
+    cluster
 }
 
 /// The Backup after its keys were recorded and its Job created on `node-a`.
@@ -108,6 +126,15 @@ fn started(mut facts: Facts, state: JobState) -> Facts {
         ..BackupStatus::default()
     });
     facts.job = JobFact::Owned(state);
+    facts
+}
+
+/// A started Backup recorded as a copy of a stopped application (no node).
+fn stopped(mut facts: Facts) -> Facts {
+    let status = facts.backup.status.as_mut().unwrap();
+    status.consistency = Some(custody_kube::api::Capture::Stopped);
+    status.node_name = None;
+    facts.mounted_on = None;
     facts
 }
 
@@ -304,18 +331,125 @@ fn every_path_of_a_reconciliation() {
             pending(reasons::CLAIM_NOT_FOUND, 15),
         ),
         (
-            "no running pod mounts the claim",
+            "no running pod mounts the claim: copied as a stopped application",
             Facts {
+                mounted_on: None,
+                cluster: Some(cluster_without_method()),
+                ..facts()
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "a running pod mounts the claim and no method is chosen: refused",
+            Facts {
+                cluster: Some(cluster_without_method()),
+                ..facts()
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::CONSISTENCY_METHOD_REQUIRED),
+                &[(reasons::CONSISTENCY_METHOD_REQUIRED, WARN)],
+                false,
+                false,
+                Keep,
+                None,
+            ),
+        ),
+        (
+            "the Backup's own method counts when its Cluster has none",
+            Facts {
+                backup: {
+                    let mut backup = backup(false);
+                    backup.spec.consistency = Some(custody_kube::api::Consistency {
+                        method: custody_kube::api::ConsistencyMethod::CrashUnsafe,
+                    });
+                    backup
+                },
+                cluster: Some(cluster_without_method()),
+                ..facts()
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "a command needs its volume mounted by a running pod",
+            Facts {
+                backup: backup(true),
                 mounted_on: None,
                 ..facts()
             },
             pending(reasons::VOLUME_NOT_MOUNTED, 10),
         ),
         (
+            "a command of a running application needs no method: it is the user's own",
+            Facts {
+                backup: backup(true),
+                cluster: Some(cluster_without_method()),
+                ..facts()
+            },
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "a stopped copy during which the application started fails",
+            Facts {
+                report: report(UID),
+                started_during: Some("db-0".into()),
+                ..stopped(started(facts(), JobState::Succeeded))
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::APPLICATION_STARTED),
+                &[(reasons::APPLICATION_STARTED, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
+            "a stopped copy the application left alone completes",
+            Facts {
+                report: report(UID),
+                ..stopped(started(facts(), JobState::Succeeded))
+            },
+            expect(
+                Some(Completed),
+                Some(reasons::COMPLETED),
+                &[("BackupCompleted", NORMAL)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
             "started, the Job not yet created: created on the recorded node, keys not rewritten",
             Facts {
                 job: JobFact::Missing,
-                mounted_on: Some("node-b".into()),
+                mounted_on: Some(mounter("node-b")),
                 ..started(facts(), JobState::Running)
             },
             expect(
@@ -553,6 +687,64 @@ fn the_keys_are_recorded_with_the_node_and_its_clock() {
         args.windows(2)
             .any(|pair| pair == ["--prefix", &format!("custody/ns/orders/{UID}")]),
         "{args:?}"
+    );
+}
+
+/// How the copy was made is recorded when it starts and shown as `Consistent`; a stopped
+/// application's claim is copied wherever the scheduler mounts it.
+#[test]
+fn the_capture_is_recorded_and_said_in_a_condition() {
+    let consistent = |status: &BackupStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == "Consistent")
+            .map(|condition| (condition.status.clone(), condition.reason.clone()))
+    };
+    let running = plan(&facts());
+    let status = running.status.unwrap();
+    assert_eq!(
+        status.consistency,
+        Some(custody_kube::api::Capture::CrashUnsafe)
+    );
+    assert_eq!(
+        consistent(&status),
+        Some(("False".to_string(), "CrashUnsafeCopy".to_string()))
+    );
+
+    let stopped = plan(&Facts {
+        mounted_on: None,
+        cluster: Some(cluster_without_method()),
+        ..facts()
+    });
+    let status = stopped.status.unwrap();
+    assert_eq!(
+        status.consistency,
+        Some(custody_kube::api::Capture::Stopped)
+    );
+    assert_eq!(status.node_name, None);
+    assert_eq!(
+        consistent(&status),
+        Some(("True".to_string(), "ApplicationStopped".to_string()))
+    );
+    let pod = stopped.job.unwrap().spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.node_name, None, "placed by the scheduler");
+
+    // Refused: nothing recorded, nothing created, the message says what to do.
+    let refused = plan(&Facts {
+        cluster: Some(cluster_without_method()),
+        ..facts()
+    });
+    let status = refused.status.unwrap();
+    assert_eq!(status.consistency, None);
+    assert_eq!(status.artifact, None);
+    assert!(refused.job.is_none());
+    assert!(
+        status.conditions[0]
+            .message
+            .contains("scale StatefulSet db to 0"),
+        "{}",
+        status.conditions[0].message
     );
 }
 

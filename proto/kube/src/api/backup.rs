@@ -22,6 +22,7 @@ use super::{Condition, LocalObjectReference, conditions_schema};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","format":"int64","jsonPath":".status.artifact.sizeBytes"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
+    printcolumn = r#"{"name":"Consistency","type":"string","jsonPath":".status.consistency"}"#,
     printcolumn = r#"{"name":"Completed","type":"date","jsonPath":".status.completionTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -47,6 +48,43 @@ pub struct BackupSpec {
     /// offset) and the object's `LastModified`; such a Backup cannot be restored by custody.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<CommandBackup>,
+
+    /// How the copy of a volume that a running pod mounts is made consistent. Defaults to the
+    /// Cluster's `spec.consistency`. Without one, a volume backup runs only while the
+    /// application is stopped (no running pod mounts the claim) and is refused otherwise:
+    /// files copied one after another while a database writes are no point in time, and the
+    /// database may not start from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<Consistency>,
+}
+
+/// How a volume backup of a running application is made consistent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Consistency {
+    /// `CrashUnsafe`: copy the files while the application writes them. The copy is not a
+    /// point in time; an application may fail to start from it or start with lost or torn
+    /// data. The Backup says so (`status.consistency: CrashUnsafe` and condition
+    /// `Consistent=False`). Only for data that tolerates that.
+    pub method: ConsistencyMethod,
+}
+
+/// The ways custody makes a copy of a running application's volume.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum ConsistencyMethod {
+    /// Copy while the application writes, knowingly: no point in time.
+    CrashUnsafe,
+}
+
+/// How the data of a Backup was captured.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum Capture {
+    /// No running pod mounted the volume while it was copied: the state the application
+    /// left at shutdown.
+    Stopped,
+    /// Copied while a running pod mounted the volume, without a consistency method: the user
+    /// opted into a copy that may not be a point in time.
+    CrashUnsafe,
 }
 
 /// A user's backup command.
@@ -102,6 +140,10 @@ pub struct BackupStatus {
     /// The node that ran the backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+
+    /// How the data was captured, decided when the backup starts: `Stopped` or `CrashUnsafe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<Capture>,
 
     /// When the upload started, by the API server's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -43,6 +43,12 @@ pub struct ClusterSpec {
     /// when the Cluster is created; immutable afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<ClusterRestoreSpec>,
+
+    /// How Backups of this Cluster that do not say so themselves copy a volume a running pod
+    /// mounts (see Backup `spec.consistency`). Without one, volume backups run only while the
+    /// application is stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<super::Consistency>,
 }
 
 /// Where a Cluster's data comes from when it is created by restore.

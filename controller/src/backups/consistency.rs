@@ -1,0 +1,200 @@
+//! Whether a volume backup may copy its claim now, and what its copy will be: a pure rule.
+//!
+//! Files copied one after another while a database writes are no point in time: the restore
+//! verifies (the bytes are the backup's), the database starts, and rows are gone or indexes
+//! torn. So a volume backup copies a claim only while no running pod mounts it (the state the
+//! application left at shutdown), or, when a pod does, by a consistency method the user chose
+//! on the Backup or its Cluster; otherwise it is refused, naming the ways out.
+
+use custody_kube::api::{Capture, Consistency, ConsistencyMethod};
+
+use crate::conditions::{Desired, Status};
+
+/// The Backup's reason when it is refused: a running pod mounts the claim and no method says
+/// how to copy it.
+pub const CONSISTENCY_METHOD_REQUIRED: &str = "ConsistencyMethodRequired";
+/// The Backup's reason when a pod mounting the claim started while a `Stopped` copy ran.
+pub const APPLICATION_STARTED: &str = "ApplicationStartedDuringCopy";
+/// The condition type that says how consistent the copy is.
+pub const CONSISTENT: &str = "Consistent";
+
+/// A running pod that mounts the claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mounter {
+    pub pod: String,
+    pub node: String,
+}
+
+/// What a volume backup about to start does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Copy, as `capture`; on `node` when a running pod pins it there, else wherever the
+    /// claim can be mounted (the scheduler places the Job).
+    Copy {
+        capture: Capture,
+        node: Option<String>,
+    },
+    /// Do not copy: the Backup fails with this message.
+    Refuse(String),
+}
+
+/// The method asked for: the Backup's own, else its Cluster's.
+pub fn method<'a>(
+    backup: Option<&'a Consistency>,
+    cluster: Option<&'a Consistency>,
+) -> Option<ConsistencyMethod> {
+    backup.or(cluster).map(|consistency| consistency.method)
+}
+
+/// What a volume backup of `claim` (of StatefulSet `stateful_set`, Cluster `cluster`) does,
+/// given the method asked for and the running pod that mounts the claim, if any.
+pub fn decide(
+    method: Option<ConsistencyMethod>,
+    mounter: Option<&Mounter>,
+    claim: &str,
+    cluster: &str,
+    stateful_set: &str,
+) -> Decision {
+    match (mounter, method) {
+        (None, _) => Decision::Copy {
+            capture: Capture::Stopped,
+            node: None,
+        },
+        (Some(mounter), Some(ConsistencyMethod::CrashUnsafe)) => Decision::Copy {
+            capture: Capture::CrashUnsafe,
+            node: Some(mounter.node.clone()),
+        },
+        (Some(Mounter { pod, node }), None) => Decision::Refuse(format!(
+            "pod {pod} on node {node} is running and mounts claim {claim}: files copied while it writes are no point in time, and a database may not start from them. Stop the application (scale StatefulSet {stateful_set} to 0) and create a new Backup, or set spec.consistency on the Backup or on Cluster {cluster} (method CrashUnsafe copies anyway, knowingly)"
+        )),
+    }
+}
+
+/// The `Consistent` condition of a Backup whose copy was decided as `capture`.
+pub fn condition(capture: Capture) -> Desired {
+    match capture {
+        Capture::Stopped => Desired {
+            type_: CONSISTENT,
+            status: Status::True,
+            reason: "ApplicationStopped",
+            message: "no running pod mounted the claim when the copy started".into(),
+        },
+        Capture::CrashUnsafe => Desired {
+            type_: CONSISTENT,
+            status: Status::False,
+            reason: "CrashUnsafeCopy",
+            message: "copied while a running pod mounted the claim (spec.consistency.method CrashUnsafe): the copy is no point in time; the application may not start from it".into(),
+        },
+    }
+}
+
+/// Why a `Stopped` copy that just finished is not a copy of a stopped application: a pod
+/// that mounts the claim ran during it (`started` names it). `None` when none did.
+pub fn started_during(capture: Option<Capture>, started: Option<&str>) -> Option<String> {
+    match (capture, started) {
+        (Some(Capture::Stopped), Some(pod)) => Some(format!(
+            "pod {pod} started and mounted the claim while it was copied as a stopped application; the copy may hold its writes half done. Back up again while the application is stopped, or choose spec.consistency"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mounter() -> Mounter {
+        Mounter {
+            pod: "db-0".into(),
+            node: "node-a".into(),
+        }
+    }
+
+    #[test]
+    fn a_volume_is_copied_only_when_stopped_or_by_a_chosen_method() {
+        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 4] = [
+            // Stopped: no method needed; the scheduler places the Job where the claim is.
+            (
+                None,
+                None,
+                Decision::Copy {
+                    capture: Capture::Stopped,
+                    node: None,
+                },
+            ),
+            (
+                Some(ConsistencyMethod::CrashUnsafe),
+                None,
+                Decision::Copy {
+                    capture: Capture::Stopped,
+                    node: None,
+                },
+            ),
+            // Running with CrashUnsafe: copied where it runs, and said so.
+            (
+                Some(ConsistencyMethod::CrashUnsafe),
+                Some(mounter()),
+                Decision::Copy {
+                    capture: Capture::CrashUnsafe,
+                    node: Some("node-a".into()),
+                },
+            ),
+            // Running, no method: refused.
+            (None, Some(mounter()), Decision::Refuse(String::new())),
+        ];
+        for (method, mounter, want) in rows {
+            let got = decide(method, mounter.as_ref(), "data-db-0", "orders", "db");
+            match (&got, &want) {
+                (Decision::Refuse(message), Decision::Refuse(_)) => {
+                    for part in [
+                        "db-0",
+                        "node-a",
+                        "data-db-0",
+                        "scale StatefulSet db to 0",
+                        "Cluster orders",
+                        "CrashUnsafe",
+                    ] {
+                        assert!(message.contains(part), "{part} in {message}");
+                    }
+                }
+                _ => assert_eq!(got, want, "{method:?} {mounter:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_backup_method_wins_over_the_clusters() {
+        let unsafe_copy = Consistency {
+            method: ConsistencyMethod::CrashUnsafe,
+        };
+        assert_eq!(method(None, None), None);
+        assert_eq!(
+            method(Some(&unsafe_copy), None),
+            Some(ConsistencyMethod::CrashUnsafe)
+        );
+        assert_eq!(
+            method(None, Some(&unsafe_copy)),
+            Some(ConsistencyMethod::CrashUnsafe)
+        );
+    }
+
+    #[test]
+    fn the_condition_says_whether_the_copy_is_a_point_in_time() {
+        assert_eq!(condition(Capture::Stopped).status, Status::True);
+        assert_eq!(condition(Capture::Stopped).reason, "ApplicationStopped");
+        assert_eq!(condition(Capture::CrashUnsafe).status, Status::False);
+        assert_eq!(condition(Capture::CrashUnsafe).reason, "CrashUnsafeCopy");
+    }
+
+    #[test]
+    fn a_pod_that_started_during_a_stopped_copy_fails_it() {
+        assert_eq!(started_during(Some(Capture::Stopped), None), None);
+        assert_eq!(
+            started_during(Some(Capture::CrashUnsafe), Some("db-0")),
+            None
+        );
+        assert_eq!(started_during(None, Some("db-0")), None);
+        let message = started_during(Some(Capture::Stopped), Some("db-0")).unwrap();
+        assert!(message.contains("pod db-0"), "{message}");
+    }
+}
