@@ -21,8 +21,11 @@ mkdir -p "$CLUSTER_DIR"
 exec 9>"$CLUSTER_DIR/.lock"
 flock 9
 
+# The control plane is started over when this script (its flags) changed since it started.
+started_by="$CLUSTER_DIR/started-by"
+this_script=$(sha256sum "$0" | cut -d' ' -f1)
 if running etcd && running kube-apiserver && running kube-controller-manager \
-  && running kube-scheduler; then
+  && running kube-scheduler && [[ "$(cat "$started_by" 2>/dev/null)" == "$this_script" ]]; then
   # Running: a busy API server may answer slowly; it is not started over for that.
   for _ in $(seq 60); do
     if healthy; then
@@ -111,6 +114,7 @@ start kube-apiserver "$APISERVER" \
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" \
   --kubelet-client-certificate="$pki/admin.crt" --kubelet-client-key="$pki/admin.key" \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc \
   --api-audiences=https://kubernetes.default.svc \
@@ -140,5 +144,6 @@ start kube-scheduler "$SCHEDULER" \
   --leader-elect=false --profiling=false -v=1
 wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
 
+echo "$this_script" > "$started_by"
 log "control plane up: API server https://127.0.0.1:$APISERVER_PORT, kubeconfig $KUBECONFIG_PATH"
 echo "$KUBECONFIG_PATH"

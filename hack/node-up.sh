@@ -108,6 +108,14 @@ imageGCLowThresholdPercent: 99
 YAML
 # Pods resolve only cluster names (there is no upstream DNS here).
 echo "nameserver $HOST_IP" > "$NODE_DIR/resolv.conf"
+# A kubelet whose Node is gone (the control plane started over with an empty etcd) is started
+# again, so that it registers, and so are the node's other clients of the old API server.
+if running kubelet && ! kubectl_local get node "$NODE_NAME" >/dev/null 2>&1; then
+  log "the API server has no Node $NODE_NAME: restarting the kubelet, kube-proxy and CoreDNS"
+  stop kubelet
+  stop kube-proxy
+  stop coredns
+fi
 if ! running kubelet; then
   start kubelet "$KUBELET" --config="$NODE_DIR/kubelet.yaml" --kubeconfig="$KUBECONFIG_PATH" \
     --hostname-override="$NODE_NAME" --node-ip="$HOST_IP" --root-dir=/var/lib/kubelet \

@@ -1,6 +1,7 @@
 //! The real local node (hack/node-up.sh: kubelet, containerd, runc, CNI, kube-proxy, CoreDNS)
 //! with custody's images built from this repository and imported into its containerd
-//! (hack/build-images.sh). Its tests are named `on_a_real_node_…`: hack/test.sh runs them as a
+//! (hack/build-images.sh), and PostgreSQL as the application (hack/build-postgres-image.sh).
+//! Its tests are named `on_a_real_node_…`: hack/test.sh runs them as a
 //! tier of their own, after the fake-kubelet tiers (whose namespaces a cluster-wide install of
 //! `deploy/` would otherwise intercept).
 
@@ -9,7 +10,8 @@ use std::sync::OnceLock;
 
 use crate::{control_plane, repo_root};
 
-/// Starts the node (or finds it running) and imports custody's images, once per test process.
+/// Starts the node (or finds it running) and imports custody's images and the PostgreSQL image
+/// (hack/build-postgres-image.sh), once per test process.
 /// Returns the node's name.
 pub fn real_node() -> &'static str {
     static NODE: OnceLock<String> = OnceLock::new();
@@ -33,6 +35,12 @@ pub fn real_node() -> &'static str {
             .status()
             .expect("running hack/build-images.sh");
         assert!(status.success(), "hack/build-images.sh --import failed");
+        let status = Command::new(repo_root().join("hack/build-postgres-image.sh"))
+            .arg("--import")
+            .stdout(Stdio::null())
+            .status()
+            .expect("running hack/build-postgres-image.sh");
+        assert!(status.success(), "hack/build-postgres-image.sh --import failed");
         node
     })
 }

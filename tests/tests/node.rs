@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use custody_kube::api::{Cluster, NodeAgent, Restore, RestorePhase, VolumeState};
+use custody_kube::api::{
+    Backup, BackupPhase, Capture, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
+};
 use custody_tests::node::{hack, real_node};
 use custody_tests::s3;
 use custody_tests::scenario::{
@@ -677,4 +679,244 @@ async fn on_a_real_node_a_completed_restore_is_not_held_again_after_an_agent_rol
         b"rows"
     );
     setup.finish().await;
+}
+
+/// A StatefulSet of one PostgreSQL pod (hack/build-postgres-image.sh) labelled for Cluster
+/// `name`, its data directory on claim template `data`, under the restricted Pod Security
+/// profile's container settings.
+fn postgres_statefulset(name: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "custody.io/cluster": name}},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 999, "runAsGroup": 999,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "db", "image": "localhost/custody/postgres:15",
+                        "imagePullPolicy": "Never",
+                        "securityContext": {"allowPrivilegeEscalation": false,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        "readinessProbe": {"exec": {"command": ["pg_isready", "-q"]},
+                                           "periodSeconds": 1},
+                        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "custody-real-node",
+                         "resources": {"requests": {"storage": "64Mi"}}},
+            }],
+        },
+    })
+}
+
+/// Runs `command` in the `db` container of `pod`; its standard output, or the failure.
+fn exec(namespace: &str, pod: &str, command: &[&str]) -> Result<String, String> {
+    let mut args = vec!["-n", namespace, "exec", pod, "-c", "db", "--"];
+    args.extend_from_slice(command);
+    let output = kubectl(&args);
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "{command:?} in {pod}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// What the tests compare before and after: every account's balance, as a count, a sum and a
+/// digest over all rows in key order.
+const ACCOUNTS: &str = "select count(*) || ' ' || sum(abalance) || ' ' || md5(string_agg(aid || ':' || abalance, ',' order by aid)) from pgbench_accounts";
+
+/// Waits until PostgreSQL in `pod` answers, then returns the accounts' fingerprint.
+async fn accounts(namespace: &str, pod: &str) -> String {
+    let (namespace, pod) = (namespace.to_string(), pod.to_string());
+    custody_tests::eventually("PostgreSQL answering", TIMEOUT, || {
+        let (namespace, pod) = (namespace.clone(), pod.clone());
+        async move { exec(&namespace, &pod, &["psql", "-Atc", ACCOUNTS]) }
+    })
+    .await
+}
+
+/// Issue 13 item 4 and issue 14, on a real node with a real PostgreSQL: a backup of the
+/// database while it runs, with no consistency method, is refused; stopped (its StatefulSet
+/// scaled to 0), it is backed up as a stopped application; restored into a new Cluster, whose
+/// pod custody-wait holds in Init until the agent verified the volume, PostgreSQL starts on it
+/// without a manual step and answers with exactly the same rows, its indexes and heap intact
+/// (pg_amcheck --heapallindexed).
+#[tokio::test]
+async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answers_with_the_same_rows()
+ {
+    let _agents = AGENTS.read().await;
+    let node = real_node();
+    let _installed = Installed::apply();
+    let client = client().await;
+    running(&client).await;
+    let namespace = TestNamespace::create("postgres").await;
+    let ns = namespace.name.clone();
+    let bucket = s3::bucket(s3::shared(), "postgres").await;
+    repository(&namespace, &s3_for_pods(), &bucket).await;
+
+    // Cluster orders: PostgreSQL on a real volume, no consistency method chosen.
+    let source = LoopVolume::new(384);
+    std::os::unix::fs::chown(source.path(), Some(999), Some(999)).unwrap();
+    local_volume(&client, node, &ns, "data-orders-0", source.path()).await;
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "orders"},
+            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                     "repositoryRef": {"name": "store"}},
+        }),
+    )
+    .await;
+    create::<StatefulSet>(&namespace.api(), postgres_statefulset("orders")).await;
+    // 300,000 accounts, then transactions so that balances differ from the initial zeros.
+    custody_tests::eventually("pgbench -i", TIMEOUT, || {
+        let ns = ns.clone();
+        async move { exec(&ns, "orders-0", &["pgbench", "-i", "-s", "3", "-q"]) }
+    })
+    .await;
+    exec(&ns, "orders-0", &["pgbench", "-c", "2", "-t", "300", "-n"]).unwrap();
+    exec(&ns, "orders-0", &["psql", "-c", "create extension amcheck"]).unwrap();
+    let before = accounts(&ns, "orders-0").await;
+    assert!(before.starts_with("300000 "), "{before}");
+
+    // Running, no method: refused, naming the pod.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+               "metadata": {"name": "live"}, "spec": {"clusterRef": {"name": "orders"}}}),
+    )
+    .await;
+    let refused = await_condition(
+        &namespace.api::<Backup>(),
+        "live",
+        "refused",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Failed)
+        },
+    )
+    .await;
+    let reason = refused
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|condition| condition.type_ == "Ready")
+        .unwrap();
+    assert_eq!(reason.reason, "ConsistencyMethodRequired", "{reason:?}");
+    assert!(reason.message.contains("pod orders-0"), "{}", reason.message);
+
+    // Stopped: the StatefulSet scaled to 0, PostgreSQL shut down cleanly; then backed up.
+    let output = kubectl(&["-n", &ns, "scale", "statefulset/orders", "--replicas=0"]);
+    assert!(output.status.success(), "{output:?}");
+    let pods: Api<Pod> = namespace.api();
+    custody_tests::eventually("orders-0 gone", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            match pods.get_opt("orders-0").await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
+    nightly_completed(&namespace).await;
+    let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
+    let status = nightly.status.unwrap();
+    assert_eq!(status.consistency, Some(Capture::Stopped));
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == "Consistent" && condition.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+    assert_eq!(status.node_name, None, "placed by the scheduler");
+
+    // Restored into Cluster shop: held until verified, then PostgreSQL starts on it.
+    let target = LoopVolume::new(384);
+    local_volume(&client, node, &ns, "data-shop-0", target.path()).await;
+    let started = std::time::Instant::now();
+    create::<Cluster>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "shop"},
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                     "restore": {"backupRef": {"name": "nightly"}}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "the Restore",
+        TIMEOUT,
+        |_: &Restore| true,
+    )
+    .await;
+    create::<StatefulSet>(&namespace.api(), postgres_statefulset("shop")).await;
+    let held = await_condition(&pods, "shop-0", "held by custody-wait", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .next()
+                .is_some_and(|wait| wait.name == "custody-wait")
+        })
+    })
+    .await;
+    assert!(
+        held.status
+            .unwrap()
+            .container_statuses
+            .iter()
+            .flatten()
+            .all(|container| !container.ready),
+        "PostgreSQL ran before the volume was verified"
+    );
+    let restore = restore_reaches(&namespace, "shop", RestorePhase::Completed).await;
+    assert_eq!(
+        restore.status.unwrap().volumes[0].state,
+        VolumeState::Verified
+    );
+    let after = accounts(&ns, "shop-0").await;
+    let restore_to_answer = started.elapsed();
+    assert_eq!(after, before, "the restored database has other rows");
+    let checked = exec(
+        &ns,
+        "shop-0",
+        &["pg_amcheck", "--heapallindexed", "--install-missing", "postgres"],
+    );
+    assert!(checked.is_ok(), "pg_amcheck: {checked:?}");
+    let size = status.artifact.and_then(|artifact| artifact.size_bytes);
+    eprintln!(
+        "postgres restore: Cluster created to the restored database answering: {:.1} s (artifact {} bytes)",
+        restore_to_answer.as_secs_f64(),
+        size.unwrap_or_default()
+    );
+
+    namespace.delete().await;
+    for claim in ["data-orders-0", "data-shop-0"] {
+        let _ = Api::<PersistentVolume>::all(client.clone())
+            .delete(&format!("{ns}-{claim}"), &Default::default())
+            .await;
+    }
 }
