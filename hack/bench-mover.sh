@@ -53,9 +53,9 @@ total_mib=$(du -sm "$work/data" | cut -f1)
 log "data set: $total_mib MiB"
 
 run=$(date +%s)
-"$here/s3-mb.py" "$endpoint" "bench-custody-$run"
-"$here/s3-mb.py" "$endpoint" "bench-restic-$run"
-"$here/s3-mb.py" "$endpoint" "bench-kopia-$run"
+"$here/s3.py" mb "$endpoint" "bench-custody-$run"
+"$here/s3.py" mb "$endpoint" "bench-restic-$run"
+"$here/s3.py" mb "$endpoint" "bench-kopia-$run"
 
 # timed LABEL COMMAND...: prints "LABEL seconds peak_rss_mib"
 timed() {

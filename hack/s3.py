@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""A few S3 requests, SigV4-signed, with nothing to install.
+
+    AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... hack/s3.py mb ENDPOINT BUCKET
+        creates the bucket (an existing bucket is fine)
+    ... hack/s3.py flip-byte ENDPOINT BUCKET KEY
+        changes one byte in the middle of an object (to show a damaged backup refused)
+"""
+import datetime
+import hashlib
+import hmac
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+
+def request(method, endpoint, path, body=b""):
+    access, secret, region = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"], "us-east-1"
+    endpoint = endpoint.rstrip("/")
+    host = endpoint.split("://", 1)[1]
+    path = urllib.parse.quote(path, safe="/-_.~")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    amz_date, date = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    payload = hashlib.sha256(body).hexdigest()
+    canonical = (
+        f"{method}\n{path}\n\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\n"
+        f"host;x-amz-content-sha256;x-amz-date\n{payload}"
+    )
+    scope = f"{date}/{region}/s3/aws4_request"
+    to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    key = ("AWS4" + secret).encode()
+    for part in (date, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    signed = urllib.request.Request(
+        f"{endpoint}{path}",
+        data=body if method == "PUT" else None,
+        method=method,
+        headers={
+            "x-amz-date": amz_date,
+            "x-amz-content-sha256": payload,
+            "Authorization": f"AWS4-HMAC-SHA256 Credential={access}/{scope}, "
+            f"SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={signature}",
+        },
+    )
+    with urllib.request.urlopen(signed) as response:
+        return response.read()
+
+
+def main(command, endpoint, bucket, *rest):
+    if command == "mb":
+        try:
+            request("PUT", endpoint, f"/{bucket}")
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                sys.exit(f"creating bucket {bucket}: HTTP {error.code} {error.read().decode(errors='replace')}")
+    elif command == "flip-byte":
+        (key,) = rest
+        data = bytearray(request("GET", endpoint, f"/{bucket}/{key}"))
+        data[len(data) // 2] ^= 0xFF
+        request("PUT", endpoint, f"/{bucket}/{key}", bytes(data))
+        print(f"changed byte {len(data) // 2} of {len(data)} in s3://{bucket}/{key}")
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:]) if len(sys.argv) >= 4 else sys.exit(__doc__)
