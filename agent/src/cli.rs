@@ -86,6 +86,20 @@ pub struct AgentOptions {
     #[arg(long, env = "CUSTODY_HTTP_ADDRESS", default_value = "0.0.0.0:8081")]
     pub http_address: SocketAddr,
 
+    /// The longest this agent keeps a filesystem frozen for a backup, whatever the Backup
+    /// asks, in seconds.
+    #[arg(long, env = "CUSTODY_MAX_FREEZE_SECONDS", default_value = "600")]
+    pub max_freeze_seconds: u32,
+
+    /// A directory on the node's own disk where the agent notes the filesystems it froze, so
+    /// that a restarted agent thaws what a killed one left frozen.
+    #[arg(
+        long,
+        env = "CUSTODY_STATE_DIR",
+        default_value = "/var/lib/custody-agent"
+    )]
+    pub state_dir: PathBuf,
+
     /// Log line format.
     #[arg(long, env = "CUSTODY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -191,6 +205,15 @@ pub enum MoverCommand {
         backup_uid: String,
         #[arg(long = flags::CLUSTER_UID)]
         cluster_uid: String,
+        /// Freeze the filesystem of this claim (one the pod mounts) while the volume is read:
+        /// the node's agent holds it frozen as long as the mover asks, up to
+        /// `--max-freeze-seconds`. The agent, the pod's token and the agent's CA come from
+        /// `CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE` and `CUSTODY_CA_FILE`.
+        #[arg(long = flags::FREEZE_CLAIM, requires = "max_freeze_seconds")]
+        freeze_claim: Option<String>,
+        /// The longest the filesystem may stay frozen; past it the backup fails.
+        #[arg(long = flags::MAX_FREEZE_SECONDS, requires = "freeze_claim")]
+        max_freeze_seconds: Option<u32>,
     },
     /// Streams an artifact into an empty volume, checked against its manifest while it
     /// writes, and leaves the manifest and the restore identity in `.custody/`.
@@ -247,6 +270,10 @@ mod tests {
             prefix: "p/ns/db/uid".into(),
             backup_uid: "b".into(),
             cluster_uid: "c".into(),
+            freeze: Some(custody_proto::mover::FreezeArgs {
+                claim: "data-db-0".into(),
+                max_seconds: 30,
+            }),
         };
         let parsed = MoverOptions::try_parse_from(
             std::iter::once("custody-mover".to_string()).chain(backup.args()),
@@ -262,12 +289,16 @@ mod tests {
                 prefix,
                 backup_uid,
                 cluster_uid,
+                freeze_claim,
+                max_freeze_seconds,
             } => {
                 assert_eq!(source, std::path::PathBuf::from("/data"));
                 assert_eq!(
                     (prefix.as_str(), backup_uid.as_str(), cluster_uid.as_str()),
                     ("p/ns/db/uid", "b", "c")
                 );
+                assert_eq!(freeze_claim.as_deref(), Some("data-db-0"));
+                assert_eq!(max_freeze_seconds, Some(30));
             }
             other => panic!("parsed as {other:?}"),
         }

@@ -27,6 +27,16 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
         restore_reader,
     ));
     tracing::info!(node = options.node_name, kubelet_root = %options.kubelet_root.display(), "starting");
+    // A killed agent may have left a filesystem frozen for a backup: thaw it first.
+    match std::fs::read_to_string("/proc/self/mountinfo") {
+        Ok(text) => {
+            let mounts = crate::volumes::parse_mountinfo(&text);
+            crate::freeze::thaw_left_frozen(&options.state_dir, &mounts, &agent.metrics);
+        }
+        Err(error) => {
+            tracing::error!(%error, "reading /proc/self/mountinfo to thaw what a stopped agent left frozen")
+        }
+    }
 
     let stop = custody_kube::process::wait_for_signal().boxed().shared();
 

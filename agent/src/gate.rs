@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use custody_proto::authn::{self, KnownPod};
 use custody_proto::gate::gate_server::{Gate, GateServer};
-use custody_proto::gate::{WaitProgress, WaitRequest};
+use custody_proto::gate::{FreezeProgress, FreezeRequest, WaitProgress, WaitRequest};
 use custody_proto::names;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
@@ -52,6 +52,7 @@ struct GateService {
 }
 
 type Progress = Pin<Box<dyn Stream<Item = Result<WaitProgress, Status>> + Send>>;
+type Freezing = Pin<Box<dyn Stream<Item = Result<FreezeProgress, Status>> + Send>>;
 
 impl GateService {
     fn refuse(&self, reason: &str, status: Status) -> Status {
@@ -78,12 +79,13 @@ impl GateService {
     }
 }
 
-#[tonic::async_trait]
-impl Gate for GateService {
-    type WaitStream = Progress;
-
-    async fn wait(&self, request: Request<WaitRequest>) -> Result<Response<Progress>, Status> {
-        let Some(token) = custody_kube::authn::bearer_token(request.metadata()) else {
+impl GateService {
+    /// The pod on this node the caller's token is bound to, or the refusal.
+    async fn caller(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<authn::GateCaller, Status> {
+        let Some(token) = custody_kube::authn::bearer_token(metadata) else {
             return Err(self.refuse(
                 "NoToken",
                 Status::unauthenticated("no bearer token: present the pod's projected token"),
@@ -114,6 +116,17 @@ impl Gate for GateService {
             self.refuse(refusal.reason(), status)
         })?;
         tracing::debug!(namespace = caller.namespace, pod = caller.name, "gate call");
+        Ok(caller)
+    }
+}
+
+#[tonic::async_trait]
+impl Gate for GateService {
+    type WaitStream = Progress;
+    type FreezeStream = Freezing;
+
+    async fn wait(&self, request: Request<WaitRequest>) -> Result<Response<Progress>, Status> {
+        let caller = self.caller(request.metadata()).await?;
 
         let agent = self.agent.clone();
         let stream = futures::stream::unfold(
@@ -152,6 +165,31 @@ impl Gate for GateService {
                 }
             },
         );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn freeze(&self, request: Request<FreezeRequest>) -> Result<Response<Freezing>, Status> {
+        let caller = self.caller(request.metadata()).await?;
+        let request = request.into_inner();
+        let frozen = crate::freeze::serve(&self.agent, &caller, &request)
+            .await
+            .map_err(|(reason, status)| self.refuse(reason, status))?;
+        let (frozen, max_seconds) = frozen;
+        let first = FreezeProgress {
+            frozen_at_unix_nanos: k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64,
+            max_seconds,
+            device: frozen.device().to_string(),
+        };
+        // Dropping the stream (the caller cancelled, the connection dropped, the agent
+        // stops) drops `frozen`, which thaws; the bound ends it from here.
+        let bound = futures::stream::once(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(max_seconds.into())).await;
+            frozen.end("BoundPassed");
+            Err(Status::deadline_exceeded(format!(
+                "thawed at the bound of {max_seconds} s"
+            )))
+        });
+        let stream = futures::stream::once(async move { Ok(first) }).chain(bound);
         Ok(Response::new(Box::pin(stream)))
     }
 }

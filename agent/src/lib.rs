@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod daemon;
 pub mod error;
+pub mod freeze;
 pub mod gate;
 pub mod hashing;
 pub mod manifest_builder;

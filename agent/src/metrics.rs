@@ -37,6 +37,13 @@ pub struct Metrics {
     pub clock_round_trip_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Reports sent to the controller, by result (`Sent` or the error).
     pub reports: Family<ReasonLabels, Counter>,
+    /// Freezes ended, by how (`Released`, `BoundPassed`, `Stopped`, `ThawedAtStart`), and
+    /// refused, by reason.
+    pub freezes: Family<ReasonLabels, Counter>,
+    /// Filesystems frozen now.
+    pub frozen: Gauge,
+    /// How long filesystems stayed frozen.
+    pub frozen_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -98,8 +105,31 @@ impl Default for Metrics {
             "Reports sent to the controller, by result",
             reports.clone(),
         );
+        let freezes = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "freezes",
+            "Filesystem freezes ended or refused, by outcome",
+            freezes.clone(),
+        );
+        let frozen = Gauge::default();
+        registry.register(
+            "frozen_filesystems",
+            "Filesystems frozen now",
+            frozen.clone(),
+        );
+        let frozen_duration = Histogram::new([
+            0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+        ]);
+        registry.register(
+            "frozen_duration_seconds",
+            "How long a filesystem stayed frozen",
+            frozen_duration.clone(),
+        );
         Metrics {
             registry,
+            freezes,
+            frozen,
+            frozen_duration,
             verifications,
             verification_duration,
             verified_bytes,

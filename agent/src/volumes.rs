@@ -148,6 +148,10 @@ pub fn find_volume(
 /// One line of `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
+    /// The filesystem's device, `major:minor`.
+    pub device: String,
+    /// Which directory of the filesystem is mounted here (`/`: all of it).
+    pub root: String,
     pub mount_point: PathBuf,
     pub fs_type: String,
     pub source: String,
@@ -159,11 +163,16 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
         .filter_map(|line| {
             // id parent major:minor root mount-point options [optional...] - fstype source super
             let (before, after) = line.split_once(" - ")?;
-            let mount_point = before.split(' ').nth(4)?;
+            let mut fields = before.split(' ').skip(2);
+            let device = fields.next()?;
+            let root = fields.next()?;
+            let mount_point = fields.next()?;
             let mut after = after.split(' ');
             let fs_type = after.next()?;
             let source = after.next().unwrap_or_default();
             Some(Mount {
+                device: device.to_string(),
+                root: unescape(root),
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fs_type: fs_type.to_string(),
                 source: unescape(source),

@@ -36,20 +36,31 @@ fn say(last_line: &mut String, line: String) {
 }
 
 fn channel(options: &WaitOptions) -> Result<Channel, String> {
-    let ca = std::fs::read(&options.ca_file)
-        .map_err(|error| format!("reading CA {}: {error}", options.ca_file.display()))?;
+    gate_channel(&options.agent, &options.ca_file, &options.server_name)
+}
+
+/// A TLS channel to the agent's gate at `agent` (`host:port`), whose certificate `ca_file`
+/// signed for `server_name`; connected on first use.
+pub fn gate_channel(
+    agent: &str,
+    ca_file: &std::path::Path,
+    server_name: &str,
+) -> Result<Channel, String> {
+    let ca = std::fs::read(ca_file)
+        .map_err(|error| format!("reading CA {}: {error}", ca_file.display()))?;
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
-        .domain_name(options.server_name.clone());
-    Endpoint::from_shared(format!("https://{}", options.agent))
+        .domain_name(server_name.to_string());
+    Endpoint::from_shared(format!("https://{agent}"))
         .and_then(|endpoint| endpoint.tls_config(tls))
         .map(|endpoint| {
             endpoint
                 .connect_timeout(Duration::from_secs(5))
-                .http2_keep_alive_interval(Duration::from_secs(20))
+                .http2_keep_alive_interval(Duration::from_secs(5))
+                .keep_alive_timeout(Duration::from_secs(10))
                 .connect_lazy()
         })
-        .map_err(|error| format!("agent address {:?}: {error}", options.agent))
+        .map_err(|error| format!("agent address {agent:?}: {error}"))
 }
 
 async fn attempt(

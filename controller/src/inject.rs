@@ -43,9 +43,9 @@ fn wait_container(injection: &Injection, claims: &[String]) -> Container {
         "command": ["custody-wait"],
         "env": [
             {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-            {"name": "CUSTODY_AGENT_ADDRESS", "value": format!("$(HOST_IP):{}", names::GATE_PORT)},
-            {"name": "CUSTODY_TOKEN_FILE", "value": format!("{GATE_MOUNT}/token")},
-            {"name": "CUSTODY_CA_FILE", "value": format!("{GATE_MOUNT}/ca.crt")},
+            {"name": names::ENV_AGENT_ADDRESS, "value": format!("$(HOST_IP):{}", names::GATE_PORT)},
+            {"name": names::ENV_TOKEN_FILE, "value": format!("{GATE_MOUNT}/token")},
+            {"name": names::ENV_CA_FILE, "value": format!("{GATE_MOUNT}/ca.crt")},
             {"name": names::ENV_RESTORE, "value": injection.restore_name},
             {"name": names::ENV_RESTORE_UID, "value": injection.restore_uid},
             {"name": names::ENV_RESTORED_CLAIMS, "value": claims.join(",")},

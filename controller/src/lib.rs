@@ -12,6 +12,7 @@ pub mod conditions;
 pub mod error;
 pub mod events;
 pub mod finalizers;
+pub mod gate_ca;
 pub mod holds;
 pub mod inject;
 pub mod metrics;

@@ -86,6 +86,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
             Arc::new(crate::backups::BackupContext {
                 base: context.clone(),
                 mover: mover.clone(),
+                gate_ca: gate_ca.clone(),
             }),
             namespace,
             stopped(),

@@ -64,6 +64,18 @@ pub mod flags {
     pub const RESTORE_UID: &str = "restore-uid";
     pub const OVERWRITE: &str = "overwrite";
     pub const RESULT_FILE: &str = "result-file";
+    pub const FREEZE_CLAIM: &str = "freeze-claim";
+    pub const MAX_FREEZE_SECONDS: &str = "max-freeze-seconds";
+}
+
+/// A frozen copy: the node agent freezes the filesystem of `claim` while the mover reads it,
+/// for at most `max_seconds`. The mover finds the agent, its token and the agent's CA in the
+/// same environment as `custody-wait` (`CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE`,
+/// `CUSTODY_CA_FILE`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreezeArgs {
+    pub claim: String,
+    pub max_seconds: u32,
 }
 
 /// What a Job asks the mover to do; [`Invocation::args`] is its command line.
@@ -75,6 +87,8 @@ pub enum Invocation {
         prefix: String,
         backup_uid: String,
         cluster_uid: String,
+        /// Freeze the volume's filesystem while it is read.
+        freeze: Option<FreezeArgs>,
     },
     /// Stream an artifact into the volume at `target`.
     Restore {
@@ -97,11 +111,20 @@ impl Invocation {
                 prefix,
                 backup_uid,
                 cluster_uid,
+                freeze,
             } => std::iter::once(flags::BACKUP.to_string())
                 .chain(flag(flags::SOURCE, source))
                 .chain(flag(flags::PREFIX, prefix))
                 .chain(flag(flags::BACKUP_UID, backup_uid))
                 .chain(flag(flags::CLUSTER_UID, cluster_uid))
+                .chain(freeze.iter().flat_map(|freeze| {
+                    flag(flags::FREEZE_CLAIM, &freeze.claim)
+                        .into_iter()
+                        .chain(flag(
+                            flags::MAX_FREEZE_SECONDS,
+                            &freeze.max_seconds.to_string(),
+                        ))
+                }))
                 .collect(),
             Invocation::Restore {
                 target,
@@ -140,6 +163,9 @@ pub struct BackupResult {
     pub entries: u64,
     /// Bytes of file content read from the volume.
     pub total_bytes: u64,
+    /// How long the volume's filesystem was frozen, in milliseconds (a frozen copy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_millis: Option<u64>,
 }
 
 /// What a restore wrote.
@@ -219,6 +245,7 @@ mod tests {
             files: 1,
             entries: 2,
             total_bytes: 5,
+            frozen_millis: Some(7),
         };
         let text = serde_json::to_string(&done).unwrap();
         assert_eq!(read_report::<BackupResult>(&text), Report::Done(done));

@@ -50,3 +50,11 @@ pub const ENV_RESTORED_CLAIMS: &str = "CUSTODY_RESTORED_CLAIMS";
 pub const ANNOTATION_KNOWN_DATA: &str = "custody.io/known-data";
 /// The label that names a pod's Cluster: pods carrying it go through the admission webhook.
 pub const LABEL_CLUSTER: &str = "custody.io/cluster";
+
+/// In `custody-wait`'s and a frozen backup's mover's environment: the agent's gate address
+/// (`$(HOST_IP):9443`).
+pub const ENV_AGENT_ADDRESS: &str = "CUSTODY_AGENT_ADDRESS";
+/// In the same environments: the pod-bound token (audience [`GATE_AUDIENCE`]).
+pub const ENV_TOKEN_FILE: &str = "CUSTODY_TOKEN_FILE";
+/// In the same environments: the CA of the agents' gate certificate.
+pub const ENV_CA_FILE: &str = "CUSTODY_CA_FILE";

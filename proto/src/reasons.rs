@@ -158,6 +158,11 @@ reasons! {
         /// `verify` found the directory not matching (the message names the verification
         /// reason).
         VerificationFailed,
+        /// The node agent would not freeze the volume (the message says why).
+        FreezeRefused,
+        /// The volume was thawed before it was all read (the bound passed, the agent stopped
+        /// or the connection to it dropped): the copy would not be a point in time.
+        FreezeLost,
     }
     fallback
     /// A reason this build does not know.

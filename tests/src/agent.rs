@@ -152,6 +152,11 @@ impl AgentProcess {
                     .display()
             ))
             .arg(format!("--kubelet-root={}", kubelet.root().display()))
+            // Its own notes of frozen filesystems, apart from every other agent's here.
+            .arg(format!(
+                "--state-dir={}",
+                kubelet.root().join("custody-agent-state").display()
+            ))
             .arg(format!("--gate-address={gate}"))
             .arg(format!("--gate-tls-cert={}", pki.cert().display()))
             .arg(format!("--gate-tls-key={}", pki.key().display()))

@@ -40,7 +40,10 @@ pub fn real_node() -> &'static str {
             .stdout(Stdio::null())
             .status()
             .expect("running hack/build-postgres-image.sh");
-        assert!(status.success(), "hack/build-postgres-image.sh --import failed");
+        assert!(
+            status.success(),
+            "hack/build-postgres-image.sh --import failed"
+        );
         node
     })
 }

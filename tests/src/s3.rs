@@ -273,6 +273,12 @@ pub enum Fault {
     Unavailable,
     /// Accepts the connection and never answers, as a hung server does.
     Stall,
+    /// Relays uploads at most this many bytes per second (per connection), as a slow link
+    /// does; answers at full speed.
+    Throttle(u64),
+    /// Stalls a connection whose first request writes (`PUT`, `POST`: an upload), relays the
+    /// others (a bucket check, a listing) as [`Fault::None`] does.
+    StallWrites,
     /// Relays at most this many bytes of each answer, then cuts the connection, as a reset
     /// in the middle of a download does.
     CutEvery(u64),
@@ -288,11 +294,17 @@ pub struct FaultyLink {
 impl FaultyLink {
     /// Relays to `upstream` (`http://host:port`).
     pub fn start(upstream: &str) -> FaultyLink {
+        FaultyLink::start_on("127.0.0.1", upstream)
+    }
+
+    /// Relays to `upstream`, listening on `address` (such as the host address pods reach).
+    pub fn start_on(address: &str, upstream: &str) -> FaultyLink {
         let upstream = upstream
             .trim_start_matches("http://")
             .trim_end_matches('/')
             .to_string();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the relay");
+        let listener =
+            std::net::TcpListener::bind(format!("{address}:0")).expect("binding the relay");
         let port = listener.local_addr().expect("relay address").port();
         let fault = std::sync::Arc::new(std::sync::Mutex::new(Fault::None));
         let shared = fault.clone();
@@ -305,7 +317,7 @@ impl FaultyLink {
             }
         });
         FaultyLink {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("http://{address}:{port}"),
             fault,
         }
     }
@@ -317,7 +329,17 @@ impl FaultyLink {
 
 /// Relays both ways between `client` and `upstream`; with `cut`, only that many bytes of the
 /// answer, then both connections are closed.
-fn pipe(mut client: std::net::TcpStream, upstream: &str, cut: Option<u64>) {
+fn pipe(client: std::net::TcpStream, upstream: &str, cut: Option<u64>) {
+    pipe_limited(client, upstream, cut, None)
+}
+
+/// [`pipe`], the upload limited to `rate` bytes per second.
+fn pipe_limited(
+    mut client: std::net::TcpStream,
+    upstream: &str,
+    cut: Option<u64>,
+    rate: Option<u64>,
+) {
     use std::io::Read;
     let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
         return;
@@ -327,7 +349,26 @@ fn pipe(mut client: std::net::TcpStream, upstream: &str, cut: Option<u64>) {
         return;
     };
     let upload = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut client_reader, &mut server_writer);
+        match rate {
+            None => {
+                let _ = std::io::copy(&mut client_reader, &mut server_writer);
+            }
+            Some(rate) => {
+                use std::io::Write;
+                let started = Instant::now();
+                let (mut sent, mut chunk) = (0u64, vec![0u8; 16 << 10]);
+                while let Ok(read) = client_reader.read(&mut chunk) {
+                    if read == 0 || server_writer.write_all(&chunk[..read]).is_err() {
+                        break;
+                    }
+                    sent += read as u64;
+                    let due = Duration::from_secs_f64(sent as f64 / rate.max(1) as f64);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+        }
         let _ = server_writer.shutdown(std::net::Shutdown::Write);
     });
     let _ = std::io::copy(
@@ -343,6 +384,14 @@ fn pipe(mut client: std::net::TcpStream, upstream: &str, cut: Option<u64>) {
     let _ = upload.join();
 }
 
+/// Holds the connection, answering nothing, while `fault` is in force (at most 5 minutes).
+fn stall(fault: Fault, current: &std::sync::Mutex<Fault>) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while *current.lock().expect("fault") == fault && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn relay(
     mut client: std::net::TcpStream,
     upstream: &str,
@@ -353,6 +402,7 @@ fn relay(
     match fault {
         Fault::None => pipe(client, upstream, None),
         Fault::CutEvery(limit) => pipe(client, upstream, Some(limit)),
+        Fault::Throttle(rate) => pipe_limited(client, upstream, None, Some(rate)),
         Fault::Unavailable => {
             // Read the request head, then answer as an overloaded S3 server.
             let mut head = Vec::new();
@@ -370,10 +420,15 @@ fn relay(
                 body.len()
             );
         }
-        Fault::Stall => {
-            let deadline = Instant::now() + Duration::from_secs(300);
-            while *current.lock().expect("fault") == Fault::Stall && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
+        Fault::Stall => stall(fault, current),
+        Fault::StallWrites => {
+            // Peeked, not read: a connection that is relayed gets every byte.
+            let mut first = [0u8; 8];
+            let writes = matches!(client.peek(&mut first), Ok(read) if first[..read].starts_with(b"PUT") || first[..read].starts_with(b"POST"));
+            if writes {
+                stall(fault, current);
+            } else {
+                pipe(client, upstream, None);
             }
         }
     }

@@ -55,8 +55,17 @@ pub async fn run(
                 prefix,
                 backup_uid,
                 cluster_uid,
+                freeze_claim,
+                max_freeze_seconds,
             } => {
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
+                // Frozen last, just before the first read: the freeze lasts only the copy.
+                let held = match (freeze_claim, max_freeze_seconds) {
+                    (Some(claim), Some(max_seconds)) => {
+                        Some(super::freeze::hold(claim, *max_seconds).await?)
+                    }
+                    _ => None,
+                };
                 let result = backup(
                     &endpoint,
                     &secret,
@@ -64,6 +73,7 @@ pub async fn run(
                     prefix,
                     header(backup_uid, cluster_uid, &created_at),
                     stop.clone(),
+                    held,
                 )
                 .await?;
                 Ok(serde_json::to_string(&result).unwrap_or_default())

@@ -12,6 +12,7 @@
 pub mod archive;
 pub mod cli;
 pub mod extract;
+pub mod freeze;
 pub mod upload;
 
 use std::io::{BufReader, Seek, Write};
@@ -56,6 +57,12 @@ pub enum MoverError {
     ManifestOfAnotherBackup { expected: String, found: String },
     #[error(transparent)]
     Extract(#[from] extract::ExtractError),
+    #[error("the node agent did not freeze the volume: {0}")]
+    FreezeRefused(String),
+    #[error(
+        "the volume was thawed after {seconds:.1} s, before it was all read ({reason}); the copy would not be a point in time"
+    )]
+    FreezeLost { seconds: f64, reason: String },
 }
 
 impl MoverError {
@@ -78,6 +85,8 @@ impl MoverError {
             MoverError::ManifestTampered { .. } => MoverFailure::ManifestTampered,
             MoverError::ManifestOfAnotherBackup { .. } => MoverFailure::ManifestOfAnotherBackup,
             MoverError::Extract(error) => error.reason(),
+            MoverError::FreezeRefused(_) => MoverFailure::FreezeRefused,
+            MoverError::FreezeLost { .. } => MoverFailure::FreezeLost,
         }
     }
 }
@@ -100,7 +109,9 @@ pub fn secret_from_env() -> Result<Secret, MoverError> {
     })
 }
 
-/// Backs `source` up under `prefix` in `endpoint`'s bucket.
+/// Backs `source` up under `prefix` in `endpoint`'s bucket. With `held`, the volume's
+/// filesystem is frozen until every file is read, then released; if the freeze ends first,
+/// the upload is aborted and the backup fails.
 pub async fn backup(
     endpoint: &Endpoint,
     secret: &Secret,
@@ -108,8 +119,35 @@ pub async fn backup(
     prefix: &str,
     header: Header,
     stop: tokio::sync::watch::Receiver<bool>,
+    mut held: Option<freeze::Held>,
 ) -> Result<BackupResult, MoverError> {
     let client = s3::client(endpoint, secret)?;
+    // A lost freeze stops the upload as SIGTERM does.
+    let stop = match &held {
+        None => stop,
+        Some(held) => {
+            let (sender, receiver) = tokio::sync::watch::channel(*stop.borrow());
+            let (mut signal, mut lost) = (stop, held.lost.clone());
+            tokio::spawn(async move {
+                let lost_first = tokio::select! {
+                    signalled = signal.wait_for(|stopped| *stopped) => {
+                        if signalled.is_ok() {
+                            let _ = sender.send(true);
+                        }
+                        return;
+                    }
+                    // Closed without a loss: the freeze was released after the last read.
+                    lost = lost.wait_for(Option::is_some) => lost.is_ok(),
+                };
+                if lost_first || signal.wait_for(|stopped| *stopped).await.is_ok() {
+                    let _ = sender.send(true);
+                }
+            });
+            receiver
+        }
+    };
+    let release = held.as_mut().map(freeze::Held::releaser);
+    let frozen_at = held.as_ref().map(freeze::Held::since);
     let (key, manifest_key) = custody_proto::mover::object_keys(prefix);
     let (sender, receiver) = mpsc::channel(1);
     let uploader = {
@@ -134,19 +172,25 @@ pub async fn backup(
             .map_err(local("sizing zstd jobs"))?;
         let mut archive = archive::TarArchive::new(compressor);
         // Buffered: the manifest writer emits a line in many small pieces.
-        let (manifest_file, summary) = manifest_builder::build_into(
+        let built = manifest_builder::build_into(
             &source,
             &header,
             std::io::BufWriter::with_capacity(256 << 10, manifest_file),
             Some(&mut archive),
-        )?;
+        );
+        // Every file is read: the filesystem may thaw (the compressor and the upload go on).
+        let read_at = std::time::Instant::now();
+        if let Some(release) = release {
+            release();
+        }
+        let (manifest_file, summary) = built?;
         let manifest_file = manifest_file
             .into_inner()
             .map_err(|error| MoverError::Local(format!("writing the manifest: {error}")))?;
         let compressor = archive.finish().map_err(local("ending the archive"))?;
         let parts = compressor.finish().map_err(local("ending zstd"))?;
         let (checksum, size) = parts.finish().map_err(local("ending the upload"))?;
-        Ok((manifest_file, summary, checksum, size))
+        Ok((manifest_file, summary, checksum, size, read_at))
     })
     .await
     .map_err(|error| MoverError::Local(format!("the archiving thread: {error}")))?;
@@ -156,11 +200,22 @@ pub async fn backup(
     // A failed upload stops the writer ("the upload stopped"): report the upload's cause. An
     // archiving error (the volume, the scratch space) closes the channel without an end
     // marker, so the upload ends Incomplete (and was aborted): report the archiving error.
-    let (mut manifest_file, summary, checksum, size) = match (uploaded, written) {
+    // A freeze lost while the volume was read is the cause of whatever failed after it.
+    if let (Some(held), Some(frozen_at)) = (&held, frozen_at)
+        && let Some(reason) = held.lost_reason()
+    {
+        return Err(MoverError::FreezeLost {
+            seconds: frozen_at.elapsed().as_secs_f64(),
+            reason,
+        });
+    }
+    let (mut manifest_file, summary, checksum, size, read_at) = match (uploaded, written) {
         (Ok(()), written) => written?,
         (Err(upload::UploadError::Incomplete), Err(cause)) => return Err(cause),
         (Err(error), _) => return Err(error.into()),
     };
+    let frozen_millis =
+        frozen_at.map(|frozen_at| read_at.saturating_duration_since(frozen_at).as_millis() as u64);
 
     manifest_file
         .rewind()
@@ -193,6 +248,7 @@ pub async fn backup(
         files: summary.totals.files,
         entries: summary.totals.entries,
         total_bytes: summary.totals.total_bytes,
+        frozen_millis,
     })
 }
 

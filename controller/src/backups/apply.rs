@@ -45,6 +45,15 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
             "backup status"
         );
     }
+    if plan.publish_gate_ca {
+        crate::gate_ca::publish(
+            client,
+            &namespace,
+            context.gate_ca.as_deref(),
+            FIELD_MANAGER,
+        )
+        .await?;
+    }
     if let Some(job) = &plan.job {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }

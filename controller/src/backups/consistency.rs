@@ -38,12 +38,29 @@ pub enum Decision {
     Refuse(String),
 }
 
-/// The method asked for: the Backup's own, else its Cluster's.
-pub fn method<'a>(
+/// How long a filesystem stays frozen when the Backup does not say.
+pub const DEFAULT_MAX_FREEZE_SECONDS: u32 = 60;
+
+/// The consistency asked for: the Backup's own, else its Cluster's.
+pub fn chosen<'a>(
     backup: Option<&'a Consistency>,
     cluster: Option<&'a Consistency>,
-) -> Option<ConsistencyMethod> {
-    backup.or(cluster).map(|consistency| consistency.method)
+) -> Option<&'a Consistency> {
+    backup.or(cluster)
+}
+
+/// The method asked for.
+pub fn method(chosen: Option<&Consistency>) -> Option<ConsistencyMethod> {
+    chosen.map(|consistency| consistency.method)
+}
+
+/// The longest a frozen copy may keep the filesystem frozen.
+pub fn max_freeze_seconds(chosen: Option<&Consistency>) -> u32 {
+    chosen
+        .and_then(|consistency| consistency.max_freeze_seconds)
+        .and_then(|seconds| u32::try_from(seconds).ok())
+        .filter(|seconds| *seconds > 0)
+        .unwrap_or(DEFAULT_MAX_FREEZE_SECONDS)
 }
 
 /// What a volume backup of `claim` (of StatefulSet `stateful_set`, Cluster `cluster`) does,
@@ -59,6 +76,10 @@ pub fn decide(
         (None, _) => Decision::Copy {
             capture: Capture::Stopped,
             node: None,
+        },
+        (Some(mounter), Some(ConsistencyMethod::Freeze)) => Decision::Copy {
+            capture: Capture::Frozen,
+            node: Some(mounter.node.clone()),
         },
         (Some(mounter), Some(ConsistencyMethod::CrashUnsafe)) => Decision::Copy {
             capture: Capture::CrashUnsafe,
@@ -78,6 +99,12 @@ pub fn condition(capture: Capture) -> Desired {
             status: Status::True,
             reason: "ApplicationStopped",
             message: "no running pod mounted the claim when the copy started".into(),
+        },
+        Capture::Frozen => Desired {
+            type_: CONSISTENT,
+            status: Status::True,
+            reason: "FilesystemFrozen",
+            message: "the node agent froze the volume's filesystem while it was copied: one instant of the running application, as after a power cut".into(),
         },
         Capture::CrashUnsafe => Desired {
             type_: CONSISTENT,
@@ -112,7 +139,7 @@ mod tests {
 
     #[test]
     fn a_volume_is_copied_only_when_stopped_or_by_a_chosen_method() {
-        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 4] = [
+        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 6] = [
             // Stopped: no method needed; the scheduler places the Job where the claim is.
             (
                 None,
@@ -128,6 +155,24 @@ mod tests {
                 Decision::Copy {
                     capture: Capture::Stopped,
                     node: None,
+                },
+            ),
+            // Stopped: nothing to freeze.
+            (
+                Some(ConsistencyMethod::Freeze),
+                None,
+                Decision::Copy {
+                    capture: Capture::Stopped,
+                    node: None,
+                },
+            ),
+            // Running with Freeze: frozen where it runs.
+            (
+                Some(ConsistencyMethod::Freeze),
+                Some(mounter()),
+                Decision::Copy {
+                    capture: Capture::Frozen,
+                    node: Some("node-a".into()),
                 },
             ),
             // Running with CrashUnsafe: copied where it runs, and said so.
@@ -166,21 +211,49 @@ mod tests {
     fn the_backup_method_wins_over_the_clusters() {
         let unsafe_copy = Consistency {
             method: ConsistencyMethod::CrashUnsafe,
+            max_freeze_seconds: None,
         };
-        assert_eq!(method(None, None), None);
+        let freeze = Consistency {
+            method: ConsistencyMethod::Freeze,
+            max_freeze_seconds: Some(20),
+        };
+        assert_eq!(method(chosen(None, None)), None);
         assert_eq!(
-            method(Some(&unsafe_copy), None),
+            method(chosen(Some(&unsafe_copy), None)),
             Some(ConsistencyMethod::CrashUnsafe)
         );
         assert_eq!(
-            method(None, Some(&unsafe_copy)),
+            method(chosen(None, Some(&unsafe_copy))),
+            Some(ConsistencyMethod::CrashUnsafe)
+        );
+        assert_eq!(
+            method(chosen(Some(&freeze), Some(&unsafe_copy))),
+            Some(ConsistencyMethod::Freeze)
+        );
+        assert_eq!(
+            method(chosen(Some(&unsafe_copy), Some(&freeze))),
             Some(ConsistencyMethod::CrashUnsafe)
         );
     }
 
     #[test]
+    fn a_freeze_is_bounded_by_the_chosen_seconds_or_a_minute() {
+        let freeze = |seconds| Consistency {
+            method: ConsistencyMethod::Freeze,
+            max_freeze_seconds: seconds,
+        };
+        assert_eq!(max_freeze_seconds(None), 60);
+        assert_eq!(max_freeze_seconds(Some(&freeze(None))), 60);
+        assert_eq!(max_freeze_seconds(Some(&freeze(Some(20)))), 20);
+        assert_eq!(max_freeze_seconds(Some(&freeze(Some(0)))), 60);
+        assert_eq!(max_freeze_seconds(Some(&freeze(Some(-5)))), 60);
+    }
+
+    #[test]
     fn the_condition_says_whether_the_copy_is_a_point_in_time() {
         assert_eq!(condition(Capture::Stopped).status, Status::True);
+        assert_eq!(condition(Capture::Frozen).status, Status::True);
+        assert_eq!(condition(Capture::Frozen).reason, "FilesystemFrozen");
         assert_eq!(condition(Capture::Stopped).reason, "ApplicationStopped");
         assert_eq!(condition(Capture::CrashUnsafe).status, Status::False);
         assert_eq!(condition(Capture::CrashUnsafe).reason, "CrashUnsafeCopy");

@@ -21,6 +21,45 @@ pub struct JobInputs<'a> {
     pub repository: &'a BackupRepository,
     pub prefix: &'a str,
     pub mover: &'a crate::mover_job::MoverJob,
+    /// A frozen copy: the mover asks the node's agent to freeze the claim's filesystem.
+    pub freeze: Option<custody_proto::mover::FreezeArgs>,
+}
+
+/// The mover's way to its node's agent: the agent's address (the node's, from the downward
+/// API), a token bound to the mover's pod (audience `custody`) and the gate's CA, as
+/// `custody-wait` has them.
+fn agent_access(mut container: serde_json::Value) -> (serde_json::Value, serde_json::Value) {
+    use crate::inject::{GATE_MOUNT as mount, GATE_VOLUME, TOKEN_SECONDS};
+    use custody_proto::names;
+    let env = container["env"].as_array().cloned().unwrap_or_default();
+    container["env"] = serde_json::Value::Array(
+        env.into_iter()
+            .chain([
+                serde_json::json!({"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}),
+                serde_json::json!({"name": names::ENV_AGENT_ADDRESS, "value": format!("$(HOST_IP):{}", names::GATE_PORT)}),
+                serde_json::json!({"name": names::ENV_TOKEN_FILE, "value": format!("{mount}/token")}),
+                serde_json::json!({"name": names::ENV_CA_FILE, "value": format!("{mount}/ca.crt")}),
+            ])
+            .collect(),
+    );
+    let mounts = container["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    container["volumeMounts"] = serde_json::Value::Array(
+        mounts
+            .into_iter()
+            .chain([serde_json::json!({"name": GATE_VOLUME, "mountPath": mount, "readOnly": true})])
+            .collect(),
+    );
+    let volume = serde_json::json!({
+        "name": GATE_VOLUME,
+        "projected": {"sources": [
+            {"serviceAccountToken": {"audience": names::GATE_AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+            {"configMap": {"name": crate::gate_ca::CONFIG_MAP, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ]},
+    });
+    (container, volume)
 }
 
 /// The Job, as plain data: `custody-mover backup` (or the user's command) pinned to the node
@@ -47,6 +86,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                 prefix: inputs.prefix.to_string(),
                 backup_uid: uid.clone(),
                 cluster_uid: inputs.cluster_uid.to_string(),
+                freeze: inputs.freeze.clone(),
             }
             .args(),
             "env": env,
@@ -67,7 +107,14 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             })
         }
     };
-    inputs.mover.job(
+    let (container, extra_volume) = match &inputs.freeze {
+        Some(_) => {
+            let (container, volume) = agent_access(container);
+            (container, Some(volume))
+        }
+        None => (container, None),
+    };
+    let mut job = inputs.mover.job(
         inputs.name,
         inputs.backup,
         &labels,
@@ -77,5 +124,16 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             read_only: true,
         },
         container,
-    )
+    );
+    if let Some(volume) = extra_volume
+        && let Some(pod) = job
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.template.spec.as_mut())
+    {
+        pod.volumes
+            .get_or_insert_default()
+            .push(serde_json::from_value(volume).expect("a valid volume"));
+    }
+    job
 }

@@ -36,6 +36,8 @@ pub struct BackupContext {
     pub base: Arc<Context>,
     /// How its Jobs run `custody-mover`.
     pub mover: crate::mover_job::MoverJob,
+    /// The agents' gate CA (PEM), for the mover of a frozen copy.
+    pub gate_ca: Option<String>,
 }
 
 /// Reasons of the Backup's `Ready` condition.

@@ -19,9 +19,10 @@ use crate::conditions::{self, Desired, Status, types};
 use crate::events::Note;
 use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
-    Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus,
+    Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus, Capture,
     ClockMeasurement, Cluster, Destination, HasConditions, Restore, RestorePhase,
 };
+use custody_proto::mover::FreezeArgs;
 
 /// What a reconciliation knows about the Backup's Job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +92,8 @@ pub struct Plan {
     /// The claim to mark as holding known data, `(claim, how custody knows)`: a completed
     /// Backup copied it.
     pub mark_claim: Option<(String, String)>,
+    /// Copy the agents' gate CA into the namespace (a frozen copy's mover calls its agent).
+    pub publish_gate_ca: bool,
     pub events: Vec<Note>,
     /// When to reconcile again without a change; `None` waits for one.
     pub requeue: Option<Duration>,
@@ -105,6 +108,7 @@ impl Plan {
             status: None,
             job: None,
             mark_claim: None,
+            publish_gate_ca: false,
             events: Vec::new(),
             requeue: None,
         }
@@ -161,7 +165,11 @@ pub fn plan(facts: &Facts) -> Plan {
         .conditions()
         .iter()
         .find(|condition| condition.type_ == types::READY);
-    if repository_ready.is_none_or(|condition| condition.status != "True") {
+    // Checked before a Job exists: a run under way reads its Job's outcome whatever a later
+    // check of the repository says.
+    if facts.job == JobFact::Missing
+        && repository_ready.is_none_or(|condition| condition.status != "True")
+    {
         return wait(
             facts,
             reasons::REPOSITORY_NOT_READY,
@@ -248,6 +256,10 @@ pub fn plan(facts: &Facts) -> Plan {
                 Some(command) => attributed(facts, state, repository, &command.prefix),
             };
             let completed = outcome.is_ok();
+            let mut status = status;
+            if completed {
+                status.frozen_millis = frozen_millis(&facts.report);
+            }
             let mut plan = conclude(facts, status, outcome);
             plan.lease = LeaseStep::Release;
             if completed {
@@ -315,6 +327,10 @@ fn start(
         );
     };
     let command = &backup.spec.command;
+    let chosen = consistency::chosen(
+        backup.spec.consistency.as_ref(),
+        cluster.spec.consistency.as_ref(),
+    );
     // Where the copy runs, and what it will be: decided once, when it starts.
     let node = if status.start_time.is_some() {
         status.node_name.clone()
@@ -332,12 +348,8 @@ fn start(
         };
         Some(mounter.node.clone())
     } else {
-        let method = consistency::method(
-            backup.spec.consistency.as_ref(),
-            cluster.spec.consistency.as_ref(),
-        );
         match consistency::decide(
-            method,
+            consistency::method(chosen),
             facts.mounted_on.as_ref(),
             claim,
             cluster_name,
@@ -410,6 +422,12 @@ fn start(
             facts.now,
         );
     }
+    // A frozen copy: the mover asks the agent, and checks it with the gate's CA.
+    let freeze = (status.consistency == Some(Capture::Frozen)).then(|| FreezeArgs {
+        claim: claim.to_string(),
+        max_seconds: consistency::max_freeze_seconds(chosen),
+    });
+    plan.publish_gate_ca = freeze.is_some();
     plan.job = Some(job::spec(JobInputs {
         name: job_name,
         backup,
@@ -420,6 +438,7 @@ fn start(
         repository,
         prefix: &prefix,
         mover: &facts.mover,
+        freeze,
     }));
     let recorded = if command.is_some() {
         format!("{prefix}/")
@@ -431,6 +450,18 @@ fn start(
         format!("Job {job_name} backs up claim {claim} on {on} to {recorded}"),
     ));
     plan
+}
+
+/// How long the mover's report says the filesystem stayed frozen.
+fn frozen_millis(report: &Option<String>) -> Option<i64> {
+    match custody_proto::mover::read_report::<custody_proto::mover::BackupResult>(
+        report.as_deref()?,
+    ) {
+        custody_proto::mover::Report::Done(result) => result
+            .frozen_millis
+            .and_then(|millis| i64::try_from(millis).ok()),
+        _ => None,
+    }
 }
 
 /// How a volume backup's finished Job ends: the mover's report, checked against the keys
@@ -628,8 +659,14 @@ pub fn next_status(
     now: Timestamp,
 ) -> Option<BackupStatus> {
     let mut current = backup.status.clone().unwrap_or_default();
+    // How consistent the copy is, once there is one.
     let wanted: Vec<Desired> = std::iter::once(ready.clone())
-        .chain(status.consistency.map(consistency::condition))
+        .chain(
+            status
+                .consistency
+                .filter(|_| phase == BackupPhase::Completed)
+                .map(consistency::condition),
+        )
         .collect();
     status.phase = Some(phase);
     status.conditions =

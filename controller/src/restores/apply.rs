@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 
 use super::gather::TeardownFacts;
 use super::plan::{Facts, Plan};
-use super::{ACTION, FIELD_MANAGER, GATE_CA_CONFIG_MAP, RestoreContext, decide, plan};
+use super::{ACTION, FIELD_MANAGER, RestoreContext, decide, plan};
 use crate::error::{Error, Result};
 use crate::holds::{self, LeaseStep};
 use custody_kube::api::Restore;
@@ -32,7 +32,13 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
         return Ok(Action::await_change());
     }
     if plan.publish_gate_ca {
-        publish_gate_ca(context, &namespace).await?;
+        crate::gate_ca::publish(
+            &context.base.client,
+            &namespace,
+            context.gate_ca.as_deref(),
+            FIELD_MANAGER,
+        )
+        .await?;
     }
     let me = holds::holder("Restore", &uid);
     if plan.lease == LeaseStep::TakeFirst
@@ -132,34 +138,6 @@ async fn set_readiness_gate(
         }
     }
     tracing::info!(namespace, pod, "readiness gate set");
-    Ok(())
-}
-
-/// Copies the gate's CA into the namespace for `custody-wait` (created once, then kept equal).
-async fn publish_gate_ca(context: &RestoreContext, namespace: &str) -> Result<()> {
-    let Some(ca) = &context.gate_ca else {
-        return Ok(());
-    };
-    let api: Api<ConfigMap> = Api::namespaced(context.base.client.clone(), namespace);
-    let config_map = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": GATE_CA_CONFIG_MAP,
-            "labels": {"app.kubernetes.io/managed-by": "custody"},
-        },
-        "data": {"ca.crt": ca},
-    });
-    api.patch(
-        GATE_CA_CONFIG_MAP,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(config_map),
-    )
-    .await
-    .map_err(|source| Error::Patch {
-        object: format!("ConfigMap {namespace}/{GATE_CA_CONFIG_MAP}"),
-        source,
-    })?;
     Ok(())
 }
 

@@ -28,7 +28,7 @@ pub const FIELD_MANAGER: &str = "custody.io/restore";
 /// Where the mover container sees the volume.
 pub const TARGET_PATH: &str = "/data";
 /// ConfigMap, in each namespace under restore, holding the gate's CA as `ca.crt`.
-pub const GATE_CA_CONFIG_MAP: &str = "custody-gate-ca";
+pub use crate::gate_ca::CONFIG_MAP as GATE_CA_CONFIG_MAP;
 /// The action Events of this reconciler name.
 pub const ACTION: &str = "Restore";
 

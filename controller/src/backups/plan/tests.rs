@@ -287,6 +287,23 @@ fn every_path_of_a_reconciliation() {
             pending(reasons::REPOSITORY_NOT_READY, 15),
         ),
         (
+            "a run under way concludes even when a later check of the repository failed",
+            Facts {
+                repository: Some(repository("False")),
+                report: report(UID),
+                ..started(facts(), JobState::Succeeded)
+            },
+            expect(
+                Some(Completed),
+                Some(reasons::COMPLETED),
+                &[("BackupCompleted", NORMAL)],
+                false,
+                false,
+                Release,
+                None,
+            ),
+        ),
+        (
             "no volume claim template",
             Facts {
                 cluster: Some({
@@ -370,6 +387,7 @@ fn every_path_of_a_reconciliation() {
                     let mut backup = backup(false);
                     backup.spec.consistency = Some(custody_kube::api::Consistency {
                         method: custody_kube::api::ConsistencyMethod::CrashUnsafe,
+                        max_freeze_seconds: None,
                     });
                     backup
                 },
@@ -701,16 +719,41 @@ fn the_capture_is_recorded_and_said_in_a_condition() {
             .find(|condition| condition.type_ == "Consistent")
             .map(|condition| (condition.status.clone(), condition.reason.clone()))
     };
+    // Decided when it starts; said once there is a copy.
     let running = plan(&facts());
     let status = running.status.unwrap();
     assert_eq!(
         status.consistency,
         Some(custody_kube::api::Capture::CrashUnsafe)
     );
+    assert_eq!(consistent(&status), None, "no copy yet");
+    let completed = |capture| {
+        let mut finished = started(facts(), JobState::Succeeded);
+        finished.backup.status.as_mut().unwrap().consistency = Some(capture);
+        finished.report = report(UID);
+        plan(&finished).status.unwrap()
+    };
     assert_eq!(
-        consistent(&status),
+        consistent(&completed(custody_kube::api::Capture::CrashUnsafe)),
         Some(("False".to_string(), "CrashUnsafeCopy".to_string()))
     );
+    assert_eq!(
+        consistent(&completed(custody_kube::api::Capture::Stopped)),
+        Some(("True".to_string(), "ApplicationStopped".to_string()))
+    );
+    assert_eq!(
+        consistent(&completed(custody_kube::api::Capture::Frozen)),
+        Some(("True".to_string(), "FilesystemFrozen".to_string()))
+    );
+    // A failed copy says nothing about consistency.
+    let mut failed = started(
+        facts(),
+        JobState::Failed {
+            message: "BackoffLimitExceeded".into(),
+        },
+    );
+    failed.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Frozen);
+    assert_eq!(consistent(&plan(&failed).status.unwrap()), None);
 
     let stopped = plan(&Facts {
         mounted_on: None,
@@ -723,10 +766,6 @@ fn the_capture_is_recorded_and_said_in_a_condition() {
         Some(custody_kube::api::Capture::Stopped)
     );
     assert_eq!(status.node_name, None);
-    assert_eq!(
-        consistent(&status),
-        Some(("True".to_string(), "ApplicationStopped".to_string()))
-    );
     let pod = stopped.job.unwrap().spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.node_name, None, "placed by the scheduler");
 
@@ -746,6 +785,123 @@ fn the_capture_is_recorded_and_said_in_a_condition() {
         "{}",
         status.conditions[0].message
     );
+}
+
+/// A frozen copy: the mover gets the claim and the bound, its way to the agent (node address,
+/// a token bound to its pod, the gate's CA, which is published in the namespace), and the
+/// Backup records how long the filesystem stayed frozen.
+#[test]
+fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
+    let frozen = |seconds: Option<i32>| {
+        let mut cluster = cluster(true);
+        cluster.spec.consistency = Some(custody_kube::api::Consistency {
+            method: custody_kube::api::ConsistencyMethod::Freeze,
+            max_freeze_seconds: seconds,
+        });
+        cluster
+    };
+    let start = plan(&Facts {
+        cluster: Some(frozen(Some(20))),
+        ..facts()
+    });
+    assert!(start.publish_gate_ca);
+    let status = start.status.unwrap();
+    assert_eq!(status.consistency, Some(custody_kube::api::Capture::Frozen));
+    assert_eq!(status.node_name.as_deref(), Some(NODE));
+    let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.node_name.as_deref(), Some(NODE));
+    let mover = &pod.containers[0];
+    let args = mover.args.clone().unwrap();
+    for pair in [
+        ["--freeze-claim", "data-db-0"],
+        ["--max-freeze-seconds", "20"],
+    ] {
+        assert!(
+            args.windows(2).any(|window| window == pair),
+            "{pair:?} in {args:?}"
+        );
+    }
+    let env: Vec<String> = mover
+        .env
+        .iter()
+        .flatten()
+        .map(|env| env.name.clone())
+        .collect();
+    for name in [
+        "HOST_IP",
+        "CUSTODY_AGENT_ADDRESS",
+        "CUSTODY_TOKEN_FILE",
+        "CUSTODY_CA_FILE",
+    ] {
+        assert!(env.contains(&name.to_string()), "{name} in {env:?}");
+    }
+    let gate = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == crate::inject::GATE_VOLUME)
+        .expect("the gate volume");
+    let sources = gate.projected.as_ref().unwrap().sources.as_ref().unwrap();
+    assert_eq!(
+        sources[0]
+            .service_account_token
+            .as_ref()
+            .unwrap()
+            .audience
+            .as_deref(),
+        Some(custody_proto::names::GATE_AUDIENCE)
+    );
+
+    // The default bound is a minute; a copy without freeze gets none of it.
+    let defaulted = plan(&Facts {
+        cluster: Some(frozen(None)),
+        ..facts()
+    });
+    let args = defaulted
+        .job
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.windows(2)
+            .any(|window| window == ["--max-freeze-seconds", "60"])
+    );
+    let unsafe_copy = plan(&facts());
+    assert!(!unsafe_copy.publish_gate_ca);
+    let args = unsafe_copy
+        .job
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(!args.contains(&"--freeze-claim".to_string()), "{args:?}");
+
+    // Done: the stall is recorded.
+    let mut finished = started(facts(), JobState::Succeeded);
+    finished.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Frozen);
+    let (key, manifest_key) =
+        custody_proto::mover::object_keys(&format!("custody/ns/orders/{UID}"));
+    finished.report = Some(
+        json!({"key": key, "manifestKey": manifest_key, "sizeBytes": 42, "checksum": "c",
+            "manifestHash": "m", "files": 1, "entries": 1, "totalBytes": 5, "frozenMillis": 1234})
+        .to_string(),
+    );
+    let done = plan(&finished).status.unwrap();
+    assert_eq!(done.phase, Some(BackupPhase::Completed));
+    assert_eq!(done.frozen_millis, Some(1234));
 }
 
 #[test]

@@ -61,17 +61,31 @@ pub struct BackupSpec {
 /// How a volume backup of a running application is made consistent.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.maxFreezeSeconds) || self.method == 'Freeze'").message("maxFreezeSeconds applies to method Freeze only"))]
 pub struct Consistency {
+    /// `Freeze`: the node agent freezes the volume's filesystem (FIFREEZE) while the mover
+    /// reads it, so the copy is the volume at one instant, as after a power cut, from which
+    /// journaling databases recover. Writers block for as long as the copy reads (the Backup
+    /// records it in `status.frozenMillis`), never longer than `maxFreezeSeconds`: past that
+    /// the agent thaws and the Backup fails. The volume must be a whole filesystem of its own.
+    ///
     /// `CrashUnsafe`: copy the files while the application writes them. The copy is not a
     /// point in time; an application may fail to start from it or start with lost or torn
     /// data. The Backup says so (`status.consistency: CrashUnsafe` and condition
     /// `Consistent=False`). Only for data that tolerates that.
     pub method: ConsistencyMethod,
+
+    /// `Freeze` only: the longest the filesystem may stay frozen, in seconds (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub max_freeze_seconds: Option<i32>,
 }
 
 /// The ways custody makes a copy of a running application's volume.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
 pub enum ConsistencyMethod {
+    /// Freeze the volume's filesystem for the copy: one instant, writers stalled meanwhile.
+    Freeze,
     /// Copy while the application writes, knowingly: no point in time.
     CrashUnsafe,
 }
@@ -82,6 +96,8 @@ pub enum Capture {
     /// No running pod mounted the volume while it was copied: the state the application
     /// left at shutdown.
     Stopped,
+    /// Copied while the volume's filesystem was frozen: one instant of a running application.
+    Frozen,
     /// Copied while a running pod mounted the volume, without a consistency method: the user
     /// opted into a copy that may not be a point in time.
     CrashUnsafe,
@@ -141,9 +157,15 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
 
-    /// How the data was captured, decided when the backup starts: `Stopped` or `CrashUnsafe`.
+    /// How the data was captured, decided when the backup starts: `Stopped`, `Frozen` or
+    /// `CrashUnsafe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Capture>,
+
+    /// `Frozen` only: how long the filesystem stayed frozen (the application's writes
+    /// stalled), in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_millis: Option<i64>,
 
     /// When the upload started, by the API server's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,473 @@
+//! Freezing the filesystem of a volume while a custody backup's mover reads it (Backup
+//! `spec.consistency.method: Freeze`): the copy is then the volume at one instant.
+//!
+//! Who may freeze what is decided by [`authorize`] (pure): only the pod of a Job that a
+//! Backup controls, where that Backup runs as a frozen copy on this node, and only a claim the
+//! pod mounts. [`freezable`] (pure) refuses a mount that is not a whole filesystem of its own
+//! or that is the node's own disk: freezing it would stop the node's other writers.
+//!
+//! A freeze always ends: [`Frozen`] thaws when it is dropped (the caller went away, the
+//! connection dropped, the bound passed, the agent stops), and it is noted on the node's disk
+//! first, so that an agent killed while a filesystem is frozen thaws it when it starts again
+//! ([`thaw_left_frozen`]).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use custody_kube::api::{Backup, BackupPhase, Capture};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::metrics::{self, Metrics};
+use crate::volumes::Mount;
+
+/// Filesystems whose freeze custody relies on.
+pub const FREEZABLE: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
+
+/// Why a freeze is refused; each says what to fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("pod {0} is not a custody backup pod (a pod of a Job a Backup controls)")]
+    NotABackupPod(String),
+    #[error("Job {0} of the calling pod does not exist")]
+    JobMissing(String),
+    #[error("Job {0} is not the calling pod's controller, or is not controlled by a Backup")]
+    NotTheBackupsJob(String),
+    #[error("Backup {0} does not exist")]
+    BackupMissing(String),
+    #[error("Backup {name} is not running as a frozen copy (phase {phase}, consistency {capture})")]
+    NotAFrozenCopy {
+        name: String,
+        phase: String,
+        capture: String,
+    },
+    #[error("Backup {name} runs on node {found:?}, not on this agent's node {expected}")]
+    OtherNode {
+        name: String,
+        expected: String,
+        found: Option<String>,
+    },
+    #[error("pod {pod} does not mount claim {claim}")]
+    ClaimNotMounted { pod: String, claim: String },
+    #[error("a freeze of 0 seconds was asked for")]
+    NoTime,
+    #[error("{path} is not a mount point: there is no filesystem of the volume to freeze")]
+    NotAMountPoint { path: String },
+    #[error(
+        "{path} is directory {root} of filesystem {device}, not a filesystem of its own: freezing it would stop every other writer of {device}"
+    )]
+    NotAWholeFilesystem {
+        path: String,
+        root: String,
+        device: String,
+    },
+    #[error("{path} is a {fs_type} filesystem; custody freezes only {}", FREEZABLE.join(", "))]
+    Unsupported { path: String, fs_type: String },
+    #[error(
+        "{path} is on {device}, the node's own disk (the kubelet's or the agent's): freezing it would stop the node"
+    )]
+    NodeFilesystem { path: String, device: String },
+}
+
+impl Refusal {
+    /// CamelCase reason for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NotABackupPod(_) => "NotABackupPod",
+            Refusal::JobMissing(_) => "JobMissing",
+            Refusal::NotTheBackupsJob(_) => "NotTheBackupsJob",
+            Refusal::BackupMissing(_) => "BackupMissing",
+            Refusal::NotAFrozenCopy { .. } => "NotAFrozenCopy",
+            Refusal::OtherNode { .. } => "OtherNode",
+            Refusal::ClaimNotMounted { .. } => "ClaimNotMounted",
+            Refusal::NoTime => "NoTime",
+            Refusal::NotAMountPoint { .. } => "NotAMountPoint",
+            Refusal::NotAWholeFilesystem { .. } => "NotAWholeFilesystem",
+            Refusal::Unsupported { .. } => "UnsupportedFilesystem",
+            Refusal::NodeFilesystem { .. } => "NodeFilesystem",
+        }
+    }
+}
+
+/// What a caller may freeze: the pod's volume that mounts the claim, for this long.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub volume: String,
+    pub max_seconds: u32,
+}
+
+/// The controller owner of `meta` if it is of `kind`: its name and UID.
+pub fn controller_of<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<(&'a str, &'a str)> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true) && owner.kind == kind)
+        .map(|owner| (owner.name.as_str(), owner.uid.as_str()))
+}
+
+/// Whether the calling `pod` (proven by its token to run on `node`) may freeze the filesystem
+/// of `claim` for `requested` seconds (at most `limit`), given its controlling Job and that
+/// Job's controlling Backup as the API server has them.
+pub fn authorize(
+    node: &str,
+    pod: &Pod,
+    claim: &str,
+    job: Option<&Job>,
+    backup: Option<&Backup>,
+    requested: u32,
+    limit: u32,
+) -> Result<Grant, Refusal> {
+    let pod_name = format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    );
+    let is_backup_pod = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(custody_proto::names::LABEL_ROLE))
+        .is_some_and(|role| role == custody_proto::names::ROLE_BACKUP);
+    let Some((job_name, job_uid)) = controller_of(&pod.metadata, "Job").filter(|_| is_backup_pod)
+    else {
+        return Err(Refusal::NotABackupPod(pod_name));
+    };
+    let job = job.ok_or_else(|| Refusal::JobMissing(job_name.to_string()))?;
+    let backup_owner = controller_of(&job.metadata, "Backup");
+    let (Some((backup_name, backup_uid)), true) =
+        (backup_owner, job.metadata.uid.as_deref() == Some(job_uid))
+    else {
+        return Err(Refusal::NotTheBackupsJob(job_name.to_string()));
+    };
+    let backup = backup
+        .filter(|backup| backup.metadata.uid.as_deref() == Some(backup_uid))
+        .ok_or_else(|| Refusal::BackupMissing(backup_name.to_string()))?;
+    let status = backup.status.clone().unwrap_or_default();
+    if status.phase != Some(BackupPhase::Running) || status.consistency != Some(Capture::Frozen) {
+        return Err(Refusal::NotAFrozenCopy {
+            name: backup_name.to_string(),
+            phase: format!("{:?}", status.phase),
+            capture: format!("{:?}", status.consistency),
+        });
+    }
+    if status.node_name.as_deref() != Some(node) {
+        return Err(Refusal::OtherNode {
+            name: backup_name.to_string(),
+            expected: node.to_string(),
+            found: status.node_name,
+        });
+    }
+    let volume = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .find(|volume| {
+            volume
+                .persistent_volume_claim
+                .as_ref()
+                .is_some_and(|source| source.claim_name == claim)
+        })
+        .ok_or_else(|| Refusal::ClaimNotMounted {
+            pod: pod_name.clone(),
+            claim: claim.to_string(),
+        })?;
+    if requested == 0 {
+        return Err(Refusal::NoTime);
+    }
+    Ok(Grant {
+        volume: volume.name.clone(),
+        max_seconds: requested.min(limit),
+    })
+}
+
+/// The device of the filesystem mounted at `path` (canonical), if freezing it is safe: a
+/// mount of a whole filesystem of a type custody freezes, none of `node_devices` (the
+/// filesystems of the kubelet's root and the agent's state).
+pub fn freezable(
+    path: &Path,
+    mounts: &[Mount],
+    node_devices: &[String],
+) -> Result<String, Refusal> {
+    let shown = path.display().to_string();
+    let mount = mounts
+        .iter()
+        .rev()
+        .find(|mount| mount.mount_point == path)
+        .ok_or_else(|| Refusal::NotAMountPoint {
+            path: shown.clone(),
+        })?;
+    if mount.root != "/" {
+        return Err(Refusal::NotAWholeFilesystem {
+            path: shown,
+            root: mount.root.clone(),
+            device: mount.device.clone(),
+        });
+    }
+    if !FREEZABLE.contains(&mount.fs_type.as_str()) {
+        return Err(Refusal::Unsupported {
+            path: shown,
+            fs_type: mount.fs_type.clone(),
+        });
+    }
+    if node_devices.contains(&mount.device) {
+        return Err(Refusal::NodeFilesystem {
+            path: shown,
+            device: mount.device.clone(),
+        });
+    }
+    Ok(mount.device.clone())
+}
+
+/// The device of the filesystem `path` lives on: the mount with the longest mount point
+/// that contains it.
+pub fn device_of(path: &Path, mounts: &[Mount]) -> Option<String> {
+    mounts
+        .iter()
+        .filter(|mount| path.starts_with(&mount.mount_point))
+        .max_by_key(|mount| mount.mount_point.as_os_str().len())
+        .map(|mount| mount.device.clone())
+}
+
+const FIFREEZE: rustix::ioctl::Opcode =
+    rustix::ioctl::opcode::read_write::<std::ffi::c_int>(b'X', 119);
+const FITHAW: rustix::ioctl::Opcode =
+    rustix::ioctl::opcode::read_write::<std::ffi::c_int>(b'X', 120);
+
+#[allow(unsafe_code)]
+fn fifreeze(directory: &File) -> std::io::Result<()> {
+    // SAFETY: FIFREEZE takes no argument the kernel reads (its int operand is ignored), so
+    // NoArg passes nothing that could be misread; it acts on the filesystem of the open
+    // directory only.
+    unsafe { rustix::ioctl::ioctl(directory, rustix::ioctl::NoArg::<FIFREEZE>::new()) }
+        .map_err(std::io::Error::from)
+}
+
+#[allow(unsafe_code)]
+fn fithaw(directory: &File) -> std::io::Result<()> {
+    // SAFETY: as for FIFREEZE: no operand is read.
+    unsafe { rustix::ioctl::ioctl(directory, rustix::ioctl::NoArg::<FITHAW>::new()) }
+        .map_err(std::io::Error::from)
+}
+
+/// The note on the node's disk that `device` is frozen.
+fn journal_entry(state_dir: &Path, device: &str) -> PathBuf {
+    state_dir.join(format!("frozen-{}", device.replace(':', "_")))
+}
+
+/// A frozen filesystem; thawed when dropped.
+pub struct Frozen {
+    directory: File,
+    device: String,
+    journal: PathBuf,
+    since: Instant,
+    metrics: Arc<Metrics>,
+    /// How the freeze ends, for the metrics; `Released` unless said otherwise.
+    outcome: &'static str,
+}
+
+impl Frozen {
+    /// Notes, then freezes, the filesystem of `device` mounted at `path`. Blocks until the
+    /// kernel has flushed it (run it off the async threads).
+    pub fn freeze(
+        path: &Path,
+        device: &str,
+        state_dir: &Path,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Frozen> {
+        std::fs::create_dir_all(state_dir)?;
+        let journal = journal_entry(state_dir, device);
+        std::fs::write(&journal, path.display().to_string())?;
+        let directory = File::open(path)?;
+        if let Err(error) = fifreeze(&directory) {
+            let _ = std::fs::remove_file(&journal);
+            return Err(error);
+        }
+        metrics.frozen.inc();
+        tracing::info!(path = %path.display(), device, "filesystem frozen");
+        Ok(Frozen {
+            directory,
+            device: device.to_string(),
+            journal,
+            since: Instant::now(),
+            metrics,
+            outcome: "Released",
+        })
+    }
+
+    /// Thaws now, counting the freeze under `outcome`.
+    pub fn end(mut self, outcome: &'static str) {
+        self.outcome = outcome;
+    }
+
+    /// The frozen filesystem's device.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let seconds = self.since.elapsed().as_secs_f64();
+        match fithaw(&self.directory) {
+            Ok(()) => tracing::info!(
+                device = self.device,
+                seconds,
+                outcome = self.outcome,
+                "filesystem thawed"
+            ),
+            Err(error) => {
+                tracing::error!(device = self.device, %error, "thawing the filesystem failed")
+            }
+        }
+        let _ = std::fs::remove_file(&self.journal);
+        self.metrics.frozen.dec();
+        self.metrics.frozen_duration.observe(seconds);
+        metrics::count(&self.metrics.freezes, self.outcome);
+    }
+}
+
+/// Thaws every filesystem an earlier agent noted as frozen and did not thaw (it was killed),
+/// through any mount of it this agent sees. Returns the devices thawed.
+pub fn thaw_left_frozen(state_dir: &Path, mounts: &[Mount], metrics: &Metrics) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    let mut thawed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(device) = name
+            .strip_prefix("frozen-")
+            .map(|device| device.replace('_', ":"))
+        else {
+            continue;
+        };
+        for mount in mounts.iter().filter(|mount| mount.device == device) {
+            let Ok(directory) = File::open(&mount.mount_point) else {
+                continue;
+            };
+            match fithaw(&directory) {
+                Ok(()) => {
+                    tracing::warn!(device, mount = %mount.mount_point.display(), "thawed a filesystem a stopped agent left frozen");
+                    metrics::count(&metrics.freezes, "ThawedAtStart");
+                    thawed.push(device.clone());
+                }
+                // EINVAL: not frozen (any more).
+                Err(error) => tracing::debug!(device, %error, "not frozen"),
+            }
+            break;
+        }
+        let _ = std::fs::remove_file(entry.path());
+    }
+    thawed
+}
+
+/// Reads what [`authorize`] decides on, then freezes: the frozen filesystem and its bound, or
+/// the refusal's reason and status.
+pub async fn serve(
+    agent: &crate::state::Agent,
+    caller: &custody_proto::authn::GateCaller,
+    request: &custody_proto::gate::FreezeRequest,
+) -> Result<(Frozen, u32), (&'static str, tonic::Status)> {
+    use kube::api::Api;
+    let refused = |refusal: Refusal| {
+        (
+            refusal.reason(),
+            tonic::Status::permission_denied(refusal.to_string()),
+        )
+    };
+    let unavailable = |what: String| ("ReadFailed", tonic::Status::unavailable(what));
+    let pod = agent
+        .pods
+        .state()
+        .into_iter()
+        .find(|pod| pod.metadata.uid.as_deref() == Some(caller.pod_uid.as_str()))
+        .ok_or_else(|| refused(Refusal::NotABackupPod(caller.name.clone())))?;
+    let namespace = caller.namespace.as_str();
+    let job = match controller_of(&pod.metadata, "Job") {
+        Some((name, _)) => Api::<Job>::namespaced(agent.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|error| unavailable(format!("reading Job {namespace}/{name}: {error}")))?,
+        None => None,
+    };
+    let backup = match job
+        .as_ref()
+        .and_then(|job| controller_of(&job.metadata, "Backup"))
+    {
+        Some((name, _)) => Api::<Backup>::namespaced(agent.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|error| unavailable(format!("reading Backup {namespace}/{name}: {error}")))?,
+        None => None,
+    };
+    let options = &agent.options;
+    let grant = authorize(
+        &options.node_name,
+        &pod,
+        &request.claim_name,
+        job.as_ref(),
+        backup.as_ref(),
+        request.max_seconds,
+        options.max_freeze_seconds,
+    )
+    .map_err(refused)?;
+    let volume_error = |error: crate::volumes::VolumeError| {
+        (
+            "VolumeNotFound",
+            tonic::Status::failed_precondition(error.to_string()),
+        )
+    };
+    // Under the kubelet root, a claim's volume is named after its PersistentVolume.
+    let claim = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        agent.client.clone(),
+        namespace,
+    )
+    .get_opt(&request.claim_name)
+    .await
+    .map_err(|error| {
+        unavailable(format!(
+            "reading claim {namespace}/{}: {error}",
+            request.claim_name
+        ))
+    })?;
+    let directory = crate::verification::directory_name(claim.as_ref(), &grant.volume);
+    let path = crate::volumes::find_volume(&options.kubelet_root, &caller.pod_uid, &directory)
+        .map_err(volume_error)?;
+    let path = crate::volumes::ensure_mounted(&path).map_err(volume_error)?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|error| unavailable(format!("reading /proc/self/mountinfo: {error}")))?;
+    let mounts = crate::volumes::parse_mountinfo(&mountinfo);
+    let node_devices: Vec<String> = [options.kubelet_root.as_path(), options.state_dir.as_path()]
+        .into_iter()
+        .filter_map(|path| {
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            device_of(&path, &mounts)
+        })
+        .collect();
+    let device = freezable(&path, &mounts, &node_devices).map_err(refused)?;
+    let (state_dir, metrics) = (options.state_dir.clone(), agent.metrics.clone());
+    let frozen =
+        tokio::task::spawn_blocking(move || Frozen::freeze(&path, &device, &state_dir, metrics))
+            .await
+            .map_err(|error| unavailable(format!("the freezing thread: {error}")))?
+            .map_err(|error| {
+                (
+                    "FreezeFailed",
+                    tonic::Status::failed_precondition(format!("FIFREEZE failed: {error}")),
+                )
+            })?;
+    tracing::info!(
+        namespace,
+        pod = caller.name,
+        claim = request.claim_name,
+        max_seconds = grant.max_seconds,
+        "frozen for a backup"
+    );
+    Ok((frozen, grant.max_seconds))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,317 @@
+//! Who may freeze which filesystem, as rows.
+
+use serde_json::json;
+
+use super::*;
+
+const NODE: &str = "node-a";
+
+fn pod(role: Option<&str>, job_owner: bool) -> Pod {
+    let mut labels = serde_json::Map::new();
+    if let Some(role) = role {
+        labels.insert(custody_proto::names::LABEL_ROLE.into(), json!(role));
+    }
+    let owners = if job_owner {
+        json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "nightly-backup-1", "uid": "job-uid", "controller": true}])
+    } else {
+        json!([])
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": "nightly-backup-1-x", "namespace": "ns", "uid": "pod-uid",
+                     "labels": labels, "ownerReferences": owners},
+        "spec": {"nodeName": NODE, "containers": [{"name": "mover"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0", "readOnly": true}},
+                             {"name": "scratch", "emptyDir": {}}]},
+    }))
+    .unwrap()
+}
+
+fn job(uid: &str, backup_owner: bool) -> Job {
+    let owners = if backup_owner {
+        json!([{"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "name": "nightly", "uid": "backup-uid", "controller": true}])
+    } else {
+        json!([])
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": "nightly-backup-1", "namespace": "ns", "uid": uid, "ownerReferences": owners},
+    }))
+    .unwrap()
+}
+
+fn backup(uid: &str, phase: &str, capture: &str, node: &str) -> Backup {
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": "nightly", "namespace": "ns", "uid": uid},
+        "spec": {"clusterRef": {"name": "db"}},
+        "status": {"phase": phase, "consistency": capture, "nodeName": node},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn only_a_frozen_backups_own_pod_on_this_node_freezes_a_claim_it_mounts() {
+    let good = || {
+        (
+            pod(Some("backup"), true),
+            Some(job("job-uid", true)),
+            Some(backup("backup-uid", "Running", "Frozen", NODE)),
+        )
+    };
+    type Row = (
+        &'static str,
+        (Pod, Option<Job>, Option<Backup>),
+        &'static str,
+        u32,
+        Result<u32, &'static str>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "the backup's pod, bounded by the request",
+            good(),
+            "data-db-0",
+            30,
+            Ok(30),
+        ),
+        (
+            "the agent's limit wins over a larger request",
+            good(),
+            "data-db-0",
+            9000,
+            Ok(600),
+        ),
+        (
+            "no role label",
+            {
+                let (_, job, backup) = good();
+                (pod(None, true), job, backup)
+            },
+            "data-db-0",
+            30,
+            Err("NotABackupPod"),
+        ),
+        (
+            "another role",
+            {
+                let (_, job, backup) = good();
+                (pod(Some("prepare-data"), true), job, backup)
+            },
+            "data-db-0",
+            30,
+            Err("NotABackupPod"),
+        ),
+        (
+            "no controlling Job",
+            {
+                let (_, job, backup) = good();
+                (pod(Some("backup"), false), job, backup)
+            },
+            "data-db-0",
+            30,
+            Err("NotABackupPod"),
+        ),
+        (
+            "the Job is gone",
+            {
+                let (pod, _, backup) = good();
+                (pod, None, backup)
+            },
+            "data-db-0",
+            30,
+            Err("JobMissing"),
+        ),
+        (
+            "a Job of that name with another UID",
+            {
+                let (pod, _, backup) = good();
+                (pod, Some(job("other-uid", true)), backup)
+            },
+            "data-db-0",
+            30,
+            Err("NotTheBackupsJob"),
+        ),
+        (
+            "a Job no Backup controls",
+            {
+                let (pod, _, backup) = good();
+                (pod, Some(job("job-uid", false)), backup)
+            },
+            "data-db-0",
+            30,
+            Err("NotTheBackupsJob"),
+        ),
+        (
+            "the Backup is gone",
+            {
+                let (pod, job, _) = good();
+                (pod, job, None)
+            },
+            "data-db-0",
+            30,
+            Err("BackupMissing"),
+        ),
+        (
+            "a Backup of that name with another UID",
+            {
+                let (pod, job, _) = good();
+                (pod, job, Some(backup("other", "Running", "Frozen", NODE)))
+            },
+            "data-db-0",
+            30,
+            Err("BackupMissing"),
+        ),
+        (
+            "the Backup is a crash-unsafe copy",
+            {
+                let (pod, job, _) = good();
+                (
+                    pod,
+                    job,
+                    Some(backup("backup-uid", "Running", "CrashUnsafe", NODE)),
+                )
+            },
+            "data-db-0",
+            30,
+            Err("NotAFrozenCopy"),
+        ),
+        (
+            "the Backup is over",
+            {
+                let (pod, job, _) = good();
+                (
+                    pod,
+                    job,
+                    Some(backup("backup-uid", "Completed", "Frozen", NODE)),
+                )
+            },
+            "data-db-0",
+            30,
+            Err("NotAFrozenCopy"),
+        ),
+        (
+            "the Backup runs on another node",
+            {
+                let (pod, job, _) = good();
+                (
+                    pod,
+                    job,
+                    Some(backup("backup-uid", "Running", "Frozen", "node-b")),
+                )
+            },
+            "data-db-0",
+            30,
+            Err("OtherNode"),
+        ),
+        (
+            "a claim the pod does not mount",
+            good(),
+            "data-other-0",
+            30,
+            Err("ClaimNotMounted"),
+        ),
+        ("no time", good(), "data-db-0", 0, Err("NoTime")),
+    ];
+    for (name, (pod, job, backup), claim, requested, want) in rows {
+        let got = authorize(
+            NODE,
+            &pod,
+            claim,
+            job.as_ref(),
+            backup.as_ref(),
+            requested,
+            600,
+        );
+        match (got, want) {
+            (Ok(grant), Ok(seconds)) => {
+                assert_eq!(grant.max_seconds, seconds, "{name}");
+                assert_eq!(grant.volume, "data", "{name}");
+            }
+            (Err(refusal), Err(reason)) => {
+                assert_eq!(refusal.reason(), reason, "{name}: {refusal}")
+            }
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+fn mount(device: &str, root: &str, point: &str, fs_type: &str) -> Mount {
+    Mount {
+        device: device.into(),
+        root: root.into(),
+        mount_point: point.into(),
+        fs_type: fs_type.into(),
+        source: "/dev/x".into(),
+    }
+}
+
+#[test]
+fn only_a_whole_filesystem_of_its_own_is_frozen() {
+    let path = Path::new("/var/lib/kubelet/pods/p/volumes/kubernetes.io~local-volume/pv");
+    let point = path.to_str().unwrap();
+    let node = vec!["253:1".to_string()];
+    let rows: Vec<(&str, Vec<Mount>, Result<&str, &str>)> = vec![
+        (
+            "an ext4 volume of its own",
+            vec![mount("7:3", "/", point, "ext4")],
+            Ok("7:3"),
+        ),
+        ("xfs", vec![mount("7:4", "/", point, "xfs")], Ok("7:4")),
+        (
+            "not mounted",
+            vec![mount("7:3", "/", "/elsewhere", "ext4")],
+            Err("NotAMountPoint"),
+        ),
+        (
+            "a directory of a larger filesystem (a hostPath-like local volume)",
+            vec![mount("7:3", "/volumes/pv", point, "ext4")],
+            Err("NotAWholeFilesystem"),
+        ),
+        (
+            "tmpfs",
+            vec![mount("0:52", "/", point, "tmpfs")],
+            Err("UnsupportedFilesystem"),
+        ),
+        (
+            "the node's disk",
+            vec![mount("253:1", "/", point, "ext4")],
+            Err("NodeFilesystem"),
+        ),
+        (
+            "the last mount on the path counts",
+            vec![
+                mount("7:3", "/", point, "ext4"),
+                mount("7:9", "/sub", point, "ext4"),
+            ],
+            Err("NotAWholeFilesystem"),
+        ),
+    ];
+    for (name, mounts, want) in rows {
+        match (freezable(path, &mounts, &node), want) {
+            (Ok(device), Ok(expected)) => assert_eq!(device, expected, "{name}"),
+            (Err(refusal), Err(reason)) => {
+                assert_eq!(refusal.reason(), reason, "{name}: {refusal}")
+            }
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_device_of_a_path_is_its_deepest_mount() {
+    let mounts = vec![
+        mount("253:1", "/", "/", "ext4"),
+        mount("253:1", "/var/lib/kubelet", "/var/lib/kubelet", "ext4"),
+        mount("7:3", "/", "/var/lib/kubelet/pods/p/volumes/x/pv", "ext4"),
+    ];
+    assert_eq!(
+        device_of(Path::new("/var/lib/kubelet"), &mounts).as_deref(),
+        Some("253:1")
+    );
+    assert_eq!(
+        device_of(Path::new("/var/lib/kubelet/pods/p/volumes/x/pv/a"), &mounts).as_deref(),
+        Some("7:3")
+    );
+    assert_eq!(
+        device_of(Path::new("/srv"), &mounts).as_deref(),
+        Some("253:1")
+    );
+}

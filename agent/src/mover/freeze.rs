@@ -1,0 +1,127 @@
+//! The mover's side of a frozen copy: ask the node agent to freeze the volume's filesystem,
+//! hold the call open while the volume is read, then let go (the agent thaws). If the agent
+//! ends the call first (its bound passed, it stopped, the connection dropped), the freeze is
+//! lost and the copy is no point in time: the backup fails.
+
+use std::time::{Duration, Instant};
+
+use custody_proto::gate::FreezeRequest;
+use custody_proto::gate::gate_client::GateClient;
+use custody_proto::names;
+use tokio::sync::{oneshot, watch};
+
+use super::MoverError;
+
+/// A filesystem the agent holds frozen for this mover.
+pub struct Held {
+    /// Why the freeze ended before [`Held::release`], once it did.
+    pub lost: watch::Receiver<Option<String>>,
+    release: Option<oneshot::Sender<()>>,
+    since: Instant,
+    max_seconds: u32,
+}
+
+impl Held {
+    /// Ends the freeze (the agent thaws once the call is gone). Returns how long it lasted.
+    pub fn release(&mut self) -> Duration {
+        self.release.take();
+        self.since.elapsed()
+    }
+
+    /// A function that ends the freeze, for the thread that reads the volume.
+    pub fn releaser(&mut self) -> impl FnOnce() + Send + 'static {
+        let release = self.release.take();
+        move || drop(release)
+    }
+
+    /// Whether the freeze ended before it was released, and why.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.borrow().clone()
+    }
+
+    /// The bound the agent granted, in seconds.
+    pub fn max_seconds(&self) -> u32 {
+        self.max_seconds
+    }
+
+    /// When the filesystem was frozen.
+    pub fn since(&self) -> Instant {
+        self.since
+    }
+}
+
+fn setting(name: &str) -> Result<String, MoverError> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.is_empty())
+        .ok_or_else(|| MoverError::FreezeRefused(format!("${name} is not set")))
+}
+
+/// Asks the agent on this node to freeze the filesystem of `claim`, for at most
+/// `max_seconds`; returns once it is frozen.
+pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
+    let agent = setting(names::ENV_AGENT_ADDRESS)?;
+    let token_file = setting(names::ENV_TOKEN_FILE)?;
+    let ca_file = setting(names::ENV_CA_FILE)?;
+    let refused =
+        |message: String| MoverError::FreezeRefused(format!("agent at {agent}: {message}"));
+    let token = std::fs::read_to_string(&token_file)
+        .map_err(|error| refused(format!("reading token {token_file}: {error}")))?;
+    let channel = crate::wait::gate_channel(
+        &agent,
+        std::path::Path::new(&ca_file),
+        names::AGENT_SERVER_NAME,
+    )
+    .map_err(refused)?;
+    let mut request = tonic::Request::new(FreezeRequest {
+        claim_name: claim.to_string(),
+        max_seconds,
+    });
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", token.trim())
+            .parse()
+            .map_err(|_| refused("the token is not a valid header value".into()))?,
+    );
+    let mut stream = GateClient::new(channel)
+        .freeze(request)
+        .await
+        .map_err(|status| refused(status.message().to_string()))?
+        .into_inner();
+    let frozen = stream
+        .message()
+        .await
+        .map_err(|status| refused(status.message().to_string()))?
+        .ok_or_else(|| refused("the agent ended the call before freezing".into()))?;
+    let since = Instant::now();
+    tracing::info!(
+        claim,
+        device = frozen.device,
+        max_seconds = frozen.max_seconds,
+        "filesystem frozen"
+    );
+    let (lost_sender, lost) = watch::channel(None);
+    let (release, released) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let ended = tokio::select! {
+            _ = released => None,
+            message = stream.message() => Some(match message {
+                Ok(Some(_)) => "the agent sent an unexpected message".to_string(),
+                Ok(None) => "the agent ended the freeze".to_string(),
+                Err(status) => status.message().to_string(),
+            }),
+        };
+        // Dropping the stream ends the call: the agent thaws.
+        drop(stream);
+        if let Some(reason) = ended {
+            tracing::warn!(reason, "the freeze ended before the volume was read");
+            let _ = lost_sender.send(Some(reason));
+        }
+    });
+    Ok(Held {
+        lost,
+        release: Some(release),
+        since,
+        max_seconds: frozen.max_seconds,
+    })
+}
