@@ -6,6 +6,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
+source hack/lib.sh
 hack/prerequisites.sh
 hack/cluster-up.sh >/dev/null
 cargo build --workspace --bins --locked
@@ -20,6 +21,9 @@ cargo test --workspace --locked --no-fail-fast --lib --bins --tests "${args[@]}"
 # Tier 2: a real node (kubelet, containerd), custody's images built here and installed from
 # deploy/ as users install it.
 trap 'rm -f "$log"; hack/node-down.sh' EXIT
+# A fake-kubelet test that failed may leave its fake Node behind; the DaemonSet and the
+# Deployment installed next would place pods there that never run.
+kubectl_local delete nodes -l custody.io/test=true --ignore-not-found >/dev/null
 hack/node-up.sh >/dev/null
 hack/build-images.sh --import >/dev/null
 cargo test -p custody-tests --test node --locked --no-fail-fast 2>&1 | tee -a "$log" || status=$?

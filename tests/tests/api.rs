@@ -390,6 +390,7 @@ async fn kubectl_get_shows_the_printer_columns() {
                 "PHASE",
                 "SIZE",
                 "NODE",
+                "CONSISTENCY",
                 "COMPLETED",
                 "AGE",
             ],

@@ -24,8 +24,11 @@ fn phase(backup: &Backup) -> Option<BackupPhase> {
     backup.status.as_ref().and_then(|status| status.phase)
 }
 
+/// Backup `name` of `cluster` (its pods run while it is copied: knowingly crash-unsafe, the
+/// tests' data is files, not a running engine).
 async fn backup(setup: &Setup, name: &str, cluster: &str, repository: Option<&str>) -> Backup {
-    let mut spec = json!({"clusterRef": {"name": cluster}});
+    let mut spec =
+        json!({"clusterRef": {"name": cluster}, "consistency": {"method": "CrashUnsafe"}});
     if let Some(repository) = repository {
         spec["repositoryRef"] = json!({"name": repository});
     }
