@@ -69,8 +69,15 @@ start() {
   mkdir -p "$CLUSTER_DIR/logs"
   # 9>&-: the daemon must not inherit the lock cluster-up.sh holds on fd 9.
   setsid "$binary" "$@" >"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
-  echo $! > "$(pidfile "$name")"
-  log "started $name (pid $!, log $CLUSTER_DIR/logs/$name.log)"
+  local pid=$!
+  echo "$pid" > "$(pidfile "$name")"
+  # Until setsid has exec'd the binary, the process's command line is the shell's, and
+  # `running NAME` would take the new process for a stale one.
+  for _ in $(seq 40); do
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$name" && break
+    sleep 0.05
+  done
+  log "started $name (pid $pid, log $CLUSTER_DIR/logs/$name.log)"
 }
 
 # stop NAME: TERM, wait up to 10 s, then KILL.
