@@ -42,21 +42,15 @@ impl MoverJob {
         container["resources"] = self.resources();
         // Writable scratch space under a read-only root filesystem: the backup's manifest is
         // spooled to a temporary file until the archive is uploaded.
-        let mounts = container["volumeMounts"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        container["volumeMounts"] = serde_json::Value::Array(
-            mounts
-                .into_iter()
-                .chain([serde_json::json!({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH})])
-                .collect(),
+        append(
+            &mut container,
+            "volumeMounts",
+            [serde_json::json!({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH})],
         );
-        let env = container["env"].as_array().cloned().unwrap_or_default();
-        container["env"] = serde_json::Value::Array(
-            env.into_iter()
-                .chain([serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH})])
-                .collect(),
+        append(
+            &mut container,
+            "env",
+            [serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH})],
         );
         let owner = crate::ownership::controller_reference(owner);
         serde_json::from_value(serde_json::json!({
@@ -92,6 +86,17 @@ impl MoverJob {
             "limits": {"memory": self.memory_limit},
         })
     }
+}
+
+/// Appends `items` to the list `field` of a container (`env`, `volumeMounts`), creating it.
+pub fn append(
+    container: &mut serde_json::Value,
+    field: &str,
+    items: impl IntoIterator<Item = serde_json::Value>,
+) {
+    let mut list = container[field].as_array().cloned().unwrap_or_default();
+    list.extend(items);
+    container[field] = serde_json::Value::Array(list);
 }
 
 /// Where a Job runs and the claim it mounts.

@@ -31,26 +31,20 @@ pub struct JobInputs<'a> {
 fn agent_access(mut container: serde_json::Value) -> (serde_json::Value, serde_json::Value) {
     use crate::inject::{GATE_MOUNT as mount, GATE_VOLUME, TOKEN_SECONDS};
     use custody_proto::names;
-    let env = container["env"].as_array().cloned().unwrap_or_default();
-    container["env"] = serde_json::Value::Array(
-        env.into_iter()
-            .chain([
-                serde_json::json!({"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}),
-                serde_json::json!({"name": names::ENV_AGENT_ADDRESS, "value": format!("$(HOST_IP):{}", names::GATE_PORT)}),
-                serde_json::json!({"name": names::ENV_TOKEN_FILE, "value": format!("{mount}/token")}),
-                serde_json::json!({"name": names::ENV_CA_FILE, "value": format!("{mount}/ca.crt")}),
-            ])
-            .collect(),
+    crate::mover_job::append(
+        &mut container,
+        "env",
+        [
+            serde_json::json!({"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}),
+            serde_json::json!({"name": names::ENV_AGENT_ADDRESS, "value": format!("$(HOST_IP):{}", names::GATE_PORT)}),
+            serde_json::json!({"name": names::ENV_TOKEN_FILE, "value": format!("{mount}/token")}),
+            serde_json::json!({"name": names::ENV_CA_FILE, "value": format!("{mount}/ca.crt")}),
+        ],
     );
-    let mounts = container["volumeMounts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    container["volumeMounts"] = serde_json::Value::Array(
-        mounts
-            .into_iter()
-            .chain([serde_json::json!({"name": GATE_VOLUME, "mountPath": mount, "readOnly": true})])
-            .collect(),
+    crate::mover_job::append(
+        &mut container,
+        "volumeMounts",
+        [serde_json::json!({"name": GATE_VOLUME, "mountPath": mount, "readOnly": true})],
     );
     let volume = serde_json::json!({
         "name": GATE_VOLUME,
