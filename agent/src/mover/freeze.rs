@@ -3,7 +3,7 @@
 //! ends the call first (its bound passed, it stopped, the connection dropped), the freeze is
 //! lost and the copy is no point in time: the backup fails.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use custody_proto::gate::FreezeRequest;
 use custody_proto::gate::gate_client::GateClient;
@@ -14,20 +14,13 @@ use super::MoverError;
 
 /// A filesystem the agent holds frozen for this mover.
 pub struct Held {
-    /// Why the freeze ended before [`Held::release`], once it did.
+    /// Why the freeze ended before it was released, once it did.
     pub lost: watch::Receiver<Option<String>>,
     release: Option<oneshot::Sender<()>>,
     since: Instant,
-    max_seconds: u32,
 }
 
 impl Held {
-    /// Ends the freeze (the agent thaws once the call is gone). Returns how long it lasted.
-    pub fn release(&mut self) -> Duration {
-        self.release.take();
-        self.since.elapsed()
-    }
-
     /// A function that ends the freeze, for the thread that reads the volume.
     pub fn releaser(&mut self) -> impl FnOnce() + Send + 'static {
         let release = self.release.take();
@@ -37,11 +30,6 @@ impl Held {
     /// Whether the freeze ended before it was released, and why.
     pub fn lost_reason(&self) -> Option<String> {
         self.lost.borrow().clone()
-    }
-
-    /// The bound the agent granted, in seconds.
-    pub fn max_seconds(&self) -> u32 {
-        self.max_seconds
     }
 
     /// When the filesystem was frozen.
@@ -122,6 +110,5 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
         lost,
         release: Some(release),
         since,
-        max_seconds: frozen.max_seconds,
     })
 }
