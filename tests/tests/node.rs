@@ -712,6 +712,10 @@ fn postgres_statefulset(name: &str) -> serde_json::Value {
                                             "capabilities": {"drop": ["ALL"]}},
                         "readinessProbe": {"exec": {"command": ["pg_isready", "-q"]},
                                            "periodSeconds": 1},
+                        // A new database's password, for a backup tool's connection.
+                        "env": [{"name": "POSTGRES_PASSWORD", "valueFrom": {"secretKeyRef": {
+                            "name": format!("{name}-credentials"), "key": "PGPASSWORD",
+                            "optional": true}}}],
                         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}],
                     }],
                 },
@@ -907,18 +911,7 @@ async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answe
     // Stopped: the StatefulSet scaled to 0, PostgreSQL shut down cleanly; then backed up.
     let output = kubectl(&["-n", &ns, "scale", "statefulset/orders", "--replicas=0"]);
     assert!(output.status.success(), "{output:?}");
-    let pods: Api<Pod> = namespace.api();
-    custody_tests::eventually("orders-0 gone", TIMEOUT, || {
-        let pods = pods.clone();
-        async move {
-            match pods.get_opt("orders-0").await {
-                Ok(None) => Ok(()),
-                Ok(Some(_)) => Err("still there".to_string()),
-                Err(error) => Err(error.to_string()),
-            }
-        }
-    })
-    .await;
+    gone(&namespace.api(), "orders-0").await;
     nightly_completed(&namespace).await;
     let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
     let status = nightly.status.unwrap();
@@ -937,12 +930,7 @@ async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answe
     let (_target, restore_to_answer) = restore_postgres(&client, node, &namespace, "nightly").await;
     let after = sql(&ns, "shop-0", ACCOUNTS).await;
     assert_eq!(after, before, "the restored database has other rows");
-    let checked = exec(
-        &ns,
-        "shop-0",
-        &["pg_amcheck", "--heapallindexed", "postgres"],
-    );
-    assert!(checked.is_ok(), "pg_amcheck: {checked:?}");
+    consistent(&namespace, 3).await;
     eprintln!(
         "postgres restore (stopped copy): Cluster created to the restored database answering: {:.1} s (artifact {} bytes)",
         restore_to_answer.as_secs_f64(),
@@ -997,41 +985,11 @@ async fn on_a_real_node_postgresql_frozen_while_pgbench_writes_restores_consiste
     )
     .await;
 
-    // Load for the whole backup.
-    let load = {
-        let ns = ns.clone();
-        std::thread::spawn(move || {
-            exec(
-                &ns,
-                "orders-0",
-                &["pgbench", "-c", "4", "-T", "75", "-n", "-P", "5"],
-            )
-        })
-    };
-    let checkpoints = {
-        let ns = ns.clone();
-        std::thread::spawn(move || {
-            let until = std::time::Instant::now() + Duration::from_secs(70);
-            let mut done = 0;
-            while std::time::Instant::now() < until {
-                if exec(&ns, "orders-0", &["psql", "-c", "checkpoint"]).is_ok() {
-                    done += 1;
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            done
-        })
-    };
+    let load = Load::start(&ns, 75);
     tokio::time::sleep(Duration::from_secs(5)).await;
     nightly_completed(&namespace).await;
     let written_during = sql(&ns, "orders-0", "select count(*) from pgbench_history").await;
-    let load = tokio::task::spawn_blocking(move || load.join().unwrap())
-        .await
-        .unwrap();
-    let checkpoints = tokio::task::spawn_blocking(move || checkpoints.join().unwrap())
-        .await
-        .unwrap();
-    let report = load.expect("pgbench kept running through the freeze");
+    let (tps, checkpoints) = load.finish().await;
     let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
     let status = nightly.status.unwrap();
     let stall = status.frozen_millis.unwrap_or_default();
@@ -1041,10 +999,87 @@ async fn on_a_real_node_postgresql_frozen_while_pgbench_writes_restores_consiste
     }
 
     let (_target, restore_to_answer) = restore_postgres(&client, node, &namespace, "nightly").await;
+    let sums = consistent(&namespace, 20).await;
+    eprintln!(
+        "postgres {method} copy under pgbench -c 4 ({tps}; {checkpoints} checkpoints; {written_during} history rows when the backup ended): filesystem frozen {stall} ms; restored sums {sums}; restore to answer {:.1} s",
+        restore_to_answer.as_secs_f64()
+    );
+    finish_postgres(&client, namespace).await;
+}
+
+/// pgbench with four clients for `seconds`, and a CHECKPOINT every second meanwhile, against
+/// orders-0.
+struct Load {
+    pgbench: std::thread::JoinHandle<Result<String, String>>,
+    checkpoints: std::thread::JoinHandle<u32>,
+}
+
+impl Load {
+    fn start(namespace: &str, seconds: u64) -> Load {
+        let ns = namespace.to_string();
+        let pgbench = std::thread::spawn(move || {
+            let seconds = seconds.to_string();
+            exec(
+                &ns,
+                "orders-0",
+                &["pgbench", "-c", "4", "-T", &seconds, "-n", "-P", "5"],
+            )
+        });
+        let ns = namespace.to_string();
+        let checkpoints = std::thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_secs(seconds.saturating_sub(5));
+            let mut done = 0;
+            while std::time::Instant::now() < until {
+                if exec(&ns, "orders-0", &["psql", "-c", "checkpoint"]).is_ok() {
+                    done += 1;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            done
+        });
+        Load {
+            pgbench,
+            checkpoints,
+        }
+    }
+
+    /// Waits for the load to end; pgbench's `tps` line (it must not have failed) and the
+    /// number of checkpoints run.
+    async fn finish(self) -> (String, u32) {
+        let Load {
+            pgbench,
+            checkpoints,
+        } = self;
+        let report = tokio::task::spawn_blocking(move || pgbench.join().unwrap())
+            .await
+            .unwrap()
+            .expect("pgbench kept running through the backup");
+        let checkpoints = tokio::task::spawn_blocking(move || checkpoints.join().unwrap())
+            .await
+            .unwrap();
+        let tps = report
+            .lines()
+            .find(|line| line.starts_with("tps"))
+            .unwrap_or_default()
+            .to_string();
+        (tps, checkpoints)
+    }
+}
+
+/// The acceptance checks of a PostgreSQL restored into shop-0 from a database of `scale`:
+/// every account is there, pgbench's four sums agree (no transaction torn), pg_amcheck
+/// --heapallindexed is clean; then, shut down cleanly (StatefulSet shop scaled to 0),
+/// pg_checksums --check finds every page's checksum right. The sums.
+async fn consistent(namespace: &TestNamespace, scale: u32) -> String {
+    let ns = namespace.name.clone();
     let sums = sql(&ns, "shop-0", PGBENCH_SUMS).await;
     let parts: Vec<&str> = sums.split(' ').collect();
     assert_eq!(parts.len(), 5, "{sums}");
-    assert_eq!(parts[4], "2000000", "accounts lost: {sums}");
+    assert_eq!(
+        parts[4],
+        (u64::from(scale) * 100_000).to_string(),
+        "accounts lost: {sums}"
+    );
     assert!(
         parts[0] == parts[1] && parts[1] == parts[2] && parts[2] == parts[3],
         "a torn transaction: accounts, tellers, branches, history sum to {sums}"
@@ -1055,13 +1090,171 @@ async fn on_a_real_node_postgresql_frozen_while_pgbench_writes_restores_consiste
         &["pg_amcheck", "--heapallindexed", "postgres"],
     );
     assert!(checked.is_ok(), "pg_amcheck: {checked:?}");
-    let tps = report
-        .lines()
-        .find(|line| line.starts_with("tps"))
-        .unwrap_or_default()
-        .to_string();
+    let output = kubectl(&["-n", &ns, "scale", "statefulset/shop", "--replicas=0"]);
+    assert!(output.status.success(), "{output:?}");
+    let pods: Api<Pod> = namespace.api();
+    gone(&pods, "shop-0").await;
+    create::<Pod>(
+        &pods,
+        json!({
+            "metadata": {"name": "checksums"},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": false,
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 999, "runAsGroup": 999,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "check", "image": "localhost/custody/postgres:15",
+                    "imagePullPolicy": "Never",
+                    "command": ["pg_checksums", "--check", "--pgdata", "/var/lib/postgresql/data/pgdata"],
+                    "securityContext": {"allowPrivilegeEscalation": false,
+                                        "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}],
+                }],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-shop-0"}}],
+            },
+        }),
+    )
+    .await;
+    let done = await_condition(
+        &pods,
+        "checksums",
+        "pg_checksums done",
+        TIMEOUT,
+        |pod: &Pod| {
+            matches!(
+                pod.status
+                    .as_ref()
+                    .and_then(|status| status.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        },
+    )
+    .await;
+    let logs = kubectl(&["-n", &ns, "logs", "checksums"]);
+    let logs = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert_eq!(
+        done.status.and_then(|status| status.phase).as_deref(),
+        Some("Succeeded"),
+        "pg_checksums --check after a clean shutdown: {logs}"
+    );
+    assert!(logs.contains("Bad checksums:  0"), "{logs}");
+    sums
+}
+
+/// Waits until pod `name` is gone.
+async fn gone(pods: &Api<Pod>, name: &str) {
+    custody_tests::eventually(&format!("{name} gone"), TIMEOUT, || {
+        let (pods, name) = (pods.clone(), name.to_string());
+        async move {
+            match pods.get_opt(&name).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
+}
+
+/// Issue 14, method Tool, the acceptance bar on a real PostgreSQL: while four pgbench clients
+/// write and a CHECKPOINT runs every second, the Backup's Job runs PostgreSQL's own
+/// `pg_basebackup -X stream` (the image and command named in the Cluster's
+/// `spec.consistency.tool`, the password from the Secret it names) against the running pod,
+/// and custody backs up the tree it wrote as the volume, under `pgdata`. Restored through the
+/// gate like any volume backup, PostgreSQL starts on it without a manual step, every account
+/// is there, pgbench's sums agree, pg_amcheck and (after a clean shutdown) pg_checksums are
+/// clean. No write stall: pgbench never waited on a frozen filesystem.
+#[tokio::test]
+async fn on_a_real_node_postgresql_backed_up_by_pg_basebackup_while_pgbench_writes_restores_consistent()
+ {
+    let _agents = AGENTS.read().await;
+    let node = real_node();
+    let _installed = Installed::apply();
+    let client = client().await;
+    running(&client).await;
+    let namespace = TestNamespace::create("pgtool").await;
+    let ns = namespace.name.clone();
+    let bucket = s3::bucket(s3::shared(), "pgtool").await;
+    repository(&namespace, &s3_for_pods(), &bucket).await;
+    create::<k8s_openapi::api::core::v1::Secret>(
+        &namespace.api(),
+        json!({"metadata": {"name": "orders-credentials"},
+               "stringData": {"PGUSER": "postgres", "PGPASSWORD": "a-test-password"}}),
+    )
+    .await;
+    let scale = 5;
+    let _source = postgres_source(
+        &client,
+        node,
+        &namespace,
+        Some(json!({
+            "method": "Tool",
+            "tool": {
+                "image": "localhost/custody/postgres:15",
+                "command": ["pg_basebackup", "--host=$(CUSTODY_POD_IP)", "--pgdata=$(CUSTODY_OUTPUT)",
+                            "--wal-method=stream", "--checkpoint=fast", "--no-password"],
+                "credentialsSecretRef": {"name": "orders-credentials"},
+                "dataPath": "pgdata",
+                "scratchSize": "1Gi",
+            },
+        })),
+        scale,
+    )
+    .await;
+
+    let load = Load::start(&ns, 40);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let started = std::time::Instant::now();
+    nightly_completed(&namespace).await;
+    let backup_took = started.elapsed();
+    let written_during = sql(&ns, "orders-0", "select count(*) from pgbench_history").await;
+    let (tps, checkpoints) = load.finish().await;
+    let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
+    let status = nightly.status.unwrap();
+    assert_eq!(status.consistency, Some(Capture::Tool), "{status:?}");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == "Consistent"
+                && condition.status == "True"
+                && condition.reason == "ApplicationTool"),
+        "{:?}",
+        status.conditions
+    );
+    assert_eq!(status.frozen_millis, None, "no write stall");
+
+    // A tool that fails fails the Backup, saying how it ended.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "broken"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": {"method": "Tool", "tool": {
+                   "image": "localhost/custody/postgres:15",
+                   "command": ["sh", "-c", "echo cannot reach the database >&2; exit 3"]}}}}),
+    )
+    .await;
+    let (reason, message) = backup_fails(&namespace, "broken").await;
+    assert_eq!(reason, "ToolFailed", "{message}");
+    assert!(
+        message.contains("code 3") && message.contains("cannot reach the database"),
+        "{message}"
+    );
+
+    let (target, restore_to_answer) = restore_postgres(&client, node, &namespace, "nightly").await;
+    // The restored tree is pg_basebackup's: it leaves its manifest in the directory it wrote.
+    assert!(
+        target.path().join("pgdata/backup_manifest").exists(),
+        "not the tree pg_basebackup wrote"
+    );
+    let sums = consistent(&namespace, scale).await;
     eprintln!(
-        "postgres {method} copy under pgbench -c 4 ({tps}; {checkpoints} checkpoints; {written_during} history rows when the backup ended): filesystem frozen {stall} ms; restored sums {sums}; restore to answer {:.1} s",
+        "postgres Tool copy (pg_basebackup) under pgbench -c 4 ({tps}; {checkpoints} checkpoints; {written_during} history rows when the backup ended): Backup created to Completed {:.1} s, artifact {} bytes; restored sums {sums}; restore to answer {:.1} s",
+        backup_took.as_secs_f64(),
+        status
+            .artifact
+            .and_then(|artifact| artifact.size_bytes)
+            .unwrap_or_default(),
         restore_to_answer.as_secs_f64()
     );
     finish_postgres(&client, namespace).await;

@@ -23,6 +23,8 @@ pub const CONSISTENT: &str = "Consistent";
 pub struct Mounter {
     pub pod: String,
     pub node: String,
+    /// The pod's IP, where an application's backup tool reaches it.
+    pub ip: Option<String>,
 }
 
 /// What a volume backup about to start does.
@@ -81,12 +83,16 @@ pub fn decide(
             capture: Capture::Frozen,
             node: Some(mounter.node.clone()),
         },
+        (Some(mounter), Some(ConsistencyMethod::Tool)) => Decision::Copy {
+            capture: Capture::Tool,
+            node: Some(mounter.node.clone()),
+        },
         (Some(mounter), Some(ConsistencyMethod::CrashUnsafe)) => Decision::Copy {
             capture: Capture::CrashUnsafe,
             node: Some(mounter.node.clone()),
         },
-        (Some(Mounter { pod, node }), None) => Decision::Refuse(format!(
-            "pod {pod} on node {node} is running and mounts claim {claim}: files copied while it writes are no point in time, and a database may not start from them. Stop the application (scale StatefulSet {stateful_set} to 0) and create a new Backup, or set spec.consistency on the Backup or on Cluster {cluster} (method CrashUnsafe copies anyway, knowingly)"
+        (Some(Mounter { pod, node, .. }), None) => Decision::Refuse(format!(
+            "pod {pod} on node {node} is running and mounts claim {claim}: files copied while it writes are no point in time, and a database may not start from them. Stop the application (scale StatefulSet {stateful_set} to 0) and create a new Backup, or set spec.consistency on the Backup or on Cluster {cluster}: method Freeze (the filesystem frozen for the copy), Tool (the application's own backup tool) or CrashUnsafe (copies anyway, knowingly)"
         )),
     }
 }
@@ -105,6 +111,12 @@ pub fn condition(capture: Capture) -> Desired {
             status: Status::True,
             reason: "FilesystemFrozen",
             message: "the node agent froze the volume's filesystem while it was copied: one instant of the running application, as after a power cut".into(),
+        },
+        Capture::Tool => Desired {
+            type_: CONSISTENT,
+            status: Status::True,
+            reason: "ApplicationTool",
+            message: "the application's own backup tool wrote the copy while it ran".into(),
         },
         Capture::CrashUnsafe => Desired {
             type_: CONSISTENT,
@@ -134,12 +146,13 @@ mod tests {
         Mounter {
             pod: "db-0".into(),
             node: "node-a".into(),
+            ip: Some("10.0.0.7".into()),
         }
     }
 
     #[test]
     fn a_volume_is_copied_only_when_stopped_or_by_a_chosen_method() {
-        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 6] = [
+        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 8] = [
             // Stopped: no method needed; the scheduler places the Job where the claim is.
             (
                 None,
@@ -175,6 +188,24 @@ mod tests {
                     node: Some("node-a".into()),
                 },
             ),
+            // Stopped: no tool can reach it; the volume is what it left.
+            (
+                Some(ConsistencyMethod::Tool),
+                None,
+                Decision::Copy {
+                    capture: Capture::Stopped,
+                    node: None,
+                },
+            ),
+            // Running with Tool: the tool runs where the application runs.
+            (
+                Some(ConsistencyMethod::Tool),
+                Some(mounter()),
+                Decision::Copy {
+                    capture: Capture::Tool,
+                    node: Some("node-a".into()),
+                },
+            ),
             // Running with CrashUnsafe: copied where it runs, and said so.
             (
                 Some(ConsistencyMethod::CrashUnsafe),
@@ -197,6 +228,8 @@ mod tests {
                         "data-db-0",
                         "scale StatefulSet db to 0",
                         "Cluster orders",
+                        "Freeze",
+                        "Tool",
                         "CrashUnsafe",
                     ] {
                         assert!(message.contains(part), "{part} in {message}");
@@ -212,10 +245,12 @@ mod tests {
         let unsafe_copy = Consistency {
             method: ConsistencyMethod::CrashUnsafe,
             max_freeze_seconds: None,
+            tool: None,
         };
         let freeze = Consistency {
             method: ConsistencyMethod::Freeze,
             max_freeze_seconds: Some(20),
+            tool: None,
         };
         assert_eq!(method(chosen(None, None)), None);
         assert_eq!(
@@ -241,6 +276,7 @@ mod tests {
         let freeze = |seconds| Consistency {
             method: ConsistencyMethod::Freeze,
             max_freeze_seconds: seconds,
+            tool: None,
         };
         assert_eq!(max_freeze_seconds(None), 60);
         assert_eq!(max_freeze_seconds(Some(&freeze(None))), 60);
@@ -255,6 +291,8 @@ mod tests {
         assert_eq!(condition(Capture::Frozen).status, Status::True);
         assert_eq!(condition(Capture::Frozen).reason, "FilesystemFrozen");
         assert_eq!(condition(Capture::Stopped).reason, "ApplicationStopped");
+        assert_eq!(condition(Capture::Tool).status, Status::True);
+        assert_eq!(condition(Capture::Tool).reason, "ApplicationTool");
         assert_eq!(condition(Capture::CrashUnsafe).status, Status::False);
         assert_eq!(condition(Capture::CrashUnsafe).reason, "CrashUnsafeCopy");
     }

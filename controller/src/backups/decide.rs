@@ -204,6 +204,34 @@ pub const MOVER_REPORT_UNREADABLE: &str = "MoverReportUnreadable";
 pub const MOVER_REPORT_MISSING: &str = "MoverReportMissing";
 /// The Job failed without a result from the mover.
 pub const JOB_FAILED: &str = "JobFailed";
+/// The application's backup tool exited with an error (the mover never ran).
+pub const TOOL_FAILED: &str = "ToolFailed";
+/// A copy by the application's tool, with no tool named (the method changed since it started).
+pub const TOOL_MISSING: &str = "ToolMissing";
+
+/// Why the application's backup tool (the Job pod's init container `tool`) failed: its exit
+/// code and the end of its output. `None` while it did not fail.
+pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    pods.iter()
+        .flat_map(|pod| pod.status.iter())
+        .flat_map(|status| status.init_container_statuses.iter().flatten())
+        .filter(|container| container.name == "tool")
+        .find_map(|container| {
+            let terminated = container.state.as_ref()?.terminated.as_ref()?;
+            (terminated.exit_code != 0).then(|| {
+                let output = terminated.message.as_deref().unwrap_or_default().trim();
+                format!(
+                    "the backup tool exited with code {}{}",
+                    terminated.exit_code,
+                    if output.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", crate::events::cut(output, 1024))
+                    }
+                )
+            })
+        })
+}
 
 #[cfg(test)]
 mod tests;

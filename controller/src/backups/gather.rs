@@ -35,6 +35,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         started_during: None,
         clock: None,
         report: None,
+        tool_failure: None,
         listing: None,
         job_pod_problem: None,
         others: Vec::new(),
@@ -101,8 +102,9 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
                 (None, _) => {
-                    facts.report =
-                        report(&job_pods(client, &namespace, &job_name, job.as_ref()).await?);
+                    let pods = job_pods(client, &namespace, &job_name, job.as_ref()).await?;
+                    facts.report = report(&pods);
+                    facts.tool_failure = decide::tool_failure(&pods);
                     let status = facts.backup.status.as_ref();
                     if status.and_then(|status| status.consistency) == Some(Capture::Stopped) {
                         let since = status.and_then(|status| status.start_time.clone());
@@ -175,6 +177,7 @@ async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Opt
         .find_map(|pod| {
             Some(Mounter {
                 node: pod.spec.as_ref()?.node_name.clone()?,
+                ip: pod.status.as_ref()?.pod_ip.clone(),
                 pod: pod.name_any(),
             })
         }))

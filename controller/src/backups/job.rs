@@ -6,8 +6,9 @@ use custody_proto::mover::Invocation;
 use k8s_openapi::api::batch::v1::Job;
 
 use super::SOURCE_PATH;
+use super::consistency::Mounter;
 use super::decide::{LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
-use custody_kube::api::{Backup, BackupRepository};
+use custody_kube::api::{Backup, BackupRepository, BackupTool};
 
 /// What a backup Job is made of.
 pub struct JobInputs<'a> {
@@ -23,6 +24,77 @@ pub struct JobInputs<'a> {
     pub mover: &'a crate::mover_job::MoverJob,
     /// A frozen copy: the mover asks the node's agent to freeze the claim's filesystem.
     pub freeze: Option<custody_proto::mover::FreezeArgs>,
+    /// A copy by the application's own tool: it writes the tree the mover backs up.
+    pub tool: Option<ToolRun<'a>>,
+}
+
+/// The application's backup tool, and the running pod it reaches.
+#[derive(Clone, Copy)]
+pub struct ToolRun<'a> {
+    pub tool: &'a BackupTool,
+    pub pod: Option<&'a Mounter>,
+}
+
+/// The scratch volume the tool writes its tree into, where it is mounted, and the tree's root
+/// in it (what the mover backs up as the volume).
+pub const TOOL_VOLUME: &str = "tool-output";
+pub const TOOL_MOUNT: &str = "/output";
+pub const TOOL_TREE: &str = "/output/tree";
+/// The tool's scratch space when the Backup does not say.
+pub const DEFAULT_TOOL_SCRATCH: &str = "10Gi";
+
+/// The environment the tool finds its output directory and the application in.
+pub mod tool_env {
+    pub const OUTPUT: &str = "CUSTODY_OUTPUT";
+    pub const POD_NAME: &str = "CUSTODY_POD_NAME";
+    pub const POD_IP: &str = "CUSTODY_POD_IP";
+}
+
+/// Where the tool writes: the tree's root, or its `dataPath` beneath it.
+pub fn tool_output(tool: &BackupTool) -> String {
+    match tool.data_path.as_deref().map(|path| path.trim_matches('/')) {
+        Some(path) if !path.is_empty() => format!("{TOOL_TREE}/{path}"),
+        _ => TOOL_TREE.to_string(),
+    }
+}
+
+/// The tool's container (the Job's init container: the mover starts once it exited 0) and
+/// its scratch volume.
+fn tool_container(
+    run: ToolRun<'_>,
+    mover: &crate::mover_job::MoverJob,
+) -> (serde_json::Value, serde_json::Value) {
+    let tool = run.tool;
+    let env = [
+        (tool_env::OUTPUT, Some(tool_output(tool))),
+        (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
+        (tool_env::POD_IP, run.pod.and_then(|pod| pod.ip.clone())),
+    ]
+    .into_iter()
+    .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()}))
+    .collect::<Vec<_>>();
+    let mut container = serde_json::json!({
+        "name": "tool",
+        "image": tool.image,
+        "command": tool.command,
+        "env": env,
+        "volumeMounts": [
+            {"name": "data", "mountPath": SOURCE_PATH, "readOnly": true},
+            {"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT},
+        ],
+        "resources": mover.resources(),
+        // The end of its output explains a failure in the Backup's condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": false},
+    });
+    if let Some(secret) = &tool.credentials_secret_ref {
+        container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
+    }
+    let volume = serde_json::json!({
+        "name": TOOL_VOLUME,
+        "emptyDir": {"sizeLimit": tool.scratch_size.as_deref().unwrap_or(DEFAULT_TOOL_SCRATCH)},
+    });
+    (container, volume)
 }
 
 /// The mover's way to its node's agent: the agent's address (the node's, from the downward
@@ -70,13 +142,18 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         (LABEL_CLAIM_UID, inputs.claim_uid),
     ]);
     let env = custody_kube::s3::mover_env(&inputs.repository.spec);
+    // A tool's tree is backed up as the volume; else the volume itself.
+    let source = match &inputs.tool {
+        Some(_) => TOOL_TREE,
+        None => SOURCE_PATH,
+    };
     let container = match &inputs.backup.spec.command {
         None => serde_json::json!({
             "name": "mover",
             "image": inputs.mover.image,
             "command": ["custody-mover"],
             "args": Invocation::Backup {
-                source: SOURCE_PATH.to_string(),
+                source: source.to_string(),
                 prefix: inputs.prefix.to_string(),
                 backup_uid: uid.clone(),
                 cluster_uid: inputs.cluster_uid.to_string(),
@@ -101,13 +178,23 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             })
         }
     };
-    let (container, extra_volume) = match &inputs.freeze {
+    let (mut container, mut extra_volumes) = match &inputs.freeze {
         Some(_) => {
             let (container, volume) = agent_access(container);
-            (container, Some(volume))
+            (container, vec![volume])
         }
-        None => (container, None),
+        None => (container, Vec::new()),
     };
+    let init = inputs.tool.map(|run| {
+        let (tool, volume) = tool_container(run, inputs.mover);
+        crate::mover_job::append(
+            &mut container,
+            "volumeMounts",
+            [serde_json::json!({"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT, "readOnly": true})],
+        );
+        extra_volumes.push(volume);
+        tool
+    });
     let mut job = inputs.mover.job(
         inputs.name,
         inputs.backup,
@@ -119,15 +206,21 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         },
         container,
     );
-    if let Some(volume) = extra_volume
-        && let Some(pod) = job
-            .spec
-            .as_mut()
-            .and_then(|spec| spec.template.spec.as_mut())
+    if let Some(pod) = job
+        .spec
+        .as_mut()
+        .and_then(|spec| spec.template.spec.as_mut())
     {
-        pod.volumes
-            .get_or_insert_default()
-            .push(serde_json::from_value(volume).expect("a valid volume"));
+        pod.volumes.get_or_insert_default().extend(
+            extra_volumes
+                .into_iter()
+                .map(|volume| serde_json::from_value(volume).expect("a valid volume")),
+        );
+        if let Some(init) = init {
+            pod.init_containers = Some(vec![
+                serde_json::from_value(init).expect("a valid container"),
+            ]);
+        }
     }
     job
 }

@@ -69,6 +69,8 @@ pub struct Facts {
     pub clock: Option<ClockMeasurement>,
     /// The mover's termination message, once its Job finished.
     pub report: Option<String>,
+    /// Why the application's backup tool failed, once its Job finished without a report.
+    pub tool_failure: Option<String>,
     /// What a command left under its prefix, once its Job finished: the listing, or why it
     /// could not be read (`reason`, `message`).
     pub listing: Option<Result<Listing, (&'static str, String)>>,
@@ -243,16 +245,15 @@ pub fn plan(facts: &Facts) -> Plan {
         }
         JobFact::Owned(state) => {
             let outcome = match &backup.spec.command {
-                None => finished(status.artifact.as_ref(), &job_name, state, &facts.report)
-                    .and_then(|artifact| {
-                        match consistency::started_during(
-                            status.consistency,
-                            facts.started_during.as_deref(),
-                        ) {
-                            Some(message) => Err((reasons::APPLICATION_STARTED, message)),
-                            None => Ok(artifact),
-                        }
-                    }),
+                None => finished(status.artifact.as_ref(), &job_name, state, facts).and_then(
+                    |artifact| match consistency::started_during(
+                        status.consistency,
+                        facts.started_during.as_deref(),
+                    ) {
+                        Some(message) => Err((reasons::APPLICATION_STARTED, message)),
+                        None => Ok(artifact),
+                    },
+                ),
                 Some(command) => attributed(facts, state, repository, &command.prefix),
             };
             let completed = outcome.is_ok();
@@ -428,6 +429,29 @@ fn start(
         max_seconds: consistency::max_freeze_seconds(chosen),
     });
     plan.publish_gate_ca = freeze.is_some();
+    // A copy by the application's tool: it runs first, reaching the running pod.
+    let tool = if status.consistency == Some(Capture::Tool) {
+        match chosen.and_then(|chosen| chosen.tool.as_ref()) {
+            Some(tool) => Some(job::ToolRun {
+                tool,
+                pod: facts.mounted_on.as_ref(),
+            }),
+            None => {
+                let mut plan = conclude(
+                    facts,
+                    status,
+                    Err((
+                        decide::TOOL_MISSING,
+                        "the copy was to be made by the application's tool, and spec.consistency no longer names one (on the Backup or its Cluster); create a new Backup".into(),
+                    )),
+                );
+                plan.lease = LeaseStep::Release;
+                return plan;
+            }
+        }
+    } else {
+        None
+    };
     plan.job = Some(job::spec(JobInputs {
         name: job_name,
         backup,
@@ -439,6 +463,7 @@ fn start(
         prefix: &prefix,
         mover: &facts.mover,
         freeze,
+        tool,
     }));
     let recorded = if command.is_some() {
         format!("{prefix}/")
@@ -470,13 +495,17 @@ fn finished(
     recorded: Option<&Artifact>,
     job_name: &str,
     state: &JobState,
-    report: &Option<String>,
+    facts: &Facts,
 ) -> Result<Artifact, (&'static str, String)> {
     let recorded = recorded.cloned().unwrap_or_default();
-    match (state, report) {
+    match (state, &facts.report) {
         (_, Some(report)) => {
             decide::completion(&recorded, &custody_proto::mover::read_report(report))
         }
+        (JobState::Failed { .. }, None) if facts.tool_failure.is_some() => Err((
+            decide::TOOL_FAILED,
+            facts.tool_failure.clone().unwrap_or_default(),
+        )),
         (JobState::Failed { message }, None) => Err((decide::JOB_FAILED, message.clone())),
         (_, None) => Err((
             decide::MOVER_REPORT_MISSING,

@@ -345,3 +345,39 @@ fn a_pod_that_will_not_start_is_named_with_its_reason() {
         }
     }
 }
+
+#[test]
+fn a_failed_tool_is_named_with_its_exit_and_output() {
+    let pod = |name: &str, exit: i32, message: Option<&str>| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job-pod"},
+            "status": {"initContainerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "message": message}},
+            }]},
+        }))
+        .unwrap()
+    };
+    let rows: [(k8s_openapi::api::core::v1::Pod, Option<&str>); 4] = [
+        (
+            pod(
+                "tool",
+                1,
+                Some("pg_basebackup: error: connection refused\n"),
+            ),
+            Some("the backup tool exited with code 1: pg_basebackup: error: connection refused"),
+        ),
+        (
+            pod("tool", 137, None),
+            Some("the backup tool exited with code 137"),
+        ),
+        // It succeeded: the mover's report decides.
+        (pod("tool", 0, Some("done")), None),
+        // Another init container is not the tool.
+        (pod("custody-wait", 1, Some("x")), None),
+    ];
+    for (pod, want) in rows {
+        assert_eq!(tool_failure(&[pod]).as_deref(), want);
+    }
+    assert_eq!(tool_failure(&[]), None);
+}

@@ -90,6 +90,7 @@ fn facts() -> Facts {
         started_during: None,
         clock: None,
         report: None,
+        tool_failure: None,
         listing: None,
         job_pod_problem: None,
         others: Vec::new(),
@@ -100,6 +101,7 @@ fn mounter(node: &str) -> Mounter {
     Mounter {
         pod: "db-0".into(),
         node: node.into(),
+        ip: Some("10.0.0.7".into()),
     }
 }
 
@@ -388,6 +390,7 @@ fn every_path_of_a_reconciliation() {
                     backup.spec.consistency = Some(custody_kube::api::Consistency {
                         method: custody_kube::api::ConsistencyMethod::CrashUnsafe,
                         max_freeze_seconds: None,
+                        tool: None,
                     });
                     backup
                 },
@@ -797,6 +800,7 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
         cluster.spec.consistency = Some(custody_kube::api::Consistency {
             method: custody_kube::api::ConsistencyMethod::Freeze,
             max_freeze_seconds: seconds,
+            tool: None,
         });
         cluster
     };
@@ -902,6 +906,135 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
     let done = plan(&finished).status.unwrap();
     assert_eq!(done.phase, Some(BackupPhase::Completed));
     assert_eq!(done.frozen_millis, Some(1234));
+}
+
+/// A copy by the application's tool: the tool runs first in the Job (its image, command,
+/// the running pod's name and IP, its credentials, a bounded scratch volume), the mover backs
+/// up the tree it wrote; a failed tool fails the Backup naming its exit and output; a copy
+/// whose tool is no longer named does not start.
+#[test]
+fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
+    let with_tool = |data_path: Option<&str>| {
+        let mut cluster = cluster(true);
+        cluster.spec.consistency = Some(custody_kube::api::Consistency {
+            method: custody_kube::api::ConsistencyMethod::Tool,
+            max_freeze_seconds: None,
+            tool: Some(custody_kube::api::BackupTool {
+                image: "postgres:15".into(),
+                command: vec![
+                    "pg_basebackup".into(),
+                    "-D".into(),
+                    "$(CUSTODY_OUTPUT)".into(),
+                ],
+                credentials_secret_ref: Some(custody_kube::api::LocalObjectReference {
+                    name: "orders-credentials".into(),
+                }),
+                data_path: data_path.map(str::to_string),
+                scratch_size: Some("2Gi".into()),
+            }),
+        });
+        cluster
+    };
+    let start = plan(&Facts {
+        cluster: Some(with_tool(Some("pgdata"))),
+        ..facts()
+    });
+    assert!(!start.publish_gate_ca);
+    let status = start.status.unwrap();
+    assert_eq!(status.consistency, Some(custody_kube::api::Capture::Tool));
+    assert_eq!(status.node_name.as_deref(), Some(NODE));
+    let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
+    let tool = &pod.init_containers.as_ref().expect("the tool runs first")[0];
+    assert_eq!(tool.image.as_deref(), Some("postgres:15"));
+    assert_eq!(tool.command.as_ref().unwrap()[0], "pg_basebackup");
+    let env: Vec<(String, String)> = tool
+        .env
+        .iter()
+        .flatten()
+        .map(|env| (env.name.clone(), env.value.clone().unwrap_or_default()))
+        .collect();
+    for pair in [
+        ("CUSTODY_OUTPUT", "/output/tree/pgdata"),
+        ("CUSTODY_POD_NAME", "db-0"),
+        ("CUSTODY_POD_IP", "10.0.0.7"),
+    ] {
+        assert!(
+            env.contains(&(pair.0.to_string(), pair.1.to_string())),
+            "{pair:?} in {env:?}"
+        );
+    }
+    assert_eq!(
+        tool.env_from.as_ref().unwrap()[0]
+            .secret_ref
+            .as_ref()
+            .unwrap()
+            .name,
+        "orders-credentials"
+    );
+    let scratch = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == super::job::TOOL_VOLUME)
+        .and_then(|volume| volume.empty_dir.clone())
+        .expect("the tool's scratch volume");
+    assert_eq!(scratch.size_limit.unwrap().0, "2Gi");
+    let mover = &pod.containers[0];
+    let args = mover.args.clone().unwrap();
+    assert!(
+        args.windows(2)
+            .any(|window| window == ["--source", "/output/tree"]),
+        "{args:?}"
+    );
+    assert!(
+        mover
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|mount| mount.name == super::job::TOOL_VOLUME && mount.read_only == Some(true)),
+        "the mover reads the tree"
+    );
+    // Without a dataPath the tree is the volume's root.
+    let root = plan(&Facts {
+        cluster: Some(with_tool(None)),
+        ..facts()
+    });
+    let pod = root.job.unwrap().spec.unwrap().template.spec.unwrap();
+    let env = pod.init_containers.unwrap()[0].env.clone().unwrap();
+    assert_eq!(env[0].value.as_deref(), Some("/output/tree"));
+
+    // The tool failed: the Backup fails with its exit and output.
+    let mut failed = started(
+        Facts {
+            cluster: Some(with_tool(Some("pgdata"))),
+            ..facts()
+        },
+        JobState::Failed {
+            message: "BackoffLimitExceeded".into(),
+        },
+    );
+    failed.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Tool);
+    failed.tool_failure = Some("the backup tool exited with code 1: could not connect".into());
+    let status = plan(&failed).status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "ToolFailed");
+    assert!(status.conditions[0].message.contains("could not connect"));
+
+    // Started as a tool copy, the method since changed: not run without its tool.
+    let mut changed = facts();
+    changed.backup.status = Some(custody_kube::api::BackupStatus {
+        phase: Some(BackupPhase::Running),
+        start_time: Some(Time(now())),
+        node_name: Some(NODE.into()),
+        consistency: Some(custody_kube::api::Capture::Tool),
+        ..Default::default()
+    });
+    let refused = plan(&changed);
+    assert!(refused.job.is_none());
+    assert_eq!(refused.lease, LeaseStep::Release);
+    let status = refused.status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "ToolMissing");
 }
 
 #[test]

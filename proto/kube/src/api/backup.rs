@@ -62,12 +62,18 @@ pub struct BackupSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.maxFreezeSeconds) || self.method == 'Freeze'").message("maxFreezeSeconds applies to method Freeze only"))]
+#[x_kube(validation = kube::core::Rule::new("has(self.tool) == (self.method == 'Tool')").message("method Tool needs tool (its image and command), and tool applies to method Tool only"))]
 pub struct Consistency {
     /// `Freeze`: the node agent freezes the volume's filesystem (FIFREEZE) while the mover
     /// reads it, so the copy is the volume at one instant, as after a power cut, from which
     /// journaling databases recover. Writers block for as long as the copy reads (the Backup
     /// records it in `status.frozenMillis`), never longer than `maxFreezeSeconds`: past that
     /// the agent thaws and the Backup fails. The volume must be a whole filesystem of its own.
+    ///
+    /// `Tool`: the application's own backup tool (`pg_basebackup`, `mariadb-backup`) writes
+    /// a consistent copy of its data into scratch space in the Backup's Job, and custody
+    /// backs up that tree, with its manifest, as if it were the volume: restored, verified
+    /// and gated like any volume backup. No write stall. See `tool`.
     ///
     /// `CrashUnsafe`: copy the files while the application writes them. The copy is not a
     /// point in time; an application may fail to start from it or start with lost or torn
@@ -79,6 +85,45 @@ pub struct Consistency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 600))]
     pub max_freeze_seconds: Option<i32>,
+
+    /// `Tool` only: the tool, and where its output goes in the restored volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<BackupTool>,
+}
+
+/// An application's own backup tool, run as the first container of the Backup's Job on the
+/// node of the running pod that mounts the claim.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupTool {
+    /// Image that runs the tool (as the image's user).
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// The command and its arguments. It writes the application's data, ready to start
+    /// from, into the directory `$CUSTODY_OUTPUT` (which it creates), and exits 0; any
+    /// other exit fails the Backup (`ToolFailed`, with the end of its output). It reaches the
+    /// application at `$CUSTODY_POD_IP` (the running pod `$CUSTODY_POD_NAME`) and sees the
+    /// claim read-only at `/data`. For example `pg_basebackup -h $(CUSTODY_POD_IP) -D
+    /// $(CUSTODY_OUTPUT) -X stream -c fast`, or a shell running `mariadb-backup --backup`
+    /// then `--prepare`.
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+    /// A Secret in the Backup's namespace whose keys are given to the tool as environment
+    /// variables (for example `PGUSER` and `PGPASSWORD`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<LocalObjectReference>,
+    /// Where the tool's output lies in the volume it is restored into, relative to the
+    /// volume's root: `pgdata` for `PGDATA=/var/lib/postgresql/data/pgdata` with the volume
+    /// at `/var/lib/postgresql/data`. Empty: the volume's root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("!self.startsWith('/') && !self.matches('(^|/)[.]{0,2}(/|$)')").message("dataPath is a relative path without empty, . or .. segments"))]
+    #[schemars(length(max = 255))]
+    pub data_path: Option<String>,
+    /// The most scratch space the tool's output may take (an `emptyDir` size limit, removed
+    /// with the Job's pod). Default `10Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("scratchSize is a positive quantity such as 10Gi"))]
+    pub scratch_size: Option<String>,
 }
 
 /// The ways custody makes a copy of a running application's volume.
@@ -86,6 +131,8 @@ pub struct Consistency {
 pub enum ConsistencyMethod {
     /// Freeze the volume's filesystem for the copy: one instant, writers stalled meanwhile.
     Freeze,
+    /// The application's own backup tool writes a consistent copy, which custody backs up.
+    Tool,
     /// Copy while the application writes, knowingly: no point in time.
     CrashUnsafe,
 }
@@ -98,6 +145,8 @@ pub enum Capture {
     Stopped,
     /// Copied while the volume's filesystem was frozen: one instant of a running application.
     Frozen,
+    /// The application's own backup tool wrote the copy while it ran.
+    Tool,
     /// Copied while a running pod mounted the volume, without a consistency method: the user
     /// opted into a copy that may not be a point in time.
     CrashUnsafe,
