@@ -40,11 +40,7 @@ if [[ ! -s "$archive" || "$(cat "$stamp" 2>/dev/null)" != "$version $(sha256sum 
   cp -a /usr/share/zoneinfo/Etc/UTC "$root/usr/share/zoneinfo/Etc/"
   cp -L /bin/dash "$root/bin/sh"
   # Every shared library the binaries and modules load, with the dynamic loader.
-  find "$root$pg" /bin/dash -type f \( -perm -u+x -o -name '*.so' \) -print0 |
-    xargs -0 ldd 2>/dev/null | awk '/=> \//{print $3} /^\s*\/lib/{print $1}' | sort -u |
-    while read -r lib; do mkdir -p "$root$(dirname "$lib")"; cp -L "$lib" "$root$lib"; done
-  mkdir -p "$root/lib64"
-  cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+  copy_libraries "$root" /bin/dash
   install -m 0755 images/postgres/start "$root/bin/postgres-start"
   printf 'root:x:0:0:root:/:/bin/sh\npostgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/sh\n' > "$root/etc/passwd"
   printf 'root:x:0:\npostgres:x:999:\n' > "$root/etc/group"

@@ -46,6 +46,19 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# copy_libraries ROOT FILE...: copies into ROOT every shared library that the executables and
+# modules under ROOT, and the FILEs, load, with the dynamic loader (an image with nothing else).
+copy_libraries() {
+  local root=$1 lib
+  shift
+  # ldd fails for scripts and static binaries: what it finds for the others is enough.
+  { find "$root" "$@" -type f \( -perm -u+x -o -name '*.so' \) -print0 |
+    xargs -0 ldd 2>/dev/null || true; } | awk '/=> \//{print $3} /^\s*\/lib/{print $1}' | sort -u |
+    while read -r lib; do mkdir -p "$root$(dirname "$lib")"; cp -L "$lib" "$root$lib"; done
+  mkdir -p "$root/lib64"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+}
+
 pidfile() { echo "$CLUSTER_DIR/$1.pid"; }
 
 # running NAME: the PID file names a live process whose command line is NAME's binary.

@@ -1,6 +1,7 @@
 //! The real local node (hack/node-up.sh: kubelet, containerd, runc, CNI, kube-proxy, CoreDNS)
 //! with custody's images built from this repository and imported into its containerd
-//! (hack/build-images.sh), and PostgreSQL as the application (hack/build-postgres-image.sh).
+//! (hack/build-images.sh), and PostgreSQL and MariaDB as applications
+//! (hack/build-postgres-image.sh, hack/build-mariadb-image.sh).
 //! Its tests are named `on_a_real_node_…`: hack/test.sh runs them as a
 //! tier of their own, after the fake-kubelet tiers (whose namespaces a cluster-wide install of
 //! `deploy/` would otherwise intercept).
@@ -10,8 +11,8 @@ use std::sync::OnceLock;
 
 use crate::{control_plane, repo_root};
 
-/// Starts the node (or finds it running) and imports custody's images and the PostgreSQL image
-/// (hack/build-postgres-image.sh), once per test process.
+/// Starts the node (or finds it running) and imports custody's images and the PostgreSQL and
+/// MariaDB images, once per test process.
 /// Returns the node's name.
 pub fn real_node() -> &'static str {
     static NODE: OnceLock<String> = OnceLock::new();
@@ -35,15 +36,14 @@ pub fn real_node() -> &'static str {
             .status()
             .expect("running hack/build-images.sh");
         assert!(status.success(), "hack/build-images.sh --import failed");
-        let status = Command::new(repo_root().join("hack/build-postgres-image.sh"))
-            .arg("--import")
-            .stdout(Stdio::null())
-            .status()
-            .expect("running hack/build-postgres-image.sh");
-        assert!(
-            status.success(),
-            "hack/build-postgres-image.sh --import failed"
-        );
+        for script in ["build-postgres-image.sh", "build-mariadb-image.sh"] {
+            let status = Command::new(repo_root().join("hack").join(script))
+                .arg("--import")
+                .stdout(Stdio::null())
+                .status()
+                .unwrap_or_else(|error| panic!("running hack/{script}: {error}"));
+            assert!(status.success(), "hack/{script} --import failed");
+        }
         node
     })
 }
