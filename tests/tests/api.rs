@@ -358,6 +358,88 @@ async fn invalid_objects_are_refused_with_the_field_named() {
     namespace.delete().await;
 }
 
+/// spec.consistency: each method's settings only with that method, and each method with the
+/// settings it needs; paths and quantities checked by CEL; refused with what to fix (422).
+#[tokio::test]
+async fn a_consistency_method_is_refused_with_settings_it_does_not_take_or_without_those_it_needs()
+{
+    let namespace = TestNamespace::create("consistency").await;
+    let backups = dynamic(&namespace, &ApiResource::erase::<Backup>(&()));
+    let backup = |name: &str, consistency: Value| {
+        json!({ "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": { "name": name },
+                "spec": { "clusterRef": { "name": "db" }, "consistency": consistency } })
+    };
+    let tool = json!({"image": "postgres:15", "command": ["pg_basebackup"]});
+    let pre = json!({"pre": {"command": ["sync"]}});
+    let rows: [(Value, &str); 10] = [
+        (
+            json!({"method": "CrashUnsafe", "maxFreezeSeconds": 30}),
+            "maxFreezeSeconds applies to method Freeze only",
+        ),
+        (
+            json!({"method": "Freeze", "maxFreezeSeconds": 601}),
+            "spec.consistency.maxFreezeSeconds",
+        ),
+        (json!({"method": "Tool"}), "method Tool needs tool"),
+        (
+            json!({"method": "Freeze", "tool": tool}),
+            "tool applies to method Tool only",
+        ),
+        (json!({"method": "Hooks"}), "method Hooks needs hooks"),
+        (
+            json!({"method": "Tool", "tool": tool, "hooks": pre}),
+            "hooks apply to method Hooks only",
+        ),
+        (
+            json!({"method": "Tool", "tool": {"image": "i", "command": ["c"], "dataPath": "../etc"}}),
+            "dataPath is a relative path",
+        ),
+        (
+            json!({"method": "Tool", "tool": {"image": "i", "command": ["c"], "mountPath": "data"}}),
+            "mountPath is an absolute path",
+        ),
+        (
+            json!({"method": "Tool", "tool": {"image": "i", "command": ["c"], "scratchSize": "lots"}}),
+            "scratchSize is a positive quantity",
+        ),
+        (
+            json!({"method": "Hooks", "hooks": {"pre": {"command": ["sync"], "onError": "Shrug"}}}),
+            "spec.consistency.hooks.pre.onError",
+        ),
+    ];
+    for (consistency, says) in rows {
+        let message = assert_refused(
+            create(&backups, backup("b", consistency.clone())).await,
+            "spec.consistency",
+        );
+        assert!(message.contains(says), "{consistency}: {message}");
+    }
+    // And each method with what it needs is accepted.
+    for (name, consistency) in [
+        (
+            "freeze",
+            json!({"method": "Freeze", "maxFreezeSeconds": 30}),
+        ),
+        (
+            "tool",
+            json!({"method": "Tool", "tool": {"image": "i", "command": ["c"], "dataPath": "pgdata",
+                   "mountPath": "/var/lib/mysql", "scratchSize": "2Gi",
+                   "credentialsSecretRef": {"name": "s"}}}),
+        ),
+        (
+            "hooks",
+            json!({"method": "Hooks", "hooks": {"pre": {"container": "db", "command": ["sync"],
+                   "timeoutSeconds": 5, "onError": "Continue"}, "post": {"command": ["true"]}}}),
+        ),
+        ("unsafe", json!({"method": "CrashUnsafe"})),
+    ] {
+        create(&backups, backup(name, consistency))
+            .await
+            .unwrap_or_else(|error| panic!("{name} refused: {error}"));
+    }
+    namespace.delete().await;
+}
+
 #[tokio::test]
 async fn kubectl_get_shows_the_printer_columns() {
     let namespace = TestNamespace::create("columns").await;

@@ -896,6 +896,49 @@ async fn finish_postgres(client: &kube::Client, namespace: TestNamespace) {
     }
 }
 
+/// Where each database test on the real node starts: the node, custody installed from
+/// `deploy/`, and a namespace of its own with BackupRepository `store` in a bucket of its own,
+/// reached directly or, `throttled`, through a relay limited to 3 MB/s (so that reading a
+/// volume spans many seconds of the application's writes).
+struct Stage {
+    _agents: tokio::sync::RwLockReadGuard<'static, ()>,
+    _installed: Installed,
+    _relay: Option<s3::FaultyLink>,
+    node: &'static str,
+    client: kube::Client,
+    namespace: TestNamespace,
+}
+
+impl Stage {
+    async fn new(name: &str, throttled: bool) -> Stage {
+        let agents = AGENTS.read().await;
+        let node = real_node();
+        let installed = Installed::apply();
+        let client = client().await;
+        running(&client).await;
+        let namespace = TestNamespace::create(name).await;
+        let bucket = s3::bucket(s3::shared(), name).await;
+        let relay = throttled.then(|| {
+            let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
+            let relay = s3::FaultyLink::start_on(&host, s3::shared());
+            relay.set(s3::Fault::Throttle(3_000_000));
+            relay
+        });
+        let url = relay
+            .as_ref()
+            .map_or_else(s3_for_pods, |relay| relay.url.clone());
+        repository(&namespace, &url, &bucket).await;
+        Stage {
+            _agents: agents,
+            _installed: installed,
+            _relay: relay,
+            node,
+            client,
+            namespace,
+        }
+    }
+}
+
 /// Issue 13 item 4 and issue 14, on a real node with a real PostgreSQL: a backup of the
 /// database while it runs, with no consistency method, is refused; stopped (its StatefulSet
 /// scaled to 0), it is backed up as a stopped application; restored into a new Cluster, whose
@@ -905,15 +948,16 @@ async fn finish_postgres(client: &kube::Client, namespace: TestNamespace) {
 #[tokio::test]
 async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answers_with_the_same_rows()
  {
-    let _agents = AGENTS.read().await;
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-    running(&client).await;
-    let namespace = TestNamespace::create("postgres").await;
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new("postgres", false).await;
     let ns = namespace.name.clone();
-    let bucket = s3::bucket(s3::shared(), "postgres").await;
-    repository(&namespace, &s3_for_pods(), &bucket).await;
     let _source = postgres_source(&client, node, &namespace, None, 3).await;
     let before = sql(&ns, "orders-0", ACCOUNTS).await;
     assert!(before.starts_with("300000 "), "{before}");
@@ -980,18 +1024,16 @@ const PGBENCH_SUMS: &str = "select (select sum(abalance) from pgbench_accounts) 
 /// database that fails these checks.
 #[tokio::test]
 async fn on_a_real_node_postgresql_frozen_while_pgbench_writes_restores_consistent() {
-    let _agents = AGENTS.read().await;
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-    running(&client).await;
-    let namespace = TestNamespace::create("pgfreeze").await;
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new("pgfreeze", true).await;
     let ns = namespace.name.clone();
-    let bucket = s3::bucket(s3::shared(), "pgfreeze").await;
-    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
-    let relay = s3::FaultyLink::start_on(&host, s3::shared());
-    relay.set(s3::Fault::Throttle(3_000_000));
-    repository(&namespace, &relay.url, &bucket).await;
     let method = std::env::var("CUSTODY_TEST_PG_METHOD").unwrap_or_else(|_| "Freeze".into());
     let _source = postgres_source(
         &client,
@@ -1189,15 +1231,16 @@ async fn gone(pods: &Api<Pod>, name: &str) {
 #[tokio::test]
 async fn on_a_real_node_postgresql_backed_up_by_pg_basebackup_while_pgbench_writes_restores_consistent()
  {
-    let _agents = AGENTS.read().await;
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-    running(&client).await;
-    let namespace = TestNamespace::create("pgtool").await;
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new("pgtool", false).await;
     let ns = namespace.name.clone();
-    let bucket = s3::bucket(s3::shared(), "pgtool").await;
-    repository(&namespace, &s3_for_pods(), &bucket).await;
     create::<k8s_openapi::api::core::v1::Secret>(
         &namespace.api(),
         json!({"metadata": {"name": "orders-credentials"},
@@ -1343,6 +1386,7 @@ async fn mariadb(namespace: &str, pod: &str, query: &str) -> String {
 /// consistent state the balances sum to 1,000,000 and the counter equals the history's rows.
 const BANK: &str = "
 create database bank;
+use bank;
 create table bank.accounts (id int primary key, balance bigint not null) engine=InnoDB;
 insert into bank.accounts select seq, 1000 from seq_1_to_1000;
 create table bank.history (id bigint auto_increment primary key, a int not null, b int not null, amount int not null) engine=InnoDB;
@@ -1478,7 +1522,8 @@ async fn on_a_real_node_mariadb_backed_up_by_mariadb_backup_while_transfers_run_
             "method": "Tool",
             "tool": {
                 "image": "localhost/custody/mariadb:10.11",
-                "command": ["sh", "-c", "mariadb-backup --backup --target-dir=\"$CUSTODY_OUTPUT\" --datadir=/data/db --host=\"$CUSTODY_POD_IP\" --user=root --password=\"$MARIADB_ROOT_PASSWORD\" && mariadb-backup --prepare --target-dir=\"$CUSTODY_OUTPUT\""],
+                "command": ["sh", "-c", "mariadb-backup --backup --target-dir=\"$CUSTODY_OUTPUT\" --host=\"$CUSTODY_POD_IP\" --user=root --password=\"$MARIADB_ROOT_PASSWORD\" && mariadb-backup --prepare --target-dir=\"$CUSTODY_OUTPUT\""],
+                "mountPath": "/var/lib/mysql",
                 "credentialsSecretRef": {"name": "orders-credentials"},
                 "dataPath": "db",
                 "scratchSize": "1Gi",
@@ -1490,18 +1535,16 @@ async fn on_a_real_node_mariadb_backed_up_by_mariadb_backup_while_transfers_run_
 }
 
 async fn mariadb_under_load(name: &str, consistency: serde_json::Value, capture: Capture) {
-    let _agents = AGENTS.read().await;
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-    running(&client).await;
-    let namespace = TestNamespace::create(name).await;
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new(name, true).await;
     let ns = namespace.name.clone();
-    let bucket = s3::bucket(s3::shared(), name).await;
-    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
-    let relay = s3::FaultyLink::start_on(&host, s3::shared());
-    relay.set(s3::Fault::Throttle(3_000_000));
-    repository(&namespace, &relay.url, &bucket).await;
     create::<k8s_openapi::api::core::v1::Secret>(
         &namespace.api(),
         json!({"metadata": {"name": "orders-credentials"},
@@ -1553,6 +1596,101 @@ async fn mariadb_under_load(name: &str, consistency: serde_json::Value, capture:
             .and_then(|artifact| artifact.size_bytes)
             .unwrap_or_default(),
         restore_to_answer.as_secs_f64()
+    );
+    finish_postgres(&client, namespace).await;
+}
+
+/// Issue 14, method Hooks, on a real PostgreSQL: the pre hook (a CHECKPOINT, then a marker
+/// file) runs in the `db` container of the running pod through the API server before the
+/// Backup's Job exists, the post hook after the Job ended; both are recorded. A pre hook that
+/// outlives its timeout fails the Backup (`PreHookFailed`) without any copy, and the post hook
+/// still runs.
+#[tokio::test]
+async fn on_a_real_node_hooks_run_in_the_application_pod_around_the_copy() {
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new("pghooks", false).await;
+    let source = postgres_source(&client, node, &namespace, None, 1).await;
+    let hooks = |pre: serde_json::Value, post: &str| {
+        json!({"method": "Hooks", "hooks": {
+            "pre": pre,
+            "post": {"container": "db", "command": ["sh", "-c", format!(": > /var/lib/postgresql/data/{post}")]},
+        }})
+    };
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "hooked"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": hooks(
+                   json!({"container": "db", "timeoutSeconds": 20, "command": ["sh", "-c",
+                          "psql -c checkpoint && : > /var/lib/postgresql/data/hook-pre"]}),
+                   "hook-post")}}),
+    )
+    .await;
+    let hooked = await_condition(
+        &namespace.api::<Backup>(),
+        "hooked",
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
+    )
+    .await;
+    let status = hooked.status.unwrap();
+    assert_eq!(status.consistency, Some(Capture::Hooks));
+    let ran = status.hooks.expect("the hooks are recorded");
+    let (pre, post) = (ran.pre.unwrap(), ran.post.unwrap());
+    assert!(pre.succeeded && post.succeeded, "{pre:?} {post:?}");
+    assert_eq!(pre.pod, "orders-0");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = namespace.api();
+    let job = jobs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(job.len(), 1, "one copy");
+    let job = job[0].status.clone().unwrap();
+    assert!(
+        pre.finished_at.0 <= job.start_time.unwrap().0,
+        "the pre hook ended before the copy's Job started"
+    );
+    assert!(
+        post.started_at.0 >= job.completion_time.unwrap().0,
+        "the post hook ran after the copy"
+    );
+    for marker in ["hook-pre", "hook-post"] {
+        assert!(
+            source.path().join(marker).exists(),
+            "{marker} on the volume"
+        );
+    }
+
+    // A pre hook past its timeout: no copy, the post hook all the same.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "stuck"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": hooks(
+                   json!({"container": "db", "timeoutSeconds": 2,
+                          "command": ["psql", "-c", "select pg_sleep(30)"]}),
+                   "after-stuck")}}),
+    )
+    .await;
+    let (reason, message) = backup_fails(&namespace, "stuck").await;
+    assert_eq!(reason, "PreHookFailed", "{message}");
+    assert!(message.contains("did not finish within 2 s"), "{message}");
+    let stuck = namespace.api::<Backup>().get("stuck").await.unwrap();
+    let ran = stuck.status.unwrap().hooks.unwrap();
+    assert!(ran.post.unwrap().succeeded);
+    assert!(
+        source.path().join("after-stuck").exists(),
+        "the post hook ran"
+    );
+    assert_eq!(
+        jobs.list(&ListParams::default()).await.unwrap().items.len(),
+        1,
+        "no copy after a failed pre hook"
     );
     finish_postgres(&client, namespace).await;
 }

@@ -54,6 +54,42 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         )
         .await?;
     }
+    if let Some(run) = &plan.hook {
+        let result = super::hooks::exec(client, &namespace, run).await;
+        tracing::info!(
+            namespace,
+            name = backup.name_any(),
+            hook = ?run.phase,
+            succeeded = result.succeeded,
+            message = result.message,
+            "backup hook"
+        );
+        if !result.succeeded {
+            let note = crate::events::Note::warning(
+                "HookFailed",
+                format!(
+                    "the {} hook failed: {}",
+                    match run.phase {
+                        super::hooks::Phase::Pre => "pre",
+                        super::hooks::Phase::Post => "post",
+                    },
+                    result.message
+                ),
+            );
+            crate::reconciler::publish(&context.base, backup, ACTION, &note).await?;
+        }
+        let mut status = plan
+            .status
+            .clone()
+            .or_else(|| backup.status.clone())
+            .unwrap_or_default();
+        let hooks = status.hooks.get_or_insert_default();
+        match run.phase {
+            super::hooks::Phase::Pre => hooks.pre = Some(result),
+            super::hooks::Phase::Post => hooks.post = Some(result),
+        }
+        crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, &status).await?;
+    }
     if let Some(job) = &plan.job {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }

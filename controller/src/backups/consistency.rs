@@ -83,6 +83,10 @@ pub fn decide(
             capture: Capture::Frozen,
             node: Some(mounter.node.clone()),
         },
+        (Some(mounter), Some(ConsistencyMethod::Hooks)) => Decision::Copy {
+            capture: Capture::Hooks,
+            node: Some(mounter.node.clone()),
+        },
         (Some(mounter), Some(ConsistencyMethod::Tool)) => Decision::Copy {
             capture: Capture::Tool,
             node: Some(mounter.node.clone()),
@@ -92,7 +96,7 @@ pub fn decide(
             node: Some(mounter.node.clone()),
         },
         (Some(Mounter { pod, node, .. }), None) => Decision::Refuse(format!(
-            "pod {pod} on node {node} is running and mounts claim {claim}: files copied while it writes are no point in time, and a database may not start from them. Stop the application (scale StatefulSet {stateful_set} to 0) and create a new Backup, or set spec.consistency on the Backup or on Cluster {cluster}: method Freeze (the filesystem frozen for the copy), Tool (the application's own backup tool) or CrashUnsafe (copies anyway, knowingly)"
+            "pod {pod} on node {node} is running and mounts claim {claim}: files copied while it writes are no point in time, and a database may not start from them. Stop the application (scale StatefulSet {stateful_set} to 0) and create a new Backup, or set spec.consistency on the Backup or on Cluster {cluster}: method Freeze (the filesystem frozen for the copy), Tool (the application's own backup tool), Hooks (commands in its pod before and after) or CrashUnsafe (copies anyway, knowingly)"
         )),
     }
 }
@@ -117,6 +121,12 @@ pub fn condition(capture: Capture) -> Desired {
             status: Status::True,
             reason: "ApplicationTool",
             message: "the application's own backup tool wrote the copy while it ran".into(),
+        },
+        Capture::Hooks => Desired {
+            type_: CONSISTENT,
+            status: Status::True,
+            reason: "ApplicationHooks",
+            message: "copied after the application's pre hook ran in its pod: as consistent as that hook makes its files".into(),
         },
         Capture::CrashUnsafe => Desired {
             type_: CONSISTENT,
@@ -152,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_volume_is_copied_only_when_stopped_or_by_a_chosen_method() {
-        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 8] = [
+        let rows: [(Option<ConsistencyMethod>, Option<Mounter>, Decision); 9] = [
             // Stopped: no method needed; the scheduler places the Job where the claim is.
             (
                 None,
@@ -206,6 +216,15 @@ mod tests {
                     node: Some("node-a".into()),
                 },
             ),
+            // Running with Hooks: copied where it runs, between its hooks.
+            (
+                Some(ConsistencyMethod::Hooks),
+                Some(mounter()),
+                Decision::Copy {
+                    capture: Capture::Hooks,
+                    node: Some("node-a".into()),
+                },
+            ),
             // Running with CrashUnsafe: copied where it runs, and said so.
             (
                 Some(ConsistencyMethod::CrashUnsafe),
@@ -230,6 +249,7 @@ mod tests {
                         "Cluster orders",
                         "Freeze",
                         "Tool",
+                        "Hooks",
                         "CrashUnsafe",
                     ] {
                         assert!(message.contains(part), "{part} in {message}");
@@ -246,11 +266,13 @@ mod tests {
             method: ConsistencyMethod::CrashUnsafe,
             max_freeze_seconds: None,
             tool: None,
+            hooks: None,
         };
         let freeze = Consistency {
             method: ConsistencyMethod::Freeze,
             max_freeze_seconds: Some(20),
             tool: None,
+            hooks: None,
         };
         assert_eq!(method(chosen(None, None)), None);
         assert_eq!(
@@ -277,6 +299,7 @@ mod tests {
             method: ConsistencyMethod::Freeze,
             max_freeze_seconds: seconds,
             tool: None,
+            hooks: None,
         };
         assert_eq!(max_freeze_seconds(None), 60);
         assert_eq!(max_freeze_seconds(Some(&freeze(None))), 60);
@@ -293,6 +316,8 @@ mod tests {
         assert_eq!(condition(Capture::Stopped).reason, "ApplicationStopped");
         assert_eq!(condition(Capture::Tool).status, Status::True);
         assert_eq!(condition(Capture::Tool).reason, "ApplicationTool");
+        assert_eq!(condition(Capture::Hooks).status, Status::True);
+        assert_eq!(condition(Capture::Hooks).reason, "ApplicationHooks");
         assert_eq!(condition(Capture::CrashUnsafe).status, Status::False);
         assert_eq!(condition(Capture::CrashUnsafe).reason, "CrashUnsafeCopy");
     }

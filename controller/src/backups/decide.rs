@@ -208,6 +208,8 @@ pub const JOB_FAILED: &str = "JobFailed";
 pub const TOOL_FAILED: &str = "ToolFailed";
 /// A copy by the application's tool, with no tool named (the method changed since it started).
 pub const TOOL_MISSING: &str = "ToolMissing";
+/// A copy between hooks, with no hooks named (the method changed since it started).
+pub const HOOKS_MISSING: &str = "HooksMissing";
 
 /// Why the application's backup tool (the Job pod's init container `tool`) failed: its exit
 /// code and the end of its output. `None` while it did not fail.

@@ -106,6 +106,10 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                     facts.report = report(&pods);
                     facts.tool_failure = decide::tool_failure(&pods);
                     let status = facts.backup.status.as_ref();
+                    if status.and_then(|status| status.consistency) == Some(Capture::Hooks) {
+                        // The post hook runs in the pod that mounts the claim now.
+                        facts.mounted_on = mounted_on(client, &namespace, &claim).await?;
+                    }
                     if status.and_then(|status| status.consistency) == Some(Capture::Stopped) {
                         let since = status.and_then(|status| status.start_time.clone());
                         facts.started_during =

@@ -35,11 +35,12 @@ pub struct ToolRun<'a> {
     pub pod: Option<&'a Mounter>,
 }
 
-/// The scratch volume the tool writes its tree into, where it is mounted, and the tree's root
-/// in it (what the mover backs up as the volume).
+/// The scratch volume the tool writes its tree into, and where it is mounted: its root is the
+/// tree the mover backs up as the volume (so the directory a tool is to create, at
+/// `dataPath`, has a parent it may write in).
 pub const TOOL_VOLUME: &str = "tool-output";
 pub const TOOL_MOUNT: &str = "/output";
-pub const TOOL_TREE: &str = "/output/tree";
+pub const TOOL_TREE: &str = TOOL_MOUNT;
 /// The tool's scratch space when the Backup does not say.
 pub const DEFAULT_TOOL_SCRATCH: &str = "10Gi";
 
@@ -79,7 +80,7 @@ fn tool_container(
         "command": tool.command,
         "env": env,
         "volumeMounts": [
-            {"name": "data", "mountPath": SOURCE_PATH, "readOnly": true},
+            {"name": "data", "mountPath": tool.mount_path.as_deref().unwrap_or(SOURCE_PATH), "readOnly": true},
             {"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT},
         ],
         "resources": mover.resources(),

@@ -10,6 +10,7 @@ pub mod cleanup;
 pub mod consistency;
 pub mod decide;
 pub mod gather;
+pub mod hooks;
 pub mod job;
 pub mod plan;
 

@@ -12,6 +12,7 @@ use kube::{Resource, ResourceExt};
 
 use super::consistency::{self, Decision, Mounter};
 use super::decide::{self, JobState};
+use super::hooks;
 use super::job::{self, JobInputs};
 use super::reasons;
 use crate::attribution::Candidate;
@@ -96,6 +97,9 @@ pub struct Plan {
     pub mark_claim: Option<(String, String)>,
     /// Copy the agents' gate CA into the namespace (a frozen copy's mover calls its agent).
     pub publish_gate_ca: bool,
+    /// Run this hook in the application's pod, then record how it went in `status.hooks`
+    /// (after the status above is written).
+    pub hook: Option<hooks::Run>,
     pub events: Vec<Note>,
     /// When to reconcile again without a change; `None` waits for one.
     pub requeue: Option<Duration>,
@@ -111,6 +115,7 @@ impl Plan {
             job: None,
             mark_claim: None,
             publish_gate_ca: false,
+            hook: None,
             events: Vec::new(),
             requeue: None,
         }
@@ -244,6 +249,20 @@ pub fn plan(facts: &Facts) -> Plan {
             }
         }
         JobFact::Owned(state) => {
+            // Hooks: the post hook runs once the copy ended, before the Backup concludes.
+            let mut post_failure = None;
+            if status.consistency == Some(Capture::Hooks)
+                && let Some(spec) = consistency::chosen(
+                    backup.spec.consistency.as_ref(),
+                    cluster.spec.consistency.as_ref(),
+                )
+                .and_then(|chosen| chosen.hooks.as_ref())
+            {
+                match hooks::after(spec, status.hooks.as_ref()) {
+                    hooks::After::RunPost => return run_hook(facts, spec, hooks::Phase::Post),
+                    hooks::After::Done(failure) => post_failure = failure,
+                }
+            }
             let outcome = match &backup.spec.command {
                 None => finished(status.artifact.as_ref(), &job_name, state, facts).and_then(
                     |artifact| match consistency::started_during(
@@ -255,7 +274,11 @@ pub fn plan(facts: &Facts) -> Plan {
                     },
                 ),
                 Some(command) => attributed(facts, state, repository, &command.prefix),
-            };
+            }
+            .and_then(|artifact| match post_failure {
+                Some(message) => Err((hooks::POST_HOOK_FAILED, message)),
+                None => Ok(artifact),
+            });
             let completed = outcome.is_ok();
             let mut status = status;
             if completed {
@@ -272,6 +295,24 @@ pub fn plan(facts: &Facts) -> Plan {
             plan
         }
         JobFact::Missing => start(facts, cluster, repository, &namespace, &claim, &job_name),
+    }
+}
+
+/// The plan that runs one of the Backup's hooks in the running pod that mounts the claim, and
+/// comes back at once to go on.
+fn run_hook(facts: &Facts, spec: &custody_kube::api::Hooks, phase: hooks::Phase) -> Plan {
+    let hook = match phase {
+        hooks::Phase::Pre => spec.pre.clone(),
+        hooks::Phase::Post => spec.post.clone().unwrap_or_else(|| spec.pre.clone()),
+    };
+    Plan {
+        hook: Some(hooks::Run {
+            phase,
+            hook,
+            pod: facts.mounted_on.as_ref().map(|mounter| mounter.pod.clone()),
+        }),
+        requeue: Some(Duration::from_secs(1)),
+        ..Plan::wait_for_change()
     }
 }
 
@@ -429,6 +470,45 @@ fn start(
         max_seconds: consistency::max_freeze_seconds(chosen),
     });
     plan.publish_gate_ca = freeze.is_some();
+    // Hooks: the pre hook runs first; a failure that skips the copy still runs the post hook.
+    if status.consistency == Some(Capture::Hooks) {
+        let Some(spec) = chosen.and_then(|chosen| chosen.hooks.as_ref()) else {
+            let mut plan = conclude(
+                facts,
+                status,
+                Err((
+                    decide::HOOKS_MISSING,
+                    "the copy was to run between the application's hooks, and spec.consistency no longer names them (on the Backup or its Cluster); create a new Backup".into(),
+                )),
+            );
+            plan.lease = LeaseStep::Release;
+            return plan;
+        };
+        match hooks::before(spec, status.hooks.as_ref()) {
+            hooks::Before::Copy => {}
+            hooks::Before::RunPre => {
+                return Plan {
+                    hook: run_hook(facts, spec, hooks::Phase::Pre).hook,
+                    requeue: Some(Duration::from_secs(1)),
+                    ..plan
+                };
+            }
+            hooks::Before::Skip(message) => match hooks::after(spec, status.hooks.as_ref()) {
+                hooks::After::RunPost => {
+                    return Plan {
+                        hook: run_hook(facts, spec, hooks::Phase::Post).hook,
+                        requeue: Some(Duration::from_secs(1)),
+                        ..plan
+                    };
+                }
+                hooks::After::Done(_) => {
+                    let mut plan = conclude(facts, status, Err((hooks::PRE_HOOK_FAILED, message)));
+                    plan.lease = LeaseStep::Release;
+                    return plan;
+                }
+            },
+        }
+    }
     // A copy by the application's tool: it runs first, reaching the running pod.
     let tool = if status.consistency == Some(Capture::Tool) {
         match chosen.and_then(|chosen| chosen.tool.as_ref()) {

@@ -391,6 +391,7 @@ fn every_path_of_a_reconciliation() {
                         method: custody_kube::api::ConsistencyMethod::CrashUnsafe,
                         max_freeze_seconds: None,
                         tool: None,
+                        hooks: None,
                     });
                     backup
                 },
@@ -801,6 +802,7 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
             method: custody_kube::api::ConsistencyMethod::Freeze,
             max_freeze_seconds: seconds,
             tool: None,
+            hooks: None,
         });
         cluster
     };
@@ -930,8 +932,10 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
                     name: "orders-credentials".into(),
                 }),
                 data_path: data_path.map(str::to_string),
+                mount_path: Some("/var/lib/postgresql/data".into()),
                 scratch_size: Some("2Gi".into()),
             }),
+            hooks: None,
         });
         cluster
     };
@@ -946,6 +950,25 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
     let tool = &pod.init_containers.as_ref().expect("the tool runs first")[0];
     assert_eq!(tool.image.as_deref(), Some("postgres:15"));
+    let mounts: Vec<(&str, &str, Option<bool>)> = tool
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|mount| {
+            (
+                mount.name.as_str(),
+                mount.mount_path.as_str(),
+                mount.read_only,
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("data", "/var/lib/postgresql/data", Some(true)),
+            (super::job::TOOL_VOLUME, "/output", None),
+        ]
+    );
     assert_eq!(tool.command.as_ref().unwrap()[0], "pg_basebackup");
     let env: Vec<(String, String)> = tool
         .env
@@ -954,7 +977,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         .map(|env| (env.name.clone(), env.value.clone().unwrap_or_default()))
         .collect();
     for pair in [
-        ("CUSTODY_OUTPUT", "/output/tree/pgdata"),
+        ("CUSTODY_OUTPUT", "/output/pgdata"),
         ("CUSTODY_POD_NAME", "db-0"),
         ("CUSTODY_POD_IP", "10.0.0.7"),
     ] {
@@ -983,7 +1006,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     let args = mover.args.clone().unwrap();
     assert!(
         args.windows(2)
-            .any(|window| window == ["--source", "/output/tree"]),
+            .any(|window| window == ["--source", "/output"]),
         "{args:?}"
     );
     assert!(
@@ -1001,7 +1024,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     });
     let pod = root.job.unwrap().spec.unwrap().template.spec.unwrap();
     let env = pod.init_containers.unwrap()[0].env.clone().unwrap();
-    assert_eq!(env[0].value.as_deref(), Some("/output/tree"));
+    assert_eq!(env[0].value.as_deref(), Some("/output"));
 
     // The tool failed: the Backup fails with its exit and output.
     let mut failed = started(
@@ -1035,6 +1058,116 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     let status = refused.status.unwrap();
     assert_eq!(status.phase, Some(BackupPhase::Failed));
     assert_eq!(status.conditions[0].reason, "ToolMissing");
+}
+
+/// A copy between hooks: the pre hook runs in the running pod before any Job, the copy only
+/// after it succeeded; a failed pre hook skips the copy but not the post hook; the post hook
+/// runs once the Job ended, and its failure fails the Backup (onError Fail).
+#[test]
+fn a_copy_between_hooks_runs_pre_then_copy_then_post_whatever_happens() {
+    use custody_kube::api::{Capture, Hook, HookOnError, HookResult, Hooks, HooksStatus};
+    let hook = |command: &str| Hook {
+        container: Some("db".into()),
+        command: vec![command.into()],
+        timeout_seconds: Some(5),
+        on_error: HookOnError::Fail,
+    };
+    let mut hooked = cluster(true);
+    hooked.spec.consistency = Some(custody_kube::api::Consistency {
+        method: custody_kube::api::ConsistencyMethod::Hooks,
+        max_freeze_seconds: None,
+        tool: None,
+        hooks: Some(Hooks {
+            pre: hook("pause"),
+            post: Some(hook("resume")),
+        }),
+    });
+    let result = |succeeded| HookResult {
+        pod: "db-0".into(),
+        succeeded,
+        message: "exited with code 2".into(),
+        started_at: Time(now()),
+        finished_at: Time(now()),
+    };
+    let with = |facts: Facts, pre: Option<bool>, post: Option<bool>| {
+        let mut facts = facts;
+        let status = facts.backup.status.as_mut().unwrap();
+        status.consistency = Some(Capture::Hooks);
+        status.hooks = Some(HooksStatus {
+            pre: pre.map(result),
+            post: post.map(result),
+        });
+        facts
+    };
+    let hooked_facts = || Facts {
+        cluster: Some(hooked.clone()),
+        ..facts()
+    };
+    let missing = || {
+        let mut facts = started(hooked_facts(), JobState::Running);
+        facts.job = JobFact::Missing;
+        facts
+    };
+
+    // Start: the pre hook, in the running pod, before any Job; the decision is recorded.
+    let start = plan(&hooked_facts());
+    let run = start.hook.clone().expect("the pre hook runs");
+    assert_eq!(run.phase, hooks::Phase::Pre);
+    assert_eq!(run.hook.command, ["pause"]);
+    assert_eq!(run.pod.as_deref(), Some("db-0"));
+    assert!(start.job.is_none());
+    assert_eq!(start.lease, LeaseStep::TakeFirst);
+    assert_eq!(start.status.unwrap().consistency, Some(Capture::Hooks));
+
+    // The pre hook succeeded: the copy.
+    let copy = plan(&with(missing(), Some(true), None));
+    assert!(copy.hook.is_none());
+    assert!(copy.job.is_some());
+
+    // The pre hook failed: no copy, the post hook; then the Backup fails.
+    let skipped = plan(&with(missing(), Some(false), None));
+    assert!(skipped.job.is_none());
+    assert_eq!(skipped.hook.unwrap().phase, hooks::Phase::Post);
+    let failed = plan(&with(missing(), Some(false), Some(true)));
+    assert!(failed.job.is_none() && failed.hook.is_none());
+    assert_eq!(failed.lease, LeaseStep::Release);
+    let status = failed.status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "PreHookFailed");
+    assert!(status.conditions[0].message.contains("exited with code 2"));
+
+    // The Job ended, failed or not: the post hook before the Backup concludes.
+    for state in [
+        JobState::Succeeded,
+        JobState::Failed {
+            message: "DeadlineExceeded".into(),
+        },
+    ] {
+        let mut ended = with(started(hooked_facts(), state), Some(true), None);
+        ended.report = report(UID);
+        let post = plan(&ended);
+        assert_eq!(post.hook.unwrap().phase, hooks::Phase::Post);
+        assert!(post.status.is_none(), "not concluded before the post hook");
+    }
+    let mut ended = with(
+        started(hooked_facts(), JobState::Succeeded),
+        Some(true),
+        Some(true),
+    );
+    ended.report = report(UID);
+    assert_eq!(
+        plan(&ended).status.unwrap().phase,
+        Some(BackupPhase::Completed)
+    );
+    let mut post_failed = with(
+        started(hooked_facts(), JobState::Succeeded),
+        Some(true),
+        Some(false),
+    );
+    post_failed.report = report(UID);
+    let status = plan(&post_failed).status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "PostHookFailed");
 }
 
 #[test]

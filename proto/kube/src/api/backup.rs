@@ -63,6 +63,7 @@ pub struct BackupSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.maxFreezeSeconds) || self.method == 'Freeze'").message("maxFreezeSeconds applies to method Freeze only"))]
 #[x_kube(validation = kube::core::Rule::new("has(self.tool) == (self.method == 'Tool')").message("method Tool needs tool (its image and command), and tool applies to method Tool only"))]
+#[x_kube(validation = kube::core::Rule::new("has(self.hooks) == (self.method == 'Hooks')").message("method Hooks needs hooks (at least pre), and hooks apply to method Hooks only"))]
 pub struct Consistency {
     /// `Freeze`: the node agent freezes the volume's filesystem (FIFREEZE) while the mover
     /// reads it, so the copy is the volume at one instant, as after a power cut, from which
@@ -74,6 +75,11 @@ pub struct Consistency {
     /// a consistent copy of its data into scratch space in the Backup's Job, and custody
     /// backs up that tree, with its manifest, as if it were the volume: restored, verified
     /// and gated like any volume backup. No write stall. See `tool`.
+    ///
+    /// `Hooks`: a command of the application's (`hooks.pre`, for example one that flushes and
+    /// pauses its writes) runs in a container of the running pod (pods/exec through the API
+    /// server) before the volume is copied, and `hooks.post` after it, even when the copy
+    /// failed. The copy is as consistent as the pre hook makes the files.
     ///
     /// `CrashUnsafe`: copy the files while the application writes them. The copy is not a
     /// point in time; an application may fail to start from it or start with lost or torn
@@ -89,6 +95,78 @@ pub struct Consistency {
     /// `Tool` only: the tool, and where its output goes in the restored volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<BackupTool>,
+
+    /// `Hooks` only: the commands run in the application's pod around the copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<Hooks>,
+}
+
+/// Commands run in the running pod that mounts the claim, around the copy of its volume.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hooks {
+    /// Before the copy starts. With `onError: Fail` (the default) a failure skips the copy
+    /// and fails the Backup (`PreHookFailed`); the post hook still runs.
+    pub pre: Hook,
+    /// After the copy ended, whether it succeeded or not (and after a failed pre hook). With
+    /// `onError: Fail` its failure fails the Backup (`PostHookFailed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post: Option<Hook>,
+}
+
+/// One command run in a container of the application's pod.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    /// The container it runs in. Default: the pod's first container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// The command and its arguments (no shell unless you name one).
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+    /// How long it may run before it counts as failed, in seconds (default 30). The API
+    /// server cannot stop a command it started: one that outlives this keeps running in the
+    /// container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<i32>,
+    /// What its failure (an exit code other than 0, no such pod or container, the timeout)
+    /// does: `Fail` (default) fails the Backup, `Continue` only records it.
+    #[serde(default)]
+    pub on_error: HookOnError,
+}
+
+/// What a hook's failure does to its Backup.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum HookOnError {
+    /// The Backup fails.
+    #[default]
+    Fail,
+    /// The failure is recorded, the Backup goes on.
+    Continue,
+}
+
+/// How the hooks of a Backup ran.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HooksStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre: Option<HookResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post: Option<HookResult>,
+}
+
+/// How one hook ran.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookResult {
+    /// The pod it ran in (empty: no running pod mounted the claim).
+    pub pod: String,
+    pub succeeded: bool,
+    /// Its exit and the end of its output, or why it did not run.
+    pub message: String,
+    pub started_at: Time,
+    pub finished_at: Time,
 }
 
 /// An application's own backup tool, run as the first container of the Backup's Job on the
@@ -100,14 +178,22 @@ pub struct BackupTool {
     #[schemars(length(min = 1))]
     pub image: String,
     /// The command and its arguments. It writes the application's data, ready to start
-    /// from, into the directory `$CUSTODY_OUTPUT` (which it creates), and exits 0; any
+    /// from, into the directory `$CUSTODY_OUTPUT` (absent, or empty when `dataPath` is; its
+    /// parent exists unless `dataPath` has several segments), and exits 0; any
     /// other exit fails the Backup (`ToolFailed`, with the end of its output). It reaches the
     /// application at `$CUSTODY_POD_IP` (the running pod `$CUSTODY_POD_NAME`) and sees the
-    /// claim read-only at `/data`. For example `pg_basebackup -h $(CUSTODY_POD_IP) -D
+    /// claim read-only at `mountPath`. For example `pg_basebackup -h $(CUSTODY_POD_IP) -D
     /// $(CUSTODY_OUTPUT) -X stream -c fast`, or a shell running `mariadb-backup --backup`
     /// then `--prepare`.
     #[schemars(length(min = 1))]
     pub command: Vec<String>,
+    /// Where the tool sees the claim, read-only (default `/data`). Set it to the path the
+    /// application mounts it at when the tool asks the application where its files are
+    /// (`mariadb-backup` reads the server's `datadir`: `/var/lib/mysql`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('/') && !self.matches('(^|/)[.]{1,2}(/|$)') && !self.startsWith('/output')").message("mountPath is an absolute path without . or .. segments, outside /output"))]
+    #[schemars(length(max = 255))]
+    pub mount_path: Option<String>,
     /// A Secret in the Backup's namespace whose keys are given to the tool as environment
     /// variables (for example `PGUSER` and `PGPASSWORD`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +219,8 @@ pub enum ConsistencyMethod {
     Freeze,
     /// The application's own backup tool writes a consistent copy, which custody backs up.
     Tool,
+    /// Commands in the application's pod before and after the copy.
+    Hooks,
     /// Copy while the application writes, knowingly: no point in time.
     CrashUnsafe,
 }
@@ -147,6 +235,8 @@ pub enum Capture {
     Frozen,
     /// The application's own backup tool wrote the copy while it ran.
     Tool,
+    /// Copied between the application's pre and post hooks.
+    Hooks,
     /// Copied while a running pod mounted the volume, without a consistency method: the user
     /// opted into a copy that may not be a point in time.
     CrashUnsafe,
@@ -210,6 +300,10 @@ pub struct BackupStatus {
     /// `CrashUnsafe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Capture>,
+
+    /// `Hooks` only: how the pre and post hooks ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<HooksStatus>,
 
     /// `Frozen` only: how long the filesystem stayed frozen (the application's writes
     /// stalled), in milliseconds.
