@@ -209,6 +209,7 @@ fn run(plan: &BackupPlan, name: &str) -> Result<Backup> {
         "spec": {
             "clusterRef": plan.spec.cluster_ref,
             "repositoryRef": plan.spec.repository_ref,
+            "consistency": plan.spec.consistency,
         },
     }))
     .map_err(|error| Error::Schedule(error.to_string()))

@@ -212,7 +212,31 @@ fn the_slot_records_its_time_and_run() {
     assert_eq!(status.last_backup_name, Some(backup.name_any()));
     assert_eq!(backup.labels()[LABEL_PLAN_UID], "plan-uid");
     assert_eq!(backup.spec.cluster_ref.name, "orders");
+    assert_eq!(
+        backup.spec.consistency, None,
+        "the Cluster's, when the plan names none"
+    );
     assert_eq!(note.reason, reasons::SCHEDULED);
+}
+
+#[test]
+fn a_run_copies_the_way_the_plan_says() {
+    let plan = super::plan(&facts(
+        plan(
+            json!({"consistency": {"method": "Freeze", "maxFreezeSeconds": 20}}),
+            None,
+        ),
+        "2026-11-30T11:00:05Z",
+        vec![],
+    ))
+    .unwrap();
+    let (backup, _) = plan.create.unwrap();
+    let consistency = backup.spec.consistency.unwrap();
+    assert_eq!(
+        consistency.method,
+        custody_kube::api::ConsistencyMethod::Freeze
+    );
+    assert_eq!(consistency.max_freeze_seconds, Some(20));
 }
 
 #[test]

@@ -54,6 +54,11 @@ pub struct BackupPlanSpec {
     /// normal Backup deletion path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+
+    /// How the created Backups copy a running application (their `spec.consistency`).
+    /// Defaults to the Cluster's `spec.consistency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<super::Consistency>,
 }
 
 /// Whether runs of one plan may overlap.
