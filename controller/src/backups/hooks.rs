@@ -167,14 +167,30 @@ async fn attach(
             None => None,
         }
     });
+    let _ = process.join().await;
+    Ok(outcome(
+        &format!("{:?} in pod {pod}", hook.command),
+        status.as_ref(),
+        &stdout,
+        &stderr,
+    ))
+}
+
+/// How a command (`what`) ended, from the status the API server sent at its end and its
+/// output: `(succeeded, its exit and output)`.
+pub fn outcome(
+    what: &str,
+    status: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>,
+    stdout: &str,
+    stderr: &str,
+) -> (bool, String) {
     let output = [stdout, stderr]
         .into_iter()
         .filter(|text| !text.is_empty())
         .collect::<Vec<_>>()
         .join("\n");
-    let _ = process.join().await;
-    let succeeded = status.as_ref().and_then(|status| status.status.as_deref()) == Some("Success");
-    let how = match &status {
+    let succeeded = status.and_then(|status| status.status.as_deref()) == Some("Success");
+    let how = match status {
         Some(_) if succeeded => "exited with code 0".to_string(),
         Some(status) => match exit_code(status) {
             Some(code) => format!("exited with code {code}"),
@@ -185,14 +201,12 @@ async fn attach(
         },
         None => "ended without a status".to_string(),
     };
-    Ok((
-        succeeded,
-        if output.is_empty() {
-            format!("{:?} in pod {pod} {how}", hook.command)
-        } else {
-            format!("{:?} in pod {pod} {how}: {output}", hook.command)
-        },
-    ))
+    let message = if output.is_empty() {
+        format!("{what} {how}")
+    } else {
+        format!("{what} {how}: {output}")
+    };
+    (succeeded, message)
 }
 
 /// The exit code in a failed exec's status.
@@ -302,6 +316,61 @@ mod tests {
         ];
         for (hooks, ran, want) in rows {
             assert_eq!(after(hooks, ran.as_ref()), want, "{hooks:?} {ran:?}");
+        }
+    }
+
+    #[test]
+    fn a_hook_succeeds_only_on_the_servers_success_and_says_how_it_ended() {
+        let status =
+            |value: serde_json::Value| -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Status {
+                serde_json::from_value(value).unwrap()
+            };
+        let exited = status(
+            serde_json::json!({"status": "Failure", "reason": "NonZeroExitCode",
+            "message": "command terminated with non-zero exit code",
+            "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}),
+        );
+        let refused = status(serde_json::json!({"status": "Failure",
+            "message": "executable file not found in $PATH",
+            "details": {"causes": [{"reason": "Other", "message": "9"}]}}));
+        let success = status(serde_json::json!({"status": "Success"}));
+        let rows: [(Option<&_>, &str, &str, bool, &str); 6] = [
+            (Some(&success), "", "", true, "x exited with code 0"),
+            (
+                Some(&success),
+                "done",
+                "",
+                true,
+                "x exited with code 0: done",
+            ),
+            (
+                Some(&exited),
+                "",
+                "oops",
+                false,
+                "x exited with code 3: oops",
+            ),
+            (
+                Some(&exited),
+                "out",
+                "err",
+                false,
+                "x exited with code 3: out\nerr",
+            ),
+            (
+                Some(&refused),
+                "",
+                "",
+                false,
+                "x failed: executable file not found in $PATH",
+            ),
+            (None, "", "", false, "x ended without a status"),
+        ];
+        for (status, stdout, stderr, succeeded, message) in rows {
+            assert_eq!(
+                outcome("x", status, stdout, stderr),
+                (succeeded, message.to_string())
+            );
         }
     }
 
