@@ -258,9 +258,12 @@ pub fn plan(facts: &Facts) -> Plan {
                 )
                 .and_then(|chosen| chosen.hooks.as_ref())
             {
-                match hooks::after(spec, status.hooks.as_ref()) {
-                    hooks::After::RunPost => return run_hook(facts, spec, hooks::Phase::Post),
-                    hooks::After::Done(failure) => post_failure = failure,
+                match (hooks::after(spec, status.hooks.as_ref()), &spec.post) {
+                    (hooks::After::RunPost, Some(post)) => {
+                        return run_hook(facts, Plan::wait_for_change(), hooks::Phase::Post, post);
+                    }
+                    (hooks::After::Done(failure), _) => post_failure = failure,
+                    (hooks::After::RunPost, None) => {}
                 }
             }
             let outcome = match &backup.spec.command {
@@ -298,21 +301,36 @@ pub fn plan(facts: &Facts) -> Plan {
     }
 }
 
-/// The plan that runs one of the Backup's hooks in the running pod that mounts the claim, and
-/// comes back at once to go on.
-fn run_hook(facts: &Facts, spec: &custody_kube::api::Hooks, phase: hooks::Phase) -> Plan {
-    let hook = match phase {
-        hooks::Phase::Pre => spec.pre.clone(),
-        hooks::Phase::Post => spec.post.clone().unwrap_or_else(|| spec.pre.clone()),
-    };
+/// `plan`, then `hook` run as `phase` in the running pod that mounts the claim, and back at
+/// once to go on.
+fn run_hook(
+    facts: &Facts,
+    plan: Plan,
+    phase: hooks::Phase,
+    hook: &custody_kube::api::Hook,
+) -> Plan {
     Plan {
         hook: Some(hooks::Run {
             phase,
-            hook,
+            hook: hook.clone(),
             pod: facts.mounted_on.as_ref().map(|mounter| mounter.pod.clone()),
         }),
         requeue: Some(Duration::from_secs(1)),
-        ..Plan::wait_for_change()
+        ..plan
+    }
+}
+
+/// A started run that ends here without a copy's outcome: failed with `reason`, the Lease
+/// given back.
+fn fail_started(
+    facts: &Facts,
+    status: BackupStatus,
+    reason: &'static str,
+    message: String,
+) -> Plan {
+    Plan {
+        lease: LeaseStep::Release,
+        ..conclude(facts, status, Err((reason, message)))
     }
 }
 
@@ -473,40 +491,24 @@ fn start(
     // Hooks: the pre hook runs first; a failure that skips the copy still runs the post hook.
     if status.consistency == Some(Capture::Hooks) {
         let Some(spec) = chosen.and_then(|chosen| chosen.hooks.as_ref()) else {
-            let mut plan = conclude(
+            return fail_started(
                 facts,
                 status,
-                Err((
-                    decide::HOOKS_MISSING,
-                    "the copy was to run between the application's hooks, and spec.consistency no longer names them (on the Backup or its Cluster); create a new Backup".into(),
-                )),
+                decide::HOOKS_MISSING,
+                "the copy was to run between the application's hooks, and spec.consistency no longer names them (on the Backup or its Cluster); create a new Backup".into(),
             );
-            plan.lease = LeaseStep::Release;
-            return plan;
         };
         match hooks::before(spec, status.hooks.as_ref()) {
             hooks::Before::Copy => {}
-            hooks::Before::RunPre => {
-                return Plan {
-                    hook: run_hook(facts, spec, hooks::Phase::Pre).hook,
-                    requeue: Some(Duration::from_secs(1)),
-                    ..plan
+            hooks::Before::RunPre => return run_hook(facts, plan, hooks::Phase::Pre, &spec.pre),
+            hooks::Before::Skip(message) => {
+                return match (hooks::after(spec, status.hooks.as_ref()), &spec.post) {
+                    (hooks::After::RunPost, Some(post)) => {
+                        run_hook(facts, plan, hooks::Phase::Post, post)
+                    }
+                    _ => fail_started(facts, status, hooks::PRE_HOOK_FAILED, message),
                 };
             }
-            hooks::Before::Skip(message) => match hooks::after(spec, status.hooks.as_ref()) {
-                hooks::After::RunPost => {
-                    return Plan {
-                        hook: run_hook(facts, spec, hooks::Phase::Post).hook,
-                        requeue: Some(Duration::from_secs(1)),
-                        ..plan
-                    };
-                }
-                hooks::After::Done(_) => {
-                    let mut plan = conclude(facts, status, Err((hooks::PRE_HOOK_FAILED, message)));
-                    plan.lease = LeaseStep::Release;
-                    return plan;
-                }
-            },
         }
     }
     // A copy by the application's tool: it runs first, reaching the running pod.
@@ -517,16 +519,12 @@ fn start(
                 pod: facts.mounted_on.as_ref(),
             }),
             None => {
-                let mut plan = conclude(
+                return fail_started(
                     facts,
                     status,
-                    Err((
-                        decide::TOOL_MISSING,
-                        "the copy was to be made by the application's tool, and spec.consistency no longer names one (on the Backup or its Cluster); create a new Backup".into(),
-                    )),
+                    decide::TOOL_MISSING,
+                    "the copy was to be made by the application's tool, and spec.consistency no longer names one (on the Backup or its Cluster); create a new Backup".into(),
                 );
-                plan.lease = LeaseStep::Release;
-                return plan;
             }
         }
     } else {
