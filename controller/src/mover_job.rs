@@ -88,6 +88,28 @@ impl MoverJob {
     }
 }
 
+/// The mover container's `securityContext`: root (it reads, or writes, files of every owner
+/// with their owners and modes), with a read-only root filesystem, no privilege escalation,
+/// the runtime's default seccomp profile, and of the capabilities only `add`. This is what Pod
+/// Security `baseline` admits and `restricted` refuses (it runs as root and adds
+/// capabilities): a namespace enforcing `restricted` must allow `baseline` for custody's Jobs.
+pub fn security_context(add: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "runAsUser": 0,
+        "readOnlyRootFilesystem": true,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"], "add": add},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
+
+/// What the backup mover may do: read and traverse every file and directory, whatever its
+/// owner and mode.
+pub const BACKUP_CAPABILITIES: &[&str] = &["DAC_OVERRIDE"];
+/// What the restore mover may do: write into directories of any mode, give files their
+/// owners, then set modes, times and set-id bits on files it no longer owns.
+pub const RESTORE_CAPABILITIES: &[&str] = &["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"];
+
 /// Appends `items` to the list `field` of a container (`env`, `volumeMounts`), creating it.
 pub fn append(
     container: &mut serde_json::Value,
@@ -121,6 +143,75 @@ pub const DEFAULT_DEADLINE_SECONDS: i64 = 86_400;
 pub const DEFAULT_CPU_REQUEST: &str = "100m";
 pub const DEFAULT_MEMORY_REQUEST: &str = "128Mi";
 pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
+
+/// The pods `job` created (its controller owner is that Job: a look-alike pod with the
+/// `job-name` label is not one of them).
+pub async fn pods_of(
+    client: &kube::Client,
+    namespace: &str,
+    job_name: &str,
+    job: Option<&k8s_openapi::api::batch::v1::Job>,
+) -> crate::error::Result<Vec<k8s_openapi::api::core::v1::Pod>> {
+    use kube::api::{Api, ListParams};
+    let job_uid = job
+        .and_then(|job| job.metadata.uid.as_deref())
+        .unwrap_or_default();
+    Ok(
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+            .await
+            .map_err(crate::error::Error::read(format!(
+                "pods of Job {namespace}/{job_name}"
+            )))?
+            .items
+            .into_iter()
+            .filter(|pod| crate::ownership::created_by_job(&pod.metadata, job_uid))
+            .collect(),
+    )
+}
+
+/// Why a running Job's pod does not start (see [`crate::backups::decide::pod_not_starting`]):
+/// reads its pods and, when it has none, the Job controller's latest `FailedCreate` Event
+/// about it (a Pod Security or quota refusal leaves no pod, only that Event).
+pub async fn start_problem(
+    client: &kube::Client,
+    namespace: &str,
+    job_name: &str,
+    job: Option<&k8s_openapi::api::batch::v1::Job>,
+) -> crate::error::Result<Option<String>> {
+    use kube::api::{Api, ListParams};
+    let pods = pods_of(client, namespace, job_name, job).await?;
+    let mut refused = None;
+    if pods.is_empty()
+        && let Some(uid) = job.and_then(|job| job.metadata.uid.as_deref())
+    {
+        let events =
+            Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), namespace)
+                .list(
+                    &ListParams::default()
+                        .fields(&format!("involvedObject.uid={uid},reason=FailedCreate")),
+                )
+                .await
+                .map_err(crate::error::Error::read(format!(
+                    "Events of Job {namespace}/{job_name}"
+                )))?
+                .items;
+        refused = events
+            .into_iter()
+            .max_by_key(|event| {
+                event
+                    .last_timestamp
+                    .as_ref()
+                    .map(|time| time.0)
+                    .or(event.event_time.as_ref().map(|time| time.0))
+            })
+            .and_then(|event| event.message);
+    }
+    Ok(crate::backups::decide::pod_not_starting(
+        &pods,
+        refused.as_deref(),
+    ))
+}
 
 #[cfg(test)]
 mod tests {

@@ -84,9 +84,16 @@ const STUCK: [&str; 7] = [
 
 /// Why a running Job's pod does not start, from the pods its Job created: a container waiting
 /// for a reason that does not pass by itself (an image that cannot be pulled, a missing
-/// Secret key), or a pod the scheduler cannot place. `None` while nothing is known to be
-/// wrong.
-pub fn pod_not_starting(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+/// Secret key), or a pod the scheduler cannot place; with no pod at all, why the Job could not
+/// create one (`refused`: its latest `FailedCreate` Event, such as a Pod Security or quota
+/// refusal). `None` while nothing is known to be wrong.
+pub fn pod_not_starting(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    refused: Option<&str>,
+) -> Option<String> {
+    if pods.is_empty() {
+        return refused.map(|message| format!("no pod could be created: {message}"));
+    }
     pods.iter().find_map(|pod| {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let status = pod.status.as_ref()?;

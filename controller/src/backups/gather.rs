@@ -102,7 +102,9 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
                 (None, _) => {
-                    let pods = job_pods(client, &namespace, &job_name, job.as_ref()).await?;
+                    let pods =
+                        crate::mover_job::pods_of(client, &namespace, &job_name, job.as_ref())
+                            .await?;
                     facts.report = report(&pods);
                     facts.tool_failure = decide::tool_failure(&pods);
                     let status = facts.backup.status.as_ref();
@@ -129,8 +131,9 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             }
         }
         JobFact::Owned(JobState::Running) => {
-            let pods = job_pods(client, &namespace, &job_name, job.as_ref()).await?;
-            facts.job_pod_problem = decide::pod_not_starting(&pods);
+            facts.job_pod_problem =
+                crate::mover_job::start_problem(client, &namespace, &job_name, job.as_ref())
+                    .await?;
         }
         JobFact::Foreign => {}
     }
@@ -223,27 +226,6 @@ async fn clock(client: &Client, node: &str) -> Option<ClockMeasurement> {
         round_trip_nanoseconds: status.round_trip_nanoseconds?,
         measured_at: status.last_heartbeat_time?,
     })
-}
-
-/// The pods the Backup's own Job created (their controller is the Job's UID). The `job-name`
-/// label only narrows the list: anyone who may create pods can set it.
-async fn job_pods(
-    client: &Client,
-    namespace: &str,
-    job_name: &str,
-    job: Option<&Job>,
-) -> Result<Vec<Pod>> {
-    let job_uid = job
-        .and_then(|job| job.metadata.uid.as_deref())
-        .unwrap_or_default();
-    Ok(Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&format!("job-name={job_name}")))
-        .await
-        .map_err(Error::read(format!("pods of Job {namespace}/{job_name}")))?
-        .items
-        .into_iter()
-        .filter(|pod| crate::ownership::created_by_job(&pod.metadata, job_uid))
-        .collect())
 }
 
 /// The mover's report: the termination message of the Job's pod.

@@ -164,7 +164,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             "env": env,
             "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
             // Reads every file whatever its owner; never writes the volume.
-            "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+            "securityContext": crate::mover_job::security_context(crate::mover_job::BACKUP_CAPABILITIES),
         }),
         Some(command) => {
             let mut env = env;

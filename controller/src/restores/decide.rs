@@ -19,6 +19,8 @@ pub const FINALIZER: &str = "custody.io/restore-cleanup";
 pub use custody_proto::names::LABEL_RESTORE_UID;
 /// A volume's prepareData Job failed.
 pub const RESTORE_JOB_FAILED: &str = "RestoreJobFailed";
+/// A volume's prepareData Job has no pod that starts (it waits, then fails at its deadline).
+pub use crate::backups::reasons::JOB_POD_NOT_STARTING;
 /// A volume's prepareData Job kept disappearing.
 pub const JOB_DELETED: &str = "JobDeleted";
 /// A Job of the name this Restore would use is someone else's.
@@ -122,6 +124,8 @@ pub struct VolumeFacts<'a> {
     pub reported: Option<(&'a ReportedVolume, &'a str)>,
     /// The Job of the current attempt.
     pub job: JobFact,
+    /// Why that Job's pod does not start, while it runs.
+    pub job_problem: Option<&'a str>,
     /// Whether the volume may get its first Job now (see [`may_start`]).
     pub may_start: bool,
 }
@@ -217,11 +221,24 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
             JOB_NAME_TAKEN,
             format!("Job {job} exists but was not created by this Restore; it is left alone"),
         ),
-        JobFact::Owned(JobState::Running) => at(
-            status,
-            VolumeState::Restoring,
-            Some(format!("Job {job} writes the volume on node {node}")),
-        ),
+        JobFact::Owned(JobState::Running) => match facts.job_problem {
+            None => at(
+                status,
+                VolumeState::Restoring,
+                Some(format!("Job {job} writes the volume on node {node}")),
+            ),
+            Some(problem) => {
+                let mut step = at(
+                    status,
+                    VolumeState::Restoring,
+                    Some(format!(
+                        "Job {job} does not start: {problem}; it fails at its deadline unless that is fixed"
+                    )),
+                );
+                step.status.reason = Some(JOB_POD_NOT_STARTING.to_string());
+                step
+            }
+        },
         JobFact::Owned(JobState::Succeeded) => at(
             status,
             VolumeState::Verifying,

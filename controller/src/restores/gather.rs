@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use super::RestoreContext;
 use super::decide::{self, JobFact, LABEL_RESTORE_UID};
 use super::plan::{AgentHealth, Facts};
-use crate::backups::decide::job_state;
+use crate::backups::decide::{JobState, job_state};
 use crate::error::{Error, Result};
 use custody_kube::api::{
     Backup, BackupRepository, Cluster, NodeAgent, ReportedVolume, Restore, RestorePhase,
@@ -101,6 +101,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         unmarked_claims: Vec::new(),
         nodes,
         workload_pods: BTreeMap::new(),
+        job_problems: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -190,16 +191,22 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         .iter()
         .filter_map(|volume| volume.job_name.as_ref())
     {
-        let fact = match jobs
+        let job = jobs
             .get_opt(name)
             .await
-            .map_err(Error::read(format!("Job {namespace}/{name}")))?
-        {
+            .map_err(Error::read(format!("Job {namespace}/{name}")))?;
+        let fact = match &job {
             None => JobFact::Missing,
             // A Job someone is deleting is as good as gone once its pods are.
-            Some(job) if decide::owned_job(&job, &uid) => JobFact::Owned(job_state(&job)),
+            Some(job) if decide::owned_job(job, &uid) => JobFact::Owned(job_state(job)),
             Some(_) => JobFact::Foreign,
         };
+        if fact == JobFact::Owned(JobState::Running)
+            && let Some(problem) =
+                crate::mover_job::start_problem(client, &namespace, name, job.as_ref()).await?
+        {
+            facts.job_problems.insert(name.clone(), problem);
+        }
         facts.jobs.push((name.clone(), fact));
     }
     Ok(facts)

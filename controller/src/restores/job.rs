@@ -51,7 +51,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         "env": custody_kube::s3::mover_env(&repository),
         "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
         // Writes files of every owner, with their owners and modes.
-        "securityContext": {"runAsUser": 0, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+        "securityContext": crate::mover_job::security_context(crate::mover_job::RESTORE_CAPABILITIES),
     });
     inputs.mover.job(
         &inputs.create.name,

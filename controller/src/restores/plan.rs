@@ -53,6 +53,9 @@ pub struct Facts {
     pub backups: Vec<Backup>,
     /// The Jobs the Restore's status names, by name.
     pub jobs: Vec<(String, JobFact)>,
+    /// Why a running Job of these has no pod that starts, by Job name (an image that cannot
+    /// be pulled, a pod the scheduler cannot place, a pod Pod Security refused to create).
+    pub job_problems: BTreeMap<String, String>,
     /// The pods the agents report under this Restore.
     pub pods: Vec<Pod>,
     /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
@@ -325,6 +328,10 @@ pub fn plan(facts: &Facts) -> Plan {
             previous,
             reported: reports.get(claim).copied(),
             job,
+            job_problem: previous
+                .and_then(|volume| volume.job_name.as_ref())
+                .and_then(|name| facts.job_problems.get(name))
+                .map(String::as_str),
             may_start: decide::may_start(restore.spec.volume_restore_policy, &steps),
         };
         let mut step = decide::volume(&volume, &uid);
@@ -406,11 +413,16 @@ pub fn plan(facts: &Facts) -> Plan {
     if summary.phase != RestorePhase::Pending {
         status.start_time.get_or_insert(Time(facts.now));
     }
-    // The first volume that waits for a node's agent decides what the Restore says.
+    // The first volume that waits for a node's agent, or for a Job's pod that does not start,
+    // decides what the Restore says.
     let agent_wait: Option<(&'static str, String)> = status.volumes.iter().find_map(|volume| {
-        let reason = [reasons::AGENT_MISSING, reasons::AGENT_NOT_READY]
-            .into_iter()
-            .find(|reason| volume.reason.as_deref() == Some(reason))?;
+        let reason = [
+            reasons::AGENT_MISSING,
+            reasons::AGENT_NOT_READY,
+            reasons::JOB_POD_NOT_STARTING,
+        ]
+        .into_iter()
+        .find(|reason| volume.reason.as_deref() == Some(reason))?;
         Some((reason, volume.message.clone().unwrap_or_default()))
     });
     let (ready, verified) = match (&summary.phase, &summary.failure) {

@@ -335,7 +335,7 @@ fn a_pod_that_will_not_start_is_named_with_its_reason() {
         ),
     ];
     for (name, pods, expected) in rows {
-        let found = pod_not_starting(&pods);
+        let found = pod_not_starting(&pods, None);
         match expected {
             None => assert_eq!(found, None, "{name}"),
             Some(text) => assert!(
@@ -344,6 +344,24 @@ fn a_pod_that_will_not_start_is_named_with_its_reason() {
             ),
         }
     }
+}
+
+#[test]
+fn a_job_that_could_not_create_its_pod_is_named_with_the_refusal() {
+    let refusal = "Error creating: pods \"j-abc\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true";
+    assert_eq!(
+        pod_not_starting(&[], Some(refusal)).as_deref(),
+        Some(format!("no pod could be created: {refusal}").as_str())
+    );
+    // No pod and no refusal: the Job has not tried yet.
+    assert_eq!(pod_not_starting(&[], None), None);
+    // A pod exists: an old refusal says nothing about it.
+    let running: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p"},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }))
+    .unwrap();
+    assert_eq!(pod_not_starting(&[running], Some(refusal)), None);
 }
 
 #[test]

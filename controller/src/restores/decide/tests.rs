@@ -205,6 +205,7 @@ fn volume_steps() {
             previous: previous.as_ref(),
             reported: report.as_ref().map(|report| (report, "node-a")),
             job,
+            job_problem: None,
             may_start,
         };
         let step = volume(&facts, UID);

@@ -159,6 +159,7 @@ fn facts() -> Facts {
         )]
         .into(),
         workload_pods: BTreeMap::new(),
+        job_problems: BTreeMap::new(),
     }
 }
 
@@ -1166,6 +1167,76 @@ fn a_pod_on_a_node_without_a_working_agent_is_named_not_waited_for_in_silence() 
     });
     let status = unscheduled.status.unwrap();
     assert_eq!(status.volumes[0].reason, None);
+}
+
+#[test]
+fn a_prepare_data_job_whose_pod_does_not_start_is_named_with_a_warning_once() {
+    let job = decide::job_name(CLAIM, UID, 1);
+    let refused = "no pod could be created: pods \"x\" is forbidden: violates PodSecurity \"restricted:latest\"";
+    let stuck = Facts {
+        agents: vec![report(VolumeState::Restoring, None)],
+        jobs: vec![(job.clone(), JobFact::Owned(JobState::Running))],
+        job_problems: [(job.clone(), refused.to_string())].into(),
+        ..with_status(
+            facts(),
+            RestorePhase::Running,
+            vec![volume(VolumeState::Restoring, 1)],
+        )
+    };
+    let first = plan(&stuck);
+    let status = first.status.clone().expect("a status");
+    assert_eq!(status.phase, Some(RestorePhase::Running));
+    assert_eq!(status.volumes[0].state, VolumeState::Restoring);
+    assert_eq!(
+        status.volumes[0].reason.as_deref(),
+        Some(reasons::JOB_POD_NOT_STARTING)
+    );
+    let message = status.volumes[0].message.clone().unwrap();
+    assert!(
+        message.contains(&job) && message.contains("PodSecurity"),
+        "{message}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::JOB_POD_NOT_STARTING);
+    assert!(ready.message.contains("PodSecurity"), "{}", ready.message);
+    assert!(
+        first
+            .events
+            .iter()
+            .any(|note| note.warning && note.reason == reasons::JOB_POD_NOT_STARTING),
+        "{:?}",
+        first.events
+    );
+    assert!(first.jobs.is_empty(), "the Job exists: nothing is created");
+
+    // Written, the same reason warns no more.
+    let mut again = stuck.clone();
+    again.restore.status = Some(status);
+    let second = plan(&again);
+    assert!(
+        !second
+            .events
+            .iter()
+            .any(|note| note.reason == reasons::JOB_POD_NOT_STARTING),
+        "{:?}",
+        second.events
+    );
+
+    // The pod started: the volume and the Restore say it is written again.
+    let mut fixed = again.clone();
+    fixed.job_problems.clear();
+    let status = plan(&fixed).status.expect("a status");
+    assert_eq!(status.volumes[0].reason, None);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.reason, reasons::RESTORING);
 }
 
 #[test]
