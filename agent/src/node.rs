@@ -173,6 +173,15 @@ fn failure_message(pod: &Pod) -> Option<String> {
     terminated.or_else(|| status.message.clone())
 }
 
+/// Whether a container of `pod` ended with exit code `code`.
+fn exited(pod: &Pod, code: u8) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|status| status.container_statuses.iter().flatten())
+        .filter_map(|container| container.state.as_ref()?.terminated.as_ref())
+        .any(|terminated| terminated.exit_code == i32::from(code))
+}
+
 /// The prepareData pods among `pods`, one entry per claim they mount.
 pub fn prepare_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<PreparePod> {
     let mut found = Vec::new();
@@ -194,6 +203,7 @@ pub fn prepare_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Vec<PrepareP
                 restore_uid: restore_uid.clone(),
                 phase: Phase::of(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
                 message: failure_message(pod),
+                permanent: exited(pod, custody_proto::mover::EXIT_PERMANENT),
             });
         }
     }

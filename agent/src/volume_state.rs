@@ -58,6 +58,9 @@ pub struct PreparePod {
     /// The pod's own account of a failure (`status.message` or a container's termination
     /// message), when it has one.
     pub message: Option<String>,
+    /// It failed with the mover's [`custody_proto::mover::EXIT_PERMANENT`]: trying again
+    /// cannot help, and its Job gives up. Any other failure its Job may try again.
+    pub permanent: bool,
 }
 
 /// What a finished verification found.
@@ -229,18 +232,33 @@ pub fn decide(
             start: None,
         };
     }
-    if let Some(pod) = mine.iter().find(|pod| pod.phase == Phase::Failed) {
-        let message = format!(
+    let failed = |pod: &PreparePod| {
+        format!(
             "prepareData pod {} failed: {}",
             pod.name,
             pod.message.as_deref().unwrap_or("no message")
-        );
+        )
+    };
+    if let Some(pod) = mine
+        .iter()
+        .find(|pod| pod.phase == Phase::Failed && pod.permanent)
+    {
+        let message = failed(pod);
         return Decision {
             state: State::Failed {
                 reason: VolumeFailure::PrepareDataFailed,
                 message: message.clone(),
             },
             message,
+            start: None,
+        };
+    }
+    if let Some(pod) = mine.iter().find(|pod| pod.phase == Phase::Failed) {
+        // A failure of the moment: its Job makes another pod, or gives up and the Restore says
+        // so. The pod stays held either way.
+        return Decision {
+            state: State::Restoring,
+            message: format!("{} (its Job may try again)", failed(pod)),
             start: None,
         };
     }

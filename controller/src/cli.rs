@@ -93,6 +93,12 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_MOVER_MEMORY_LIMIT", default_value = crate::mover_job::DEFAULT_MEMORY_LIMIT)]
     pub mover_memory_limit: String,
 
+    /// How many times a prepareData Job replaces a pod that failed for a reason of the moment
+    /// (a download that kept failing, a signal, a crash); 0 never. A failure that trying again
+    /// cannot mend (a tampered artifact, a non-empty target) fails the Job at once.
+    #[arg(long, env = "CUSTODY_RESTORE_JOB_RETRIES", default_value_t = crate::mover_job::DEFAULT_RESTORE_RETRIES)]
+    pub restore_job_retries: i32,
+
     /// Image of `custody-wait`, the init container the webhook injects into pods under restore.
     #[arg(long, env = "CUSTODY_WAIT_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
     pub wait_image: String,

@@ -4,6 +4,8 @@
 //! that reason and gives the Cluster's Lease back: nothing waits forever for a pod that never
 //! starts or never ends.
 
+use custody_proto::mover::EXIT_PERMANENT;
+
 /// The Jobs' settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoverJob {
@@ -13,6 +15,9 @@ pub struct MoverJob {
     pub cpu_request: String,
     pub memory_request: String,
     pub memory_limit: String,
+    /// How many times a prepareData Job tries its pod again after a failure of the moment
+    /// (its `backoffLimit`); a backup Job never does (a second upload would race the first).
+    pub restore_retries: i32,
 }
 
 impl MoverJob {
@@ -24,19 +29,23 @@ impl MoverJob {
             cpu_request: DEFAULT_CPU_REQUEST.into(),
             memory_request: DEFAULT_MEMORY_REQUEST.into(),
             memory_limit: DEFAULT_MEMORY_LIMIT.into(),
+            restore_retries: DEFAULT_RESTORE_RETRIES,
         }
     }
 
-    /// A Job of `owner` running `container` once on its node, with its claim mounted as volume
+    /// A Job of `owner` running `container` on its node, with its claim mounted as volume
     /// `data`: owned by `owner` (blocking its deletion), labelled on the Job and its pod,
-    /// never retried by Kubernetes, bounded by the deadline, the container given the
-    /// resources.
+    /// bounded by the deadline, the container given the resources. With `retries` 0 its pod
+    /// runs once; otherwise a pod that failed is replaced up to `retries` times, except when
+    /// the mover said trying again cannot help (exit code [`EXIT_PERMANENT`]: the Job fails
+    /// at once), and a pod evicted or preempted (`DisruptionTarget`) does not count.
     pub fn job<K: kube::Resource<DynamicType = ()>>(
         &self,
         name: &str,
         owner: &K,
         labels: &std::collections::BTreeMap<String, String>,
         on: Placement<'_>,
+        retries: i32,
         mut container: serde_json::Value,
     ) -> k8s_openapi::api::batch::v1::Job {
         container["resources"] = self.resources();
@@ -60,7 +69,8 @@ impl MoverJob {
                 "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
             },
             "spec": {
-                "backoffLimit": 0,
+                "backoffLimit": retries.max(0),
+                "podFailurePolicy": (retries > 0).then(|| retry_policy(&container)),
                 "activeDeadlineSeconds": self.deadline_seconds,
                 "template": {
                     "metadata": {"labels": labels},
@@ -86,6 +96,18 @@ impl MoverJob {
             "limits": {"memory": self.memory_limit},
         })
     }
+}
+
+/// Which failures a retried Job gives up on at once, and which it does not count.
+fn retry_policy(container: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"rules": [
+        {"action": "FailJob", "onExitCodes": {
+            "containerName": container["name"],
+            "operator": "In",
+            "values": [EXIT_PERMANENT],
+        }},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]})
 }
 
 /// The mover container's `securityContext`: root (it reads, or writes, files of every owner
@@ -143,6 +165,8 @@ pub const DEFAULT_DEADLINE_SECONDS: i64 = 86_400;
 pub const DEFAULT_CPU_REQUEST: &str = "100m";
 pub const DEFAULT_MEMORY_REQUEST: &str = "128Mi";
 pub const DEFAULT_MEMORY_LIMIT: &str = "1Gi";
+/// The default of `--restore-job-retries`.
+pub const DEFAULT_RESTORE_RETRIES: i32 = 2;
 
 /// The pods `job` created (its controller owner is that Job: a look-alike pod with the
 /// `job-name` label is not one of them).
@@ -234,6 +258,7 @@ mod tests {
                 claim: "data-db-0",
                 read_only: true,
             },
+            0,
             serde_json::json!({"name": "mover", "image": "mover:1",
                 "env": [{"name": "A", "value": "1"}],
                 "volumeMounts": [{"name": "data", "mountPath": "/data"}],
@@ -263,5 +288,68 @@ mod tests {
             .map(|variable| (variable.name.as_str(), variable.value.as_deref()))
             .collect();
         assert_eq!(env, [("A", Some("1")), ("TMPDIR", Some(SCRATCH_PATH))]);
+    }
+
+    #[test]
+    fn a_retried_job_gives_up_at_once_on_a_permanent_failure_and_never_counts_evictions() {
+        let owner: custody_kube::api::Restore = serde_json::from_value(serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u"},
+            "spec": {"clusterRef": {"name": "c"}, "backupRef": {"name": "b"}},
+        }))
+        .unwrap();
+        let job = |retries| {
+            MoverJob::new("mover:1")
+                .job(
+                    "j",
+                    &owner,
+                    &Default::default(),
+                    Placement {
+                        node: Some("node-a"),
+                        claim: "data-db-0",
+                        read_only: false,
+                    },
+                    retries,
+                    serde_json::json!({"name": "mover", "image": "mover:1"}),
+                )
+                .spec
+                .unwrap()
+        };
+        let once = job(0);
+        assert_eq!(once.backoff_limit, Some(0));
+        assert!(once.pod_failure_policy.is_none());
+        let retried = job(2);
+        assert_eq!(retried.backoff_limit, Some(2));
+        let rules = retried.pod_failure_policy.unwrap().rules;
+        assert_eq!(rules[0].action, "FailJob");
+        let codes = rules[0].on_exit_codes.as_ref().unwrap();
+        assert_eq!(codes.container_name.as_deref(), Some("mover"));
+        assert_eq!(
+            (codes.operator.as_str(), codes.values.as_slice()),
+            ("In", &[i32::from(EXIT_PERMANENT)][..])
+        );
+        assert_eq!(rules[1].action, "Ignore");
+        assert_eq!(
+            rules[1].on_pod_conditions.as_ref().unwrap()[0].type_,
+            "DisruptionTarget"
+        );
+    }
+
+    #[test]
+    fn mover_pods_keep_only_the_capabilities_they_use() {
+        let security = security_context(RESTORE_CAPABILITIES);
+        assert_eq!(security["runAsUser"], 0);
+        assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        assert_eq!(
+            security["capabilities"]["add"],
+            serde_json::json!(["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"])
+        );
+        assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            security_context(BACKUP_CAPABILITIES)["capabilities"]["add"],
+            serde_json::json!(["DAC_OVERRIDE"])
+        );
     }
 }

@@ -72,6 +72,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         cpu_request: options.mover_cpu_request.clone(),
         memory_request: options.mover_memory_request.clone(),
         memory_limit: options.mover_memory_limit.clone(),
+        restore_retries: options.restore_job_retries.max(0),
     };
     let controllers = futures::future::join_all([
         annotation_controller::<BackupRepository>(&context, namespace, stopped()),

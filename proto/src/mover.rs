@@ -23,6 +23,11 @@ pub fn object_keys(prefix: &str) -> (String, String) {
 /// Where a container's result goes: Kubernetes reads it as the termination message.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
+/// The mover's exit code for a failure that trying again cannot mend
+/// ([`MoverFailure::permanent`]): a restore's Job fails at once on it (its `podFailurePolicy`),
+/// and the node agent reports the volume failed. Any other non-zero exit is tried again.
+pub const EXIT_PERMANENT: u8 = 3;
+
 /// Environment variables of the mover (and of a user's backup command, which gets the same
 /// repository settings).
 pub mod env {

@@ -169,9 +169,64 @@ reasons! {
     MoverFailed;
 }
 
+impl MoverFailure {
+    /// Whether trying again cannot help: the artifact, its manifest, the target or the
+    /// settings are wrong, not the moment. A restore's Job gives up at once on these (the mover
+    /// exits with [`crate::mover::EXIT_PERMANENT`]); anything else (a download that kept
+    /// failing, a write error, a signal, a crash) is tried again by the Job, and the retried
+    /// mover recognises its own unfinished output and starts clean.
+    pub fn permanent(self) -> bool {
+        match self {
+            MoverFailure::CredentialsMissing
+            | MoverFailure::InvalidRepository
+            | MoverFailure::SymlinkLeavesVolume
+            | MoverFailure::ManifestTampered
+            | MoverFailure::ManifestOfAnotherBackup
+            | MoverFailure::ManifestInvalid
+            | MoverFailure::TargetNotEmpty
+            | MoverFailure::ArchiveDoesNotMatchManifest
+            | MoverFailure::ArchiveTooLarge
+            | MoverFailure::ArchiveUnreadable
+            | MoverFailure::InvalidManifestHash
+            | MoverFailure::VerificationFailed
+            | MoverFailure::FreezeRefused
+            | MoverFailure::MoverFailed => true,
+            MoverFailure::ReadVolumeFailed
+            | MoverFailure::UploadFailed
+            | MoverFailure::LocalError
+            | MoverFailure::DownloadFailed
+            | MoverFailure::WriteFailed
+            | MoverFailure::Interrupted
+            | MoverFailure::FreezeLost => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_failures_of_the_moment_are_tried_again() {
+        let again: Vec<&str> = MoverFailure::ALL
+            .iter()
+            .filter(|reason| !reason.permanent())
+            .map(|reason| reason.as_str())
+            .collect();
+        assert_eq!(
+            again,
+            [
+                "ReadVolumeFailed",
+                "UploadFailed",
+                "LocalError",
+                "DownloadFailed",
+                "WriteFailed",
+                "Interrupted",
+                "FreezeLost"
+            ]
+        );
+        assert!(MoverFailure::parse("SomethingNew").permanent());
+    }
 
     #[test]
     fn texts_round_trip_and_unknown_texts_fall_back() {

@@ -684,6 +684,152 @@ async fn on_a_real_node_pod_security_restricted_admits_the_held_pod_and_names_th
     setup.finish().await;
 }
 
+/// #15 item 4, on a real node: the prepareData pod is killed while it writes the volume (the
+/// download throttled so that it is caught mid-way). Its Job makes another pod, which finds
+/// the first one's unfinished output (its own restore identity, no manifest yet), starts
+/// clean and writes the whole volume; the agent verifies it and the Restore completes, with
+/// no Job of custody's recreated.
+#[tokio::test]
+async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_its_job_and_verified()
+ {
+    let setup = backed_up("retried").await;
+    let (namespace, pods) = (&setup.namespace, &setup.pods);
+    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
+    let relay = s3::FaultyLink::start_on(&host, s3::shared());
+    relay.set(s3::Fault::Throttle(2_000_000));
+    namespace
+        .api::<custody_kube::api::BackupRepository>()
+        .patch(
+            "store",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"endpoint": relay.url}})),
+        )
+        .await
+        .unwrap();
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+
+    // The first prepareData pod, its mover running and part of the volume written.
+    let role = format!(
+        "{}={}",
+        custody_proto::names::LABEL_ROLE,
+        custody_proto::names::ROLE_PREPARE_DATA
+    );
+    let running_mover = |pod: &Pod| {
+        pod.status
+            .iter()
+            .flat_map(|status| status.container_statuses.iter().flatten())
+            .find(|container| {
+                container.name == "mover"
+                    && container
+                        .state
+                        .as_ref()
+                        .is_some_and(|state| state.running.is_some())
+            })
+            .and_then(|container| container.container_id.clone())
+    };
+    let (first, container) = custody_tests::eventually("the mover running", TIMEOUT, || {
+        let pods = pods.clone();
+        let role = role.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&role))
+                .await
+                .map_err(|error| error.to_string())?
+                .items
+                .into_iter()
+                .find_map(|pod| Some((pod.metadata.name.clone()?, running_mover(&pod)?)))
+                .ok_or_else(|| "no running mover yet".to_string())
+        }
+    })
+    .await;
+    let written = || {
+        let output = std::process::Command::new("du")
+            .args(["-sb", target.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .next()
+            .and_then(|bytes| bytes.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    custody_tests::eventually("part of the volume written", TIMEOUT, || {
+        let bytes = written();
+        async move {
+            (bytes > 8 << 20)
+                .then_some(())
+                .ok_or(format!("{bytes} bytes"))
+        }
+    })
+    .await;
+    assert!(
+        target.path().join(".custody/restore.json").is_file(),
+        "the mover writes its identity first"
+    );
+    assert!(!target.path().join(".custody/manifest.jsonl").exists());
+    let id = container.trim_start_matches("containerd://");
+    ctr(&["tasks", "kill", "--signal", "SIGKILL", id]);
+    eprintln!(
+        "retried restore: killed the mover of {first} with {} bytes written",
+        written()
+    );
+
+    // Its pod failed (a failure of the moment: 137), and the Job made another.
+    let killed = await_condition(pods, &first, "failed", TIMEOUT, |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            == Some("Failed")
+    })
+    .await;
+    let code = killed
+        .status
+        .iter()
+        .flat_map(|status| status.container_statuses.iter().flatten())
+        .find_map(|container| Some(container.state.as_ref()?.terminated.as_ref()?.exit_code));
+    assert_eq!(code, Some(137), "{:?}", killed.status);
+    let second = custody_tests::eventually("the Job's next pod", TIMEOUT, || {
+        let pods = pods.clone();
+        let role = role.clone();
+        let first = first.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&role))
+                .await
+                .map_err(|error| error.to_string())?
+                .items
+                .into_iter()
+                .filter_map(|pod| pod.metadata.name)
+                .find(|name| *name != first)
+                .ok_or_else(|| "no second pod yet".to_string())
+        }
+    })
+    .await;
+    relay.set(s3::Fault::None);
+    let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    assert_eq!(volume.attempts, 1, "the same Job retried: {volume:?}");
+    eprintln!("retried restore: {second} wrote the volume; {volume:?}");
+    let (original, restored) = (tree(setup.source.path()), tree(target.path()));
+    let differing: Vec<&String> = original
+        .keys()
+        .chain(restored.keys())
+        .filter(|path| original.get(*path) != restored.get(*path))
+        .collect();
+    assert!(differing.is_empty(), "restored differs at {differing:?}");
+    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    setup.finish().await;
+}
+
 /// The node's containerd, as the kubelet uses it.
 fn ctr(args: &[&str]) -> String {
     custody_tests::run(

@@ -43,7 +43,11 @@ fn main() -> std::process::ExitCode {
             eprintln!("custody-mover: {reason}: {message}");
             let json = custody_proto::mover::failure_text(reason, message);
             mover::write_result(options.result_file.as_ref(), &json);
-            std::process::ExitCode::FAILURE
+            if reason.permanent() {
+                std::process::ExitCode::from(custody_proto::mover::EXIT_PERMANENT)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -108,6 +108,34 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
 }
 
 #[test]
+fn a_prepare_pod_killed_is_not_a_failed_volume_its_job_tries_again() {
+    let mut killed = prepare("prep-data", "data-pg-0", "Failed");
+    killed
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0]
+        .state
+        .as_mut()
+        .unwrap()
+        .terminated
+        .as_mut()
+        .unwrap()
+        .exit_code = 137;
+    let pods = [workload("data-pg-0"), killed];
+    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let volume = &view.gated["pod-uid"].volumes[0];
+    assert_eq!(volume.state, State::Restoring, "{}", volume.message);
+    assert!(
+        volume.message.contains("exit code 137") && volume.message.contains("may try again"),
+        "{}",
+        volume.message
+    );
+}
+
+#[test]
 fn a_failed_prepare_pod_names_its_exit() {
     let pods = [
         workload("data-pg-0"),

@@ -21,6 +21,16 @@ fn prepare(name: &str, phase: Phase) -> PreparePod {
         restore_uid: "restore-uid".into(),
         phase,
         message: None,
+        // The mover's permanent exit; [`transient`] is a failure of the moment.
+        permanent: phase == Phase::Failed,
+    }
+}
+
+fn transient(name: &str) -> PreparePod {
+    PreparePod {
+        permanent: false,
+        message: Some("exit code 137".into()),
+        ..prepare(name, Phase::Failed)
     }
 }
 
@@ -115,6 +125,27 @@ fn states_follow_the_prepare_pods_and_verifications() {
             verifications: &none,
             state: &prepare_failed,
             start: None,
+        },
+        Row {
+            name: "a pod failed for a reason of the moment: its Job tries again, still held",
+            prepare: vec![transient("a")],
+            verifications: &none,
+            state: &|state| *state == State::Restoring,
+            start: None,
+        },
+        Row {
+            name: "a permanent failure beside a failure of the moment: failed",
+            prepare: vec![transient("a"), prepare("b", Phase::Failed)],
+            verifications: &none,
+            state: &prepare_failed,
+            start: None,
+        },
+        Row {
+            name: "the retried pod succeeded after a failure of the moment: verified afresh",
+            prepare: vec![transient("a"), prepare("b", Phase::Succeeded)],
+            verifications: &none,
+            state: &|state| *state == State::Verifying,
+            start: Some(key("b")),
         },
         Row {
             name: "a retry after a failed pod is restoring again",

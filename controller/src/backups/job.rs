@@ -205,6 +205,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             claim: inputs.claim,
             read_only: true,
         },
+        0,
         container,
     );
     if let Some(pod) = job

@@ -246,11 +246,19 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
                 "Job {job} finished; waiting for the agent on node {node} to verify"
             )),
         ),
-        JobFact::Owned(JobState::Failed { message }) => failed(
-            status,
-            RESTORE_JOB_FAILED,
-            format!("Job {job} failed: {message}"),
-        ),
+        JobFact::Owned(JobState::Failed { message }) => {
+            // What the node's agent last saw of its pods (a retried Job's last failure).
+            let last = reported
+                .message
+                .as_deref()
+                .map(|said| format!("; the agent on node {node} last said: {said}"))
+                .unwrap_or_default();
+            failed(
+                status,
+                RESTORE_JOB_FAILED,
+                format!("Job {job} failed: {message}{last}"),
+            )
+        }
         JobFact::Missing if status.attempts == 0 && !facts.may_start => at(
             status,
             VolumeState::Pending,

@@ -62,6 +62,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
             claim: &inputs.create.claim,
             read_only: false,
         },
+        inputs.mover.restore_retries,
         container,
     )
 }

@@ -242,6 +242,67 @@ fn volume_steps() {
 }
 
 #[test]
+fn a_job_that_gave_up_after_retries_says_what_its_last_pod_did() {
+    let mut said = reported("data-db-0", "db-0", VolumeState::Restoring);
+    said.message = Some("prepareData pod p-2 failed: exit code 137 (its Job may try again)".into());
+    let previous = previous(VolumeState::Restoring, 1);
+    let step = volume(
+        &VolumeFacts {
+            claim: "data-db-0",
+            previous: Some(&previous),
+            reported: Some((&said, "node-a")),
+            job: JobFact::Owned(JobState::Failed {
+                message: "BackoffLimitExceeded: Job has reached the specified backoff limit".into(),
+            }),
+            job_problem: None,
+            may_start: true,
+        },
+        UID,
+    );
+    assert_eq!(step.status.state, VolumeState::Failed);
+    assert_eq!(step.status.reason.as_deref(), Some(RESTORE_JOB_FAILED));
+    let message = step.status.message.unwrap();
+    assert!(
+        message.contains("BackoffLimitExceeded")
+            && message.contains("node-a")
+            && message.contains("exit code 137"),
+        "{message}"
+    );
+    assert!(step.create.is_none(), "a Job that gave up is not replaced");
+}
+
+#[test]
+fn a_pod_that_does_not_start_is_named_on_its_volume() {
+    let said = reported("data-db-0", "db-0", VolumeState::Restoring);
+    let previous = previous(VolumeState::Restoring, 1);
+    let facts = |problem| VolumeFacts {
+        claim: "data-db-0",
+        previous: Some(&previous),
+        reported: Some((&said, "node-a")),
+        job: JobFact::Owned(JobState::Running),
+        job_problem: problem,
+        may_start: true,
+    };
+    let stuck = volume(
+        &facts(Some("pod p: container mover is ImagePullBackOff")),
+        UID,
+    );
+    assert_eq!(stuck.status.state, VolumeState::Restoring);
+    assert_eq!(stuck.status.reason.as_deref(), Some(JOB_POD_NOT_STARTING));
+    assert!(
+        stuck
+            .status
+            .message
+            .as_deref()
+            .is_some_and(|message| message.contains("ImagePullBackOff")),
+        "{:?}",
+        stuck.status.message
+    );
+    let fine = volume(&facts(None), UID);
+    assert_eq!(fine.status.reason, None);
+}
+
+#[test]
 fn claims_cover_every_replica_of_one_template() {
     assert_eq!(
         claims(&["data".into()], "db", 3).unwrap(),
