@@ -73,6 +73,16 @@ impl Setup {
         );
     }
 
+    /// Restarts the controller with `extra` flags besides its first ones, then the agent, so
+    /// that it reports to the new controller's report service.
+    pub fn restart_controller_with(&mut self, extra: &[&str]) {
+        self.stop_controller();
+        self.controller_flags
+            .extend(extra.iter().map(|flag| flag.to_string()));
+        self.start_controller();
+        self.restart_agent(&[], Vec::new());
+    }
+
     /// Stops the node's agent and starts it again under `wrapper` (such as
     /// `faketime -f +30s`) with `envs`, reporting as before.
     pub fn restart_agent(&mut self, wrapper: &[&str], envs: Vec<(&str, &str)>) {
@@ -430,6 +440,12 @@ pub async fn restore_into_on(
     kubelet
         .local_persistent_volume(ns, "data-shop-0", target)
         .await;
+    shop_restored_from_nightly(setup, annotations).await;
+}
+
+/// Cluster `shop` restored from Backup `nightly`, and (once its Restore exists) its
+/// StatefulSet, whose claim `data-shop-0` binds to a PersistentVolume made beforehand.
+pub async fn shop_restored_from_nightly(setup: &Setup, annotations: serde_json::Value) {
     create::<Cluster>(
         &setup.namespace.api(),
         json!({

@@ -1280,3 +1280,203 @@ async fn a_restore_reads_the_recorded_bucket_after_the_repository_moved_to_anoth
     );
     setup.finish().await;
 }
+
+/// Issue 15, item 3: the agent of the node that wrote a volume goes silent before it verified
+/// it, and the workload pod is rescheduled to another node (as with a network volume). The
+/// Restore first says `AgentNotReady`, naming the node and its last report, with a Warning;
+/// then, the pod on node b, custody runs the next prepareData attempt there: the mover finds
+/// this restore's finished output and writes nothing (the files keep their inodes), node b's
+/// agent verifies the volume, and the pod is released there. Before, the volume stayed in
+/// `Verifying` for good: the Job had succeeded, and no agent could verify it.
+///
+/// Fake kubelets: a real node cannot move a pod with its volume to a second node here.
+#[tokio::test]
+async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_node() {
+    use custody_tests::agent::{AgentArgs, AgentProcess, report_flags, report_token};
+    use custody_tests::kubelet::{FakeKubelet, LOCAL_STORAGE_CLASS, PodRunner};
+    use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+    use std::os::unix::fs::MetadataExt;
+
+    let mut setup = setup("moved").await;
+    setup.restart_controller_with(&["--agent-timeout-seconds=4"]);
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cordon = |node: String, unschedulable: bool| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let node_a = setup.kubelet.node.clone();
+    let node_b = format!("{ns}-b");
+    let ip_b = custody_tests::scenario::node_address(&node_b);
+    let kubelet_b = std::sync::Arc::new(FakeKubelet::with_address(&client, &node_b, &ip_b).await);
+    cordon(node_b.clone(), true).await;
+
+    // One volume both nodes can mount (a network volume's part, played by one directory).
+    let target = LoopVolume::new(64);
+    create::<PersistentVolume>(
+        &Api::all(client.clone()),
+        json!({
+            "metadata": {"name": format!("{ns}-data-shop-0"), "labels": {"custody.io/test": "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": LOCAL_STORAGE_CLASS,
+                "local": {"path": target.path().display().to_string()},
+                "claimRef": {"namespace": ns, "name": "data-shop-0"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_a, node_b]},
+                ]}]}},
+            },
+        }),
+    )
+    .await;
+    setup.jobs.set_running(false);
+    let workloads_a = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    custody_tests::scenario::shop_restored_from_nightly(&setup, json!({})).await;
+
+    // The prepareData Job exists on node a; its agent stops before the Job's pod runs.
+    let restores: Api<Restore> = setup.namespace.api();
+    let first = await_condition(&restores, "shop", "a Job", TIMEOUT, |restore: &Restore| {
+        restore
+            .status
+            .as_ref()
+            .is_some_and(|status| status.volumes.iter().any(|v| v.job_name.is_some()))
+    })
+    .await;
+    let job_a = first.status.unwrap().volumes[0].job_name.clone().unwrap();
+    setup.agent.stop();
+    setup.jobs.set_running(true);
+    let jobs: Api<Job> = setup.namespace.api();
+    await_condition(&jobs, &job_a, "succeeded", TIMEOUT, |job: &Job| {
+        job.status.as_ref().and_then(|status| status.succeeded) == Some(1)
+    })
+    .await;
+
+    // Node a's agent is silent: the Restore says so, naming node and last report.
+    let silent = await_condition(
+        &restores,
+        "shop",
+        "AgentNotReady",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "AgentNotReady")
+            })
+        },
+    )
+    .await;
+    let volume = silent.status.as_ref().unwrap().volumes[0].clone();
+    let message = volume.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("shop-0") && message.contains(&node_a) && message.contains("last report"),
+        "{message}"
+    );
+    assert_ne!(volume.state, VolumeState::Verified, "{volume:?}");
+    await_event(&setup, "Restore", "shop", |(kind, reason, note)| {
+        kind == "Warning" && reason == "AgentNotReady" && note.contains(&node_a)
+    })
+    .await;
+    let inodes = |root: &std::path::Path| -> Vec<(String, u64)> {
+        let mut found: Vec<(String, u64)> = tree(root)
+            .keys()
+            .filter_map(|path| {
+                let meta = std::fs::symlink_metadata(root.join(path)).ok()?;
+                Some((path.clone(), meta.ino()))
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    let written = inodes(target.path());
+    assert!(written.len() > 100, "{}", written.len());
+
+    // The pod moves to node b, where an agent runs.
+    let token_b = report_token(&client, &ns, &node_b).await;
+    let _agent_b = AgentProcess::start(
+        &kubelet_b,
+        &setup.pki,
+        AgentArgs {
+            flags: report_flags(&setup.controller, &setup.pki, token_b.path()),
+            gate: Some(
+                format!("{ip_b}:{}", names::GATE_PORT)
+                    .parse()
+                    .expect("address"),
+            ),
+            ..AgentArgs::default()
+        },
+    );
+    let _jobs_b = PodRunner::start(&client, &ns, &node_b, Default::default());
+    let workloads_b = WorkloadRunner::start(&client, &ns, kubelet_b.clone());
+    cordon(node_a.clone(), true).await;
+    cordon(node_b.clone(), false).await;
+    let pods: Api<Pod> = setup.namespace.api();
+    pods.delete("shop-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let moved = await_condition(&pods, "shop-0", "on node b", TIMEOUT, |pod: &Pod| {
+        pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(node_b.as_str())
+    })
+    .await;
+    assert!(
+        moved
+            .spec
+            .as_ref()
+            .unwrap()
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|container| container.name == names::WAIT_CONTAINER),
+        "the moved pod is held too"
+    );
+
+    let restore =
+        custody_tests::scenario::restore_reaches(&setup.namespace, "shop", RestorePhase::Completed)
+            .await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    assert_eq!(
+        volume.node_name.as_deref(),
+        Some(node_b.as_str()),
+        "{volume:?}"
+    );
+    assert_eq!(volume.attempts, 2, "{volume:?}");
+    await_event(&setup, "Restore", "shop", |(_, reason, note)| {
+        reason == "PodMoved" && note.contains(&node_a) && note.contains(&node_b)
+    })
+    .await;
+    // Nothing was written again: the files are the ones node a's Job wrote.
+    assert_eq!(inodes(target.path()), written);
+    // custody-wait on node b was released.
+    eventually("custody-wait released on node b", TIMEOUT, || {
+        let runs = workloads_b.runs();
+        async move {
+            runs.iter()
+                .find(|run| {
+                    run.pod == "shop-0"
+                        && run.container == names::WAIT_CONTAINER
+                        && run.exit_code == 0
+                })
+                .map(|_| ())
+                .ok_or_else(|| format!("{} runs", runs.len()))
+        }
+    })
+    .await;
+    drop(workloads_a);
+    drop(workloads_b);
+    setup.finish().await;
+    kubelet_b.delete().await;
+}

@@ -287,6 +287,24 @@ pub async fn restore(
             );
             extract::clear(&target).map_err(local("clearing the target"))?
         }
+        Some(_) if finished_output_of(&target, &identity, request.manifest_hash) => {
+            // Written by an earlier attempt of this restore, whose pod then moved to another
+            // node: nothing to write. The node agent verifies every file before any release.
+            eprintln!(
+                "custody-mover: the target holds the finished output of this restore ({}); nothing to write",
+                identity.restore_uid
+            );
+            let manifest = std::fs::File::open(target.join(MANIFEST_PATH))
+                .map_err(local("the written manifest"))?;
+            let (reader, _) = ManifestReader::new(BufReader::new(manifest))
+                .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+            let totals = extract::manifest_totals(reader)?;
+            return Ok(RestoreResult {
+                files: totals.files,
+                entries: totals.entries,
+                total_bytes: totals.total_bytes,
+            });
+        }
         Some(found) => return Err(extract::ExtractError::TargetNotEmpty(found).into()),
         None => {}
     }
@@ -401,6 +419,19 @@ fn unfinished_output_of(target: &Path, identity: &RestoreIdentity) -> bool {
         .ok()
         .and_then(|bytes| serde_json::from_slice::<RestoreIdentity>(&bytes).ok());
     recorded.as_ref() == Some(identity) && !target.join(MANIFEST_PATH).exists()
+}
+
+/// Whether `target` holds the finished output of this very restore: its identity names the
+/// same Restore and Backup, and the manifest it wrote last is the one the Backup recorded.
+fn finished_output_of(target: &Path, identity: &RestoreIdentity, manifest_hash: &str) -> bool {
+    let recorded = std::fs::read(target.join(IDENTITY_PATH))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<RestoreIdentity>(&bytes).ok());
+    recorded.as_ref() == Some(identity)
+        && std::fs::File::open(target.join(MANIFEST_PATH))
+            .ok()
+            .and_then(|file| manifest::hash_reader(BufReader::new(file)).ok())
+            .is_some_and(|hash| hash.to_hex().as_str() == manifest_hash)
 }
 
 async fn download_to_file(

@@ -23,13 +23,15 @@ pub const RESTORE_JOB_FAILED: &str = "RestoreJobFailed";
 pub use crate::backups::reasons::JOB_POD_NOT_STARTING;
 /// A volume's prepareData Job kept disappearing.
 pub const JOB_DELETED: &str = "JobDeleted";
+/// The volume's pod moved to another node after its volume was written, too often.
+pub const POD_MOVED: &str = "PodMoved";
 /// A Job of the name this Restore would use is someone else's.
 pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
 
 /// The condition reason for a volume's failure: one of the restore reconciler's own, or a
 /// [`VolumeFailure`] an agent reported (one this build does not know reads as its fallback).
 pub fn condition_reason(reason: &str) -> &'static str {
-    [RESTORE_JOB_FAILED, JOB_DELETED, JOB_NAME_TAKEN]
+    [RESTORE_JOB_FAILED, JOB_DELETED, JOB_NAME_TAKEN, POD_MOVED]
         .into_iter()
         .find(|own| *own == reason)
         .unwrap_or_else(|| VolumeFailure::parse(reason).as_str())
@@ -126,6 +128,8 @@ pub struct VolumeFacts<'a> {
     pub job: JobFact,
     /// Why that Job's pod does not start, while it runs.
     pub job_problem: Option<&'a str>,
+    /// The node that Job's pod is pinned to.
+    pub job_node: Option<&'a str>,
     /// Whether the volume may get its first Job now (see [`may_start`]).
     pub may_start: bool,
 }
@@ -138,6 +142,9 @@ pub struct VolumeStep {
     pub create: Option<CreateJob>,
     /// A Job of this Restore disappeared and is being recreated.
     pub recreated: bool,
+    /// The volume was written on this node, and its pod now runs on another: the next
+    /// attempt's Job runs there.
+    pub moved_from: Option<String>,
 }
 
 fn failed(mut status: VolumeRestoreStatus, reason: &str, message: String) -> VolumeStep {
@@ -148,6 +155,7 @@ fn failed(mut status: VolumeRestoreStatus, reason: &str, message: String) -> Vol
         status,
         create: None,
         recreated: false,
+        moved_from: None,
     }
 }
 
@@ -159,6 +167,7 @@ fn at(mut status: VolumeRestoreStatus, state: VolumeState, message: Option<Strin
         status,
         create: None,
         recreated: false,
+        moved_from: None,
     }
 }
 
@@ -177,6 +186,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
             status,
             create: None,
             recreated: false,
+            moved_from: None,
         };
     }
     let Some((reported, node)) = facts.reported else {
@@ -239,6 +249,44 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
                 step
             }
         },
+        // The volume was written on another node, and the pod now runs here (a network volume
+        // follows its pod): only this node's agent can verify it for this pod, and it sees no
+        // prepareData pod of its own. The next attempt runs here; the mover finds this
+        // restore's finished output and writes nothing, and this node's agent verifies it.
+        JobFact::Owned(JobState::Succeeded)
+            if facts.job_node.is_some_and(|wrote| wrote != node) =>
+        {
+            let wrote = facts.job_node.unwrap_or_default().to_string();
+            let pod = reported.pod_name.clone();
+            if status.attempts >= MAX_ATTEMPTS {
+                return failed(
+                    status,
+                    POD_MOVED,
+                    format!(
+                        "pod {pod} now runs on node {node}, but Job {job} wrote its volume on node {wrote} and no attempt is left ({MAX_ATTEMPTS}) to check it on node {node}"
+                    ),
+                );
+            }
+            let attempt = status.attempts + 1;
+            let name = job_name(facts.claim, restore_uid, attempt);
+            status.attempts = attempt;
+            status.job_name = Some(name.clone());
+            let mut step = at(
+                status,
+                VolumeState::Restoring,
+                Some(format!(
+                    "pod {pod} moved to node {node} after Job {job} wrote its volume on node {wrote}; Job {name} (attempt {attempt} of {MAX_ATTEMPTS}) checks it on node {node}, where the agent verifies it"
+                )),
+            );
+            step.create = Some(CreateJob {
+                claim: facts.claim.to_string(),
+                node: node.to_string(),
+                name,
+                attempt,
+            });
+            step.moved_from = Some(wrote);
+            step
+        }
         JobFact::Owned(JobState::Succeeded) => at(
             status,
             VolumeState::Verifying,

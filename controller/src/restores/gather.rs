@@ -102,6 +102,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         nodes,
         workload_pods: BTreeMap::new(),
         job_problems: BTreeMap::new(),
+        job_nodes: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -201,6 +202,12 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
             Some(job) if decide::owned_job(job, &uid) => JobFact::Owned(job_state(job)),
             Some(_) => JobFact::Foreign,
         };
+        if let Some(node) = job
+            .as_ref()
+            .and_then(|job| job.spec.as_ref()?.template.spec.as_ref()?.node_name.clone())
+        {
+            facts.job_nodes.insert(name.clone(), node);
+        }
         if fact == JobFact::Owned(JobState::Running)
             && let Some(problem) =
                 crate::mover_job::start_problem(client, &namespace, name, job.as_ref()).await?

@@ -56,6 +56,8 @@ pub struct Facts {
     /// Why a running Job of these has no pod that starts, by Job name (an image that cannot
     /// be pulled, a pod the scheduler cannot place, a pod Pod Security refused to create).
     pub job_problems: BTreeMap<String, String>,
+    /// The node each of these Jobs' pods is pinned to, by Job name.
+    pub job_nodes: BTreeMap<String, String>,
     /// The pods the agents report under this Restore.
     pub pods: Vec<Pod>,
     /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
@@ -332,6 +334,10 @@ pub fn plan(facts: &Facts) -> Plan {
                 .and_then(|volume| volume.job_name.as_ref())
                 .and_then(|name| facts.job_problems.get(name))
                 .map(String::as_str),
+            job_node: previous
+                .and_then(|volume| volume.job_name.as_ref())
+                .and_then(|name| facts.job_nodes.get(name))
+                .map(String::as_str),
             may_start: decide::may_start(restore.spec.volume_restore_policy, &steps),
         };
         let mut step = decide::volume(&volume, &uid);
@@ -345,6 +351,7 @@ pub fn plan(facts: &Facts) -> Plan {
                 },
                 create: None,
                 recreated: false,
+                moved_from: None,
             };
         }
         steps.push(step);
@@ -365,7 +372,19 @@ pub fn plan(facts: &Facts) -> Plan {
             repository,
             mover: &facts.mover,
         }));
-        events.push(if step.recreated {
+        events.push(if let Some(wrote) = &step.moved_from {
+            Note::normal(
+                decide::POD_MOVED,
+                format!(
+                    "the pod of claim {} moved from node {wrote}, where its volume was written, to node {}; Job {} checks it there (attempt {} of {})",
+                    create.claim,
+                    create.node,
+                    create.name,
+                    create.attempt,
+                    decide::MAX_ATTEMPTS
+                ),
+            )
+        } else if step.recreated {
             Note::warning(
                 "JobRecreated",
                 format!(

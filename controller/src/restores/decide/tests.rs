@@ -206,6 +206,7 @@ fn volume_steps() {
             reported: report.as_ref().map(|report| (report, "node-a")),
             job,
             job_problem: None,
+            job_node: None,
             may_start,
         };
         let step = volume(&facts, UID);
@@ -255,6 +256,7 @@ fn a_job_that_gave_up_after_retries_says_what_its_last_pod_did() {
                 message: "BackoffLimitExceeded: Job has reached the specified backoff limit".into(),
             }),
             job_problem: None,
+            job_node: None,
             may_start: true,
         },
         UID,
@@ -272,6 +274,47 @@ fn a_job_that_gave_up_after_retries_says_what_its_last_pod_did() {
 }
 
 #[test]
+fn a_pod_moved_after_its_volume_was_written_gets_the_next_attempt_on_its_new_node() {
+    let said = reported("data-db-0", "db-0", VolumeState::Pending);
+    let facts = |previous: &VolumeRestoreStatus, wrote: &'static str| {
+        volume(
+            &VolumeFacts {
+                claim: "data-db-0",
+                previous: Some(previous),
+                reported: Some((&said, "node-b")),
+                job: JobFact::Owned(JobState::Succeeded),
+                job_problem: None,
+                job_node: Some(wrote),
+                may_start: true,
+            },
+            UID,
+        )
+    };
+    // Written on node-a, the pod now on node-b: attempt 2 on node-b.
+    let moved = facts(&previous(VolumeState::Verifying, 1), "node-a");
+    assert_eq!(moved.status.state, VolumeState::Restoring);
+    let create = moved.create.expect("the next attempt");
+    assert_eq!((create.node.as_str(), create.attempt), ("node-b", 2));
+    assert_eq!(moved.status.job_name.as_deref(), Some(create.name.as_str()));
+    assert_eq!(moved.moved_from.as_deref(), Some("node-a"));
+    assert!(!moved.recreated);
+    let message = moved.status.message.unwrap();
+    assert!(
+        message.contains("node-a") && message.contains("node-b") && message.contains("db-0"),
+        "{message}"
+    );
+    // Written on the node the pod runs on: the agent there verifies; nothing new.
+    let here = facts(&previous(VolumeState::Restoring, 1), "node-b");
+    assert_eq!(here.status.state, VolumeState::Verifying);
+    assert!(here.create.is_none() && here.moved_from.is_none());
+    // No attempt left: failed, saying why.
+    let exhausted = facts(&previous(VolumeState::Verifying, MAX_ATTEMPTS), "node-a");
+    assert_eq!(exhausted.status.state, VolumeState::Failed);
+    assert_eq!(exhausted.status.reason.as_deref(), Some(POD_MOVED));
+    assert!(exhausted.create.is_none());
+}
+
+#[test]
 fn a_pod_that_does_not_start_is_named_on_its_volume() {
     let said = reported("data-db-0", "db-0", VolumeState::Restoring);
     let previous = previous(VolumeState::Restoring, 1);
@@ -281,6 +324,7 @@ fn a_pod_that_does_not_start_is_named_on_its_volume() {
         reported: Some((&said, "node-a")),
         job: JobFact::Owned(JobState::Running),
         job_problem: problem,
+        job_node: None,
         may_start: true,
     };
     let stuck = volume(
@@ -345,6 +389,7 @@ fn step(state: VolumeState) -> VolumeStep {
         },
         create: None,
         recreated: false,
+        moved_from: None,
     }
 }
 

@@ -160,6 +160,7 @@ fn facts() -> Facts {
         .into(),
         workload_pods: BTreeMap::new(),
         job_problems: BTreeMap::new(),
+        job_nodes: BTreeMap::new(),
     }
 }
 
