@@ -446,6 +446,16 @@ pub async fn restore_into_on(
 /// Cluster `shop` restored from Backup `nightly`, and (once its Restore exists) its
 /// StatefulSet, whose claim `data-shop-0` binds to a PersistentVolume made beforehand.
 pub async fn shop_restored_from_nightly(setup: &Setup, annotations: serde_json::Value) {
+    shop_of_replicas_restored_from_nightly(setup, annotations, 1).await
+}
+
+/// [`shop_restored_from_nightly`] with `replicas` pods, started in parallel (claims
+/// `data-shop-<ordinal>`).
+pub async fn shop_of_replicas_restored_from_nightly(
+    setup: &Setup,
+    annotations: serde_json::Value,
+    replicas: i32,
+) {
     create::<Cluster>(
         &setup.namespace.api(),
         json!({
@@ -467,7 +477,8 @@ pub async fn shop_restored_from_nightly(setup: &Setup, annotations: serde_json::
     create::<StatefulSet>(&setup.namespace.api(), json!({
         "metadata": {"name": "shop"},
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
             "serviceName": "shop",
             "selector": {"matchLabels": {"app": "shop"}},
             "template": {

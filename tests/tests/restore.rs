@@ -1480,3 +1480,98 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     setup.finish().await;
     kubelet_b.delete().await;
 }
+
+/// The agent's count of bytes its verifications read and hashed.
+fn verified_bytes(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("custody_agent_verified_bytes_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 15, item 1 (c): an agent rollout over 20 restored volumes reads none of them. Twenty
+/// pods of one StatefulSet are restored and verified (the figures of that first agent are
+/// printed), the agent starts again with nothing in memory (what a DaemonSet rollout does),
+/// and every pod's `custody-wait` runs again (a node reboot): all 20 are released, the new
+/// agent finished no verification and hashed no byte, and its NodeAgent counts 20 verified
+/// volumes and none failed.
+#[tokio::test]
+async fn an_agent_rollout_over_twenty_restored_volumes_reads_none_of_them() {
+    const PODS: i32 = 20;
+    let mut setup = setup("rollout").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let mut targets = Vec::new();
+    for ordinal in 0..PODS {
+        let target = LoopVolume::new(16);
+        setup
+            .kubelet
+            .local_persistent_volume(&ns, &format!("data-shop-{ordinal}"), target.path())
+            .await;
+        targets.push(target);
+    }
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    let started = std::time::Instant::now();
+    custody_tests::scenario::shop_of_replicas_restored_from_nightly(&setup, json!({}), PODS).await;
+    let restore =
+        custody_tests::scenario::restore_reaches(&setup.namespace, "shop", RestorePhase::Completed)
+            .await;
+    let restored_in = started.elapsed();
+    assert_eq!(
+        restore.status.as_ref().unwrap().progress.as_deref(),
+        Some("20/20 verified")
+    );
+    let first = setup.agent.metrics();
+    let (first_verifications, first_bytes) =
+        (verifications_finished(&first), verified_bytes(&first));
+    assert_eq!(first_verifications, 20, "{first}");
+    assert!(first_bytes > 20 * (3 << 20), "{first_bytes}");
+
+    // The rollout: a new agent, nothing in memory.
+    setup.restart_agent(&[], vec![]);
+    let pods: Api<Pod> = setup.namespace.api();
+    let mut waits = Vec::new();
+    let asked = std::time::Instant::now();
+    for ordinal in 0..PODS {
+        let pod = pods.get(&format!("shop-{ordinal}")).await.unwrap();
+        let token = custody_tests::kubelet::pod_token(&client, &pod, names::GATE_AUDIENCE).await;
+        waits.push(custody_tests::agent::WaitProcess::start(
+            &setup.agent,
+            &setup.pki,
+            &token,
+        ));
+    }
+    for wait in &mut waits {
+        let exit = wait.await_exit(Duration::from_secs(30));
+        assert!(exit.success(), "held again: {:?}", wait.output.all());
+    }
+    let released_in = asked.elapsed();
+    let after = setup.agent.metrics();
+    assert_eq!(verifications_finished(&after), 0, "{after}");
+    assert_eq!(verified_bytes(&after), 0, "{after}");
+    let agents: Api<NodeAgent> = Api::all(client.clone());
+    let agent = await_condition(
+        &agents,
+        &setup.kubelet.node,
+        "20 volumes reported verified",
+        TIMEOUT,
+        |agent: &NodeAgent| {
+            agent
+                .status
+                .as_ref()
+                .and_then(|status| status.volumes.as_ref())
+                .is_some_and(|volumes| volumes.verified == 20)
+        },
+    )
+    .await;
+    assert_eq!(agent.status.unwrap().volumes.unwrap().failed, 0);
+    eprintln!(
+        "agent rollout over {PODS} restored volumes: first agent {first_verifications} verifications, {first_bytes} bytes hashed (restore of all {PODS}: {:.1} s); after the rollout 0 verifications, 0 bytes, all {PODS} custody-waits released in {} ms",
+        restored_in.as_secs_f64(),
+        released_in.as_millis()
+    );
+    drop(workloads);
+    setup.finish().await;
+    drop(targets);
+}
