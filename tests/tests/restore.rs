@@ -1575,3 +1575,135 @@ async fn an_agent_rollout_over_twenty_restored_volumes_reads_none_of_them() {
     setup.finish().await;
     drop(targets);
 }
+
+/// Issue 15, item 3, the restore side: a prepareData Job whose pod never runs (held here, as
+/// an image that cannot be pulled would hold it) fails its volume at the Job's deadline with
+/// the Job's reason, the Restore fails, and the Cluster's Lease is free again.
+#[tokio::test]
+async fn a_restore_whose_job_pod_never_runs_fails_at_the_deadline_and_frees_the_cluster() {
+    let mut setup = setup("rdeadline").await;
+    setup.restart_controller_with(&["--job-deadline-seconds=3"]);
+    setup.jobs.set_running(false);
+    let target = LoopVolume::new(16);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(
+        &setup.namespace.client,
+        &setup.namespace.name,
+        setup.kubelet.clone(),
+    );
+    let failed =
+        custody_tests::scenario::restore_reaches(&setup.namespace, "shop", RestorePhase::Failed)
+            .await;
+    let volume = &failed.status.as_ref().unwrap().volumes[0];
+    assert_eq!(
+        volume.reason.as_deref(),
+        Some("RestoreJobFailed"),
+        "{volume:?}"
+    );
+    assert!(
+        volume
+            .message
+            .as_deref()
+            .is_some_and(|message| message.contains("DeadlineExceeded")),
+        "{volume:?}"
+    );
+    let cluster_uid = setup
+        .namespace
+        .api::<Cluster>()
+        .get("shop")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let leases = setup
+        .namespace
+        .api::<k8s_openapi::api::coordination::v1::Lease>();
+    let name = format!("custody-run-{cluster_uid}");
+    eventually("the Cluster's Lease given back", TIMEOUT, || {
+        let (leases, name) = (leases.clone(), name.clone());
+        async move {
+            let holder = leases
+                .get_opt(&name)
+                .await
+                .map_err(|error| error.to_string())?
+                .and_then(|lease| lease.spec)
+                .and_then(|spec| spec.holder_identity);
+            match holder {
+                None => Ok(()),
+                Some(holder) => Err(format!("held by {holder}")),
+            }
+        }
+    })
+    .await;
+    drop(workloads);
+    setup.finish().await;
+}
+
+/// Issue 15, item 2: a Cluster under restore whose StatefulSet's pod template lacks the
+/// `custody.io/cluster` label (so its pods would never be held) says so, naming the label,
+/// with a Warning.
+#[tokio::test]
+async fn a_cluster_whose_pod_template_lacks_the_label_is_not_ready_and_says_which() {
+    let setup = setup("unlabelled").await;
+    create::<Cluster>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "shop"},
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                     "restore": {"backupRef": {"name": "nightly"}}},
+        }),
+    )
+    .await;
+    create::<StatefulSet>(
+        &setup.namespace.api(),
+        json!({
+            "metadata": {"name": "shop"},
+            "spec": {
+                "replicas": 1,
+                "serviceName": "shop",
+                "selector": {"matchLabels": {"app": "shop"}},
+                "template": {
+                    "metadata": {"labels": {"app": "shop"}},
+                    "spec": {"containers": [{"name": "db", "image": "registry.invalid/db:16"}]},
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": {"name": "data"},
+                    "spec": {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "64Mi"}}},
+                }],
+            },
+        }),
+    )
+    .await;
+    let clusters: Api<Cluster> = setup.namespace.api();
+    let cluster = await_condition(
+        &clusters,
+        "shop",
+        "PodTemplateNotLabelled",
+        TIMEOUT,
+        |cluster: &Cluster| {
+            cluster.conditions().iter().any(|c| {
+                c.type_ == "Ready" && c.status == "False" && c.reason == "PodTemplateNotLabelled"
+            })
+        },
+    )
+    .await;
+    let ready = cluster
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert!(
+        ready.message.contains("custody.io/cluster"),
+        "{}",
+        ready.message
+    );
+    await_event(&setup, "Cluster", "shop", |(kind, reason, _)| {
+        kind == "Warning" && reason == "PodTemplateNotLabelled"
+    })
+    .await;
+    setup.finish().await;
+}
