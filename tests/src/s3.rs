@@ -276,6 +276,9 @@ pub enum Fault {
     /// Relays uploads at most this many bytes per second (per connection), as a slow link
     /// does; answers at full speed.
     Throttle(u64),
+    /// Relays answers (downloads) at most this many bytes per second (per connection);
+    /// uploads at full speed.
+    ThrottleDownloads(u64),
     /// Stalls a connection whose first request writes (`PUT`, `POST`: an upload), relays the
     /// others (a bucket check, a listing) as [`Fault::None`] does.
     StallWrites,
@@ -384,6 +387,37 @@ fn pipe_limited(
     let _ = upload.join();
 }
 
+/// Relays requests as they come and answers at most `rate` bytes per second.
+fn pipe_paced_answers(mut client: std::net::TcpStream, upstream: &str, rate: u64) {
+    use std::io::{Read, Write};
+    let Ok(mut server) = std::net::TcpStream::connect(upstream) else {
+        return;
+    };
+    let (Ok(mut client_reader), Ok(mut server_writer)) = (client.try_clone(), server.try_clone())
+    else {
+        return;
+    };
+    let requests = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut client_reader, &mut server_writer);
+        let _ = server_writer.shutdown(std::net::Shutdown::Write);
+    });
+    let started = Instant::now();
+    let (mut sent, mut chunk) = (0u64, vec![0u8; 16 << 10]);
+    while let Ok(read) = server.read(&mut chunk) {
+        if read == 0 || client.write_all(&chunk[..read]).is_err() {
+            break;
+        }
+        sent += read as u64;
+        let due = Duration::from_secs_f64(sent as f64 / rate.max(1) as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    let _ = server.shutdown(std::net::Shutdown::Both);
+    let _ = requests.join();
+}
+
 /// Holds the connection, answering nothing, while `fault` is in force (at most 5 minutes).
 fn stall(fault: Fault, current: &std::sync::Mutex<Fault>) {
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -403,6 +437,7 @@ fn relay(
         Fault::None => pipe(client, upstream, None),
         Fault::CutEvery(limit) => pipe(client, upstream, Some(limit)),
         Fault::Throttle(rate) => pipe_limited(client, upstream, None, Some(rate)),
+        Fault::ThrottleDownloads(rate) => pipe_paced_answers(client, upstream, rate),
         Fault::Unavailable => {
             // Read the request head, then answer as an overloaded S3 server.
             let mut head = Vec::new();

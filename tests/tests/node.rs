@@ -29,8 +29,28 @@ const NAMESPACE: &str = "custody-system";
 
 /// custody installed from `deploy/`; removed again (all but the CRDs, the namespace and its
 /// Secrets, which other tiers share) when dropped, so that its cluster-wide webhook outlives
-/// no test.
-struct Installed;
+/// no test. `helm`: installed with the Helm chart instead (by a test that holds the agents
+/// exclusively, so no other test uses an install meanwhile), uninstalled when dropped.
+struct Installed {
+    helm: bool,
+}
+
+/// What `kubectl apply -k deploy/` makes besides the CRDs and the namespace, as `kind/name`
+/// (namespaced ones in custody-system): a Helm release cannot adopt objects it did not make.
+const INSTALLED: &[&str] = &[
+    "serviceaccount/custody-controller",
+    "serviceaccount/custody-agent",
+    "role/custody-controller",
+    "rolebinding/custody-controller",
+    "service/custody-controller",
+    "deployment/custody-controller",
+    "daemonset/custody-agent",
+    "clusterrole/custody-controller",
+    "clusterrole/custody-agent",
+    "clusterrolebinding/custody-controller",
+    "clusterrolebinding/custody-agent",
+    "mutatingwebhookconfiguration/custody-restore-gate",
+];
 
 /// Tests under way that use the install (they run in parallel; the last one removes it).
 static USERS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
@@ -41,7 +61,7 @@ impl Installed {
         let mut users = USERS.lock().expect("not poisoned");
         *users += 1;
         if *users > 1 {
-            return Installed;
+            return Installed { helm: false };
         }
         hack("tls-secrets.sh", &[]);
         let deploy = repo_root().join("deploy");
@@ -52,12 +72,65 @@ impl Installed {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        Installed
+        Installed { helm: false }
     }
+
+    /// Installs with the chart, as `helm install custody deploy/helm/custody -n
+    /// custody-system` (the images are the chart's defaults, the tags `deploy/` names).
+    fn helm() -> Installed {
+        assert_eq!(
+            *USERS.lock().expect("not poisoned"),
+            0,
+            "an install is in use"
+        );
+        hack("tls-secrets.sh", &[]);
+        let mut args = vec!["-n", NAMESPACE, "delete", "--ignore-not-found"];
+        args.extend(INSTALLED);
+        let output = kubectl(&args);
+        assert!(output.status.success(), "{output:?}");
+        let chart = repo_root().join("deploy/helm/custody");
+        let output = helm(&[
+            "install",
+            "custody",
+            chart.to_str().expect("utf-8 path"),
+            "--namespace",
+            NAMESPACE,
+        ]);
+        assert!(output.status.success(), "helm install failed: {output:?}");
+        Installed { helm: true }
+    }
+}
+
+/// Runs the helm hack/build-helm.sh builds, against the local control plane.
+fn helm(args: &[&str]) -> std::process::Output {
+    let built = std::process::Command::new(repo_root().join("hack/build-helm.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("running hack/build-helm.sh");
+    assert!(built.status.success(), "hack/build-helm.sh failed");
+    let binary = String::from_utf8(built.stdout)
+        .expect("utf-8")
+        .lines()
+        .last()
+        .expect("the helm binary")
+        .trim()
+        .to_string();
+    std::process::Command::new(binary)
+        .arg(format!(
+            "--kubeconfig={}",
+            custody_tests::control_plane().display()
+        ))
+        .args(args)
+        .output()
+        .expect("running helm")
 }
 
 impl Drop for Installed {
     fn drop(&mut self) {
+        if self.helm {
+            let _ = helm(&["uninstall", "custody", "--namespace", NAMESPACE, "--wait"]);
+            return;
+        }
         let mut users = USERS.lock().expect("not poisoned");
         *users -= 1;
         if *users > 0 {
@@ -117,6 +190,7 @@ async fn running(client: &kube::Client) {
 
 #[tokio::test]
 async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_through_the_service() {
+    let _agents = AGENTS.read().await;
     let node = real_node();
     let _installed = Installed::apply();
     let client = client().await;
@@ -305,6 +379,23 @@ async fn backed_up(prefix: &str) -> BackedUp {
 async fn backed_up_with(prefix: &str, agents: Agents) -> BackedUp {
     let node = real_node();
     let installed = Installed::apply();
+    backed_up_on(prefix, agents, installed, node).await
+}
+
+/// custody installed with its Helm chart (the test runs alone), then as [`backed_up`].
+async fn backed_up_by_helm(prefix: &str) -> BackedUp {
+    let agents = Agents::Exclusive(AGENTS.write().await);
+    let node = real_node();
+    let installed = Installed::helm();
+    backed_up_on(prefix, agents, installed, node).await
+}
+
+async fn backed_up_on(
+    prefix: &str,
+    agents: Agents,
+    installed: Installed,
+    node: &'static str,
+) -> BackedUp {
     let client = client().await;
     running(&client).await;
     let namespace = TestNamespace::create(prefix).await;
@@ -378,6 +469,62 @@ impl BackedUp {
         )
         .await;
         create::<StatefulSet>(&namespace.api(), statefulset("shop")).await;
+    }
+
+    /// Moves the repository's endpoint behind a relay that answers at 2 MB/s, so that a
+    /// restore of the Backup (45 MB) takes about 20 s: something can happen while it writes.
+    async fn slow_repository(&self) -> s3::FaultyLink {
+        let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
+        let relay = s3::FaultyLink::start_on(&host, s3::shared());
+        relay.set(s3::Fault::ThrottleDownloads(2_000_000));
+        self.namespace
+            .api::<custody_kube::api::BackupRepository>()
+            .patch(
+                "store",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"endpoint": relay.url}})),
+            )
+            .await
+            .unwrap();
+        relay
+    }
+
+    /// The name of a running prepareData pod and its mover's container ID, once there is one.
+    async fn running_mover(&self) -> (String, String) {
+        let role = format!(
+            "{}={}",
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_PREPARE_DATA
+        );
+        custody_tests::eventually("a running mover", TIMEOUT, || {
+            let pods = self.pods.clone();
+            let role = role.clone();
+            async move {
+                pods.list(&ListParams::default().labels(&role))
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .items
+                    .into_iter()
+                    .find_map(|pod| {
+                        let container = pod
+                            .status
+                            .iter()
+                            .flat_map(|status| status.container_statuses.iter().flatten())
+                            .find(|container| {
+                                container.name == "mover"
+                                    && container
+                                        .state
+                                        .as_ref()
+                                        .is_some_and(|state| state.running.is_some())
+                            })?
+                            .container_id
+                            .clone()?;
+                        Some((pod.metadata.name.clone()?, container))
+                    })
+                    .ok_or_else(|| "no running mover yet".to_string())
+            }
+        })
+        .await
     }
 
     /// Deletes the namespace and the PersistentVolumes made for it.
@@ -694,18 +841,7 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
  {
     let setup = backed_up("retried").await;
     let (namespace, pods) = (&setup.namespace, &setup.pods);
-    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
-    let relay = s3::FaultyLink::start_on(&host, s3::shared());
-    relay.set(s3::Fault::Throttle(2_000_000));
-    namespace
-        .api::<custody_kube::api::BackupRepository>()
-        .patch(
-            "store",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"endpoint": relay.url}})),
-        )
-        .await
-        .unwrap();
+    let relay = setup.slow_repository().await;
     let target = LoopVolume::new(64);
     setup.restore_shop(target.path()).await;
 
@@ -715,33 +851,7 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
         custody_proto::names::LABEL_ROLE,
         custody_proto::names::ROLE_PREPARE_DATA
     );
-    let running_mover = |pod: &Pod| {
-        pod.status
-            .iter()
-            .flat_map(|status| status.container_statuses.iter().flatten())
-            .find(|container| {
-                container.name == "mover"
-                    && container
-                        .state
-                        .as_ref()
-                        .is_some_and(|state| state.running.is_some())
-            })
-            .and_then(|container| container.container_id.clone())
-    };
-    let (first, container) = custody_tests::eventually("the mover running", TIMEOUT, || {
-        let pods = pods.clone();
-        let role = role.clone();
-        async move {
-            pods.list(&ListParams::default().labels(&role))
-                .await
-                .map_err(|error| error.to_string())?
-                .items
-                .into_iter()
-                .find_map(|pod| Some((pod.metadata.name.clone()?, running_mover(&pod)?)))
-                .ok_or_else(|| "no running mover yet".to_string())
-        }
-    })
-    .await;
+    let (first, container) = setup.running_mover().await;
     let written = || {
         let output = std::process::Command::new("du")
             .args(["-sb", target.path().to_str().unwrap()])
@@ -827,6 +937,196 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
         })
     })
     .await;
+    setup.finish().await;
+}
+
+/// #13, on the real node: the agent DaemonSet is rolled out while a restore writes its volume.
+/// The new agent pod, with nothing in memory, takes the restore over (the prepareData pod it
+/// did not see start, the volume it never saw written) and verifies it; the pod, held all
+/// along, is released, and the Restore completes with the new agent's word.
+#[tokio::test]
+async fn on_a_real_node_an_agent_rollout_during_a_restore_is_taken_over_by_the_new_agent() {
+    let setup = backed_up_with("rollout", Agents::Exclusive(AGENTS.write().await)).await;
+    let (namespace, pods) = (&setup.namespace, &setup.pods);
+    let _relay = setup.slow_repository().await;
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let (mover, _) = setup.running_mover().await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(setup.client.clone(), NAMESPACE);
+    let before = daemonsets
+        .get("custody-agent")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let output = kubectl(&[
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "restart",
+        "daemonset/custody-agent",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let output = kubectl(&[
+        "-n",
+        NAMESPACE,
+        "rollout",
+        "status",
+        "daemonset/custody-agent",
+        "--timeout=120s",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let after = daemonsets.get("custody-agent").await.unwrap();
+    assert!(after.metadata.generation > before, "rolled out");
+    // The mover was still writing when the new agent started.
+    let writing = pods.get(&mover).await.unwrap();
+    assert_ne!(
+        writing
+            .status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref()),
+        Some("Succeeded"),
+        "the restore finished before the rollout: the test proves nothing"
+    );
+    let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    let (original, restored) = (tree(setup.source.path()), tree(target.path()));
+    assert_eq!(original, restored);
+    setup.finish().await;
+}
+
+/// #13, on the real node: deleting the Cluster while its restore writes the volume cancels
+/// it. The Cluster deletes its Restore, the Restore its prepareData Job (the mover's pod goes),
+/// and both go away; what the user made (the StatefulSet, its pod, the claim) stays, and the
+/// pod, never released, has not started its application on the half-written volume.
+#[tokio::test]
+async fn on_a_real_node_deleting_the_cluster_cancels_its_restore_and_leaves_the_pod_held() {
+    let setup = backed_up("cancel").await;
+    let (namespace, pods) = (&setup.namespace, &setup.pods);
+    let _relay = setup.slow_repository().await;
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let (mover, _) = setup.running_mover().await;
+    namespace
+        .api::<Cluster>()
+        .delete("shop", &Default::default())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    gone(&namespace.api::<Cluster>(), "shop").await;
+    gone(&namespace.api::<Restore>(), "shop").await;
+    gone(pods, &mover).await;
+    eprintln!(
+        "cancel: Cluster, Restore and the mover's pod gone {:.1} s after the Cluster's deletion",
+        started.elapsed().as_secs_f64()
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = namespace.api();
+    let left = jobs
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            custody_proto::names::LABEL_ROLE,
+            custody_proto::names::ROLE_PREPARE_DATA
+        )))
+        .await
+        .unwrap()
+        .items;
+    assert!(left.is_empty(), "{left:?}");
+    // The user's objects stay; the pod is still held in Init.
+    namespace
+        .api::<StatefulSet>()
+        .get("shop")
+        .await
+        .expect("the StatefulSet stays");
+    namespace
+        .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .get("data-shop-0")
+        .await
+        .expect("the claim stays");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pod = pods.get("shop-0").await.unwrap();
+    let status = pod.status.as_ref().unwrap();
+    assert!(
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .all(|container| container
+                .state
+                .as_ref()
+                .is_none_or(|state| state.running.is_none())),
+        "the application started: {:?}",
+        status.container_statuses
+    );
+    assert!(
+        !target.path().join(".custody/manifest.jsonl").exists(),
+        "the restore was not finished"
+    );
+    setup.finish().await;
+}
+
+/// #13: custody installed with its Helm chart (`helm install custody deploy/helm/custody -n
+/// custody-system`, the chart written from `deploy/` by hack/gen-chart.sh) backs up and
+/// restores verified on the real node, as when installed with kustomize; `helm uninstall`
+/// removes what it installed.
+#[tokio::test]
+async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified() {
+    let setup = backed_up_by_helm("helm").await;
+    let (namespace, pods) = (&setup.namespace, &setup.pods);
+    let deployment: Api<Deployment> = Api::namespaced(setup.client.clone(), NAMESPACE);
+    let managed = deployment.get("custody-controller").await.unwrap();
+    assert_eq!(
+        managed
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("app.kubernetes.io/managed-by"))
+            .map(String::as_str),
+        Some("Helm"),
+        "{:?}",
+        managed.metadata.labels
+    );
+    assert_eq!(
+        managed
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get("meta.helm.sh/release-name"))
+            .map(String::as_str),
+        Some("custody")
+    );
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
+    assert_eq!(
+        restore.status.as_ref().unwrap().volumes[0].state,
+        VolumeState::Verified
+    );
+    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    let listed = helm(&["list", "--namespace", NAMESPACE, "--short"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("custody"),
+        "{listed:?}"
+    );
     setup.finish().await;
 }
 
@@ -1197,8 +1497,9 @@ async fn finish_postgres(client: &kube::Client, namespace: TestNamespace) {
 /// reached directly or, `throttled`, through a relay limited to 3 MB/s (so that reading a
 /// volume spans many seconds of the application's writes).
 struct Stage {
-    _agents: tokio::sync::RwLockReadGuard<'static, ()>,
+    // Dropped in this order: the install is given back before the agents' lock.
     _installed: Installed,
+    _agents: tokio::sync::RwLockReadGuard<'static, ()>,
     _relay: Option<s3::FaultyLink>,
     node: &'static str,
     client: kube::Client,
@@ -1272,7 +1573,7 @@ async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answe
     // Stopped: the StatefulSet scaled to 0, PostgreSQL shut down cleanly; then backed up.
     let output = kubectl(&["-n", &ns, "scale", "statefulset/orders", "--replicas=0"]);
     assert!(output.status.success(), "{output:?}");
-    gone(&namespace.api(), "orders-0").await;
+    gone(&namespace.api::<Pod>(), "orders-0").await;
     nightly_completed(&namespace).await;
     let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
     let status = nightly.status.unwrap();
@@ -1503,12 +1804,15 @@ async fn consistent(namespace: &TestNamespace, scale: u32) -> String {
     sums
 }
 
-/// Waits until pod `name` is gone.
-async fn gone(pods: &Api<Pod>, name: &str) {
+/// Waits until object `name` (a pod, a Cluster, ...) is gone.
+async fn gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
     custody_tests::eventually(&format!("{name} gone"), TIMEOUT, || {
-        let (pods, name) = (pods.clone(), name.to_string());
+        let (api, name) = (api.clone(), name.to_string());
         async move {
-            match pods.get_opt(&name).await {
+            match api.get_opt(&name).await {
                 Ok(None) => Ok(()),
                 Ok(Some(_)) => Err("still there".to_string()),
                 Err(error) => Err(error.to_string()),
