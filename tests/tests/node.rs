@@ -256,6 +256,32 @@ async fn on_a_real_node_custody_installs_from_deploy_and_its_agent_reports_throu
     let status = agent.status.unwrap();
     assert_eq!(status.agent_version.as_deref(), Some("0.1.0"));
 
+    // Memory of both as real pods, idle (no restore, no backup), from their processes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (app, limit_mib) in [("custody-agent", 128), ("custody-controller", 512)] {
+        let pod = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={app}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|pod| pod.metadata.deletion_timestamp.is_none())
+            .unwrap_or_else(|| panic!("no {app} pod"));
+        let id = pod
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0]
+            .container_id
+            .clone()
+            .expect("a container ID");
+        let rss = container_rss_kib(id.trim_start_matches("containerd://"));
+        eprintln!("idle {app} as a pod: RSS {:.1} MiB", rss as f64 / 1024.0);
+        assert!(rss > 0 && rss < limit_mib * 1024, "{app}: {rss} KiB");
+    }
+
     // The controller issued the webhook's certificate and wrote its CA into the configuration
     // that `deploy/` created without one.
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -1128,6 +1154,22 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
         "{listed:?}"
     );
     setup.finish().await;
+}
+
+/// The resident memory, in KiB, of the main process of container `id` (from `ctr tasks ls`).
+fn container_rss_kib(id: &str) -> u64 {
+    let tasks = ctr(&["tasks", "ls"]);
+    let pid = tasks
+        .lines()
+        .find(|line| line.starts_with(id))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no task {id} in {tasks}"));
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("the process status")
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
 }
 
 /// The node's containerd, as the kubelet uses it.
