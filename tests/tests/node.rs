@@ -604,17 +604,7 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
     )
     .await;
     let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
-    let pod = await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
-        pod.status.as_ref().is_some_and(|status| {
-            status.phase.as_deref() == Some("Running")
-                && status
-                    .conditions
-                    .iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
-    .await;
+    let pod = ready(pods, "shop-0").await;
     // custody-wait ran as the pod's first init container, in a real container, and was
     // released (exit 0); the readiness gate is set.
     let spec = pod.spec.as_ref().unwrap();
@@ -698,18 +688,7 @@ async fn on_a_real_node_a_tampered_restore_is_refused_and_its_pod_stays_held() {
             .is_some_and(|state| state.terminated.is_none()),
         "custody-wait ended: {wait:?}"
     );
-    assert!(
-        status
-            .container_statuses
-            .iter()
-            .flatten()
-            .all(|container| container
-                .state
-                .as_ref()
-                .is_none_or(|state| state.running.is_none())),
-        "{:?}",
-        status.container_statuses
-    );
+    never_started(status);
     assert!(
         !status
             .conditions
@@ -827,16 +806,7 @@ async fn on_a_real_node_pod_security_restricted_admits_the_held_pod_and_names_th
         restore.status.unwrap().volumes[0].state,
         VolumeState::Verified
     );
-    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
-        pod.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
-    .await;
+    ready(pods, "shop-0").await;
     // The mover ran with only the capabilities it asks for.
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = namespace.api();
     let backup_job = jobs
@@ -953,16 +923,7 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
         .filter(|path| original.get(*path) != restored.get(*path))
         .collect();
     assert!(differing.is_empty(), "restored differs at {differing:?}");
-    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
-        pod.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
-    .await;
+    ready(pods, "shop-0").await;
     setup.finish().await;
 }
 
@@ -1017,16 +978,7 @@ async fn on_a_real_node_an_agent_rollout_during_a_restore_is_taken_over_by_the_n
     let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
     let volume = &restore.status.as_ref().unwrap().volumes[0];
     assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
-    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
-        pod.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
-    .await;
+    ready(pods, "shop-0").await;
     let (original, restored) = (tree(setup.source.path()), tree(target.path()));
     assert_eq!(original, restored);
     setup.finish().await;
@@ -1082,18 +1034,7 @@ async fn on_a_real_node_deleting_the_cluster_cancels_its_restore_and_leaves_the_
     tokio::time::sleep(Duration::from_secs(5)).await;
     let pod = pods.get("shop-0").await.unwrap();
     let status = pod.status.as_ref().unwrap();
-    assert!(
-        status
-            .container_statuses
-            .iter()
-            .flatten()
-            .all(|container| container
-                .state
-                .as_ref()
-                .is_none_or(|state| state.running.is_none())),
-        "the application started: {:?}",
-        status.container_statuses
-    );
+    never_started(status);
     assert!(
         !target.path().join(".custody/manifest.jsonl").exists(),
         "the restore was not finished"
@@ -1138,16 +1079,7 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
         restore.status.as_ref().unwrap().volumes[0].state,
         VolumeState::Verified
     );
-    await_condition(pods, "shop-0", "running and ready", TIMEOUT, |pod: &Pod| {
-        pod.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
-    .await;
+    ready(pods, "shop-0").await;
     let listed = helm(&["list", "--namespace", NAMESPACE, "--short"]);
     assert!(
         String::from_utf8_lossy(&listed.stdout).contains("custody"),
@@ -1170,6 +1102,37 @@ fn container_rss_kib(id: &str) -> u64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
+}
+
+/// Waits until pod `name` runs and is Ready (its readiness gate set, when it has one).
+async fn ready(pods: &Api<Pod>, name: &str) -> Pod {
+    await_condition(pods, name, "running and ready", TIMEOUT, |pod: &Pod| {
+        pod.status.as_ref().is_some_and(|status| {
+            status.phase.as_deref() == Some("Running")
+                && status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await
+}
+
+/// Asserts that no application container of a pod has run.
+fn never_started(status: &k8s_openapi::api::core::v1::PodStatus) {
+    assert!(
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .all(|container| container
+                .state
+                .as_ref()
+                .is_none_or(|state| state.running.is_none())),
+        "the application started: {:?}",
+        status.container_statuses
+    );
 }
 
 /// The node's containerd, as the kubelet uses it.

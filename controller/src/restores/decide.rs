@@ -171,6 +171,29 @@ fn at(mut status: VolumeRestoreStatus, state: VolumeState, message: Option<Strin
     }
 }
 
+/// The step that gives the volume Job attempt `attempt` on `node`, saying why with `message`
+/// (given the new Job's name).
+fn next_attempt(
+    mut status: VolumeRestoreStatus,
+    claim: &str,
+    node: &str,
+    restore_uid: &str,
+    attempt: u32,
+    message: impl FnOnce(&str) -> String,
+) -> VolumeStep {
+    let name = job_name(claim, restore_uid, attempt);
+    status.attempts = attempt;
+    status.job_name = Some(name.clone());
+    let mut step = at(status, VolumeState::Restoring, Some(message(&name)));
+    step.create = Some(CreateJob {
+        claim: claim.to_string(),
+        node: node.to_string(),
+        name,
+        attempt,
+    });
+    step
+}
+
 /// The next state of one volume. Verified and Failed are final: a volume that failed is
 /// never quietly retried into Completed, and a verified one is not taken back.
 pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
@@ -268,21 +291,10 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
                 );
             }
             let attempt = status.attempts + 1;
-            let name = job_name(facts.claim, restore_uid, attempt);
-            status.attempts = attempt;
-            status.job_name = Some(name.clone());
-            let mut step = at(
-                status,
-                VolumeState::Restoring,
-                Some(format!(
+            let mut step = next_attempt(status, facts.claim, node, restore_uid, attempt, |name| {
+                format!(
                     "pod {pod} moved to node {node} after Job {job} wrote its volume on node {wrote}; Job {name} (attempt {attempt} of {MAX_ATTEMPTS}) checks it on node {node}, where the agent verifies it"
-                )),
-            );
-            step.create = Some(CreateJob {
-                claim: facts.claim.to_string(),
-                node: node.to_string(),
-                name,
-                attempt,
+                )
             });
             step.moved_from = Some(wrote);
             step
@@ -313,39 +325,16 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
             Some("waiting for the volumes before it (Serial restore)".to_string()),
         ),
         JobFact::Missing if status.attempts == 0 => {
-            let name = job_name(facts.claim, restore_uid, 1);
-            status.attempts = 1;
-            status.job_name = Some(name.clone());
-            let mut step = at(
-                status,
-                VolumeState::Restoring,
-                Some(format!("Job {name} writes the volume on node {node}")),
-            );
-            step.create = Some(CreateJob {
-                claim: facts.claim.to_string(),
-                node: node.to_string(),
-                name,
-                attempt: 1,
-            });
-            step
+            next_attempt(status, facts.claim, node, restore_uid, 1, |name| {
+                format!("Job {name} writes the volume on node {node}")
+            })
         }
         JobFact::Missing if status.attempts < MAX_ATTEMPTS => {
             let attempt = status.attempts + 1;
-            let name = job_name(facts.claim, restore_uid, attempt);
-            status.attempts = attempt;
-            status.job_name = Some(name.clone());
-            let mut step = at(
-                status,
-                VolumeState::Restoring,
-                Some(format!(
+            let mut step = next_attempt(status, facts.claim, node, restore_uid, attempt, |name| {
+                format!(
                     "Job {job} disappeared before the volume was verified; Job {name} (attempt {attempt} of {MAX_ATTEMPTS}) writes it again"
-                )),
-            );
-            step.create = Some(CreateJob {
-                claim: facts.claim.to_string(),
-                node: node.to_string(),
-                name,
-                attempt,
+                )
             });
             step.recreated = true;
             step
