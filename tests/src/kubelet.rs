@@ -2,6 +2,14 @@
 //! directories under a kubelet root (bind-mounting real loop-mounted filesystems there), and
 //! moves pods through their phases by writing their status. Everything else — pods, tokens,
 //! TokenReviews — is the real API server's.
+//!
+//! Why it stays beside the real node (tests/tests/node.rs, the main end-to-end tier): it does
+//! what one real kubelet here cannot. Many nodes at once, cheaply (a pod on a node without an
+//! agent, a report from another node, a pod rescheduled with its volume to a second node);
+//! precise faults between two steps (a volume changed between its write and its
+//! verification, swapped for an empty one, a Job's pods held so that its deadline passes, a
+//! pod status naming an image pull failure); and the agent and controller run as processes
+//! under faketime or restarted at an exact point.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
