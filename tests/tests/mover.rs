@@ -134,8 +134,10 @@ async fn a_backup_lands_under_its_uid_and_restores_to_a_verified_identical_tree(
     );
     assert_eq!(owner, 999);
 
-    // A second restore into the now non-empty volume is refused unless asked to overwrite.
-    let output = restore(url, &bucket, target.path(), &result, &[]);
+    // Another restore into the now non-empty volume is refused unless asked to overwrite (the
+    // same restore run again finds its own finished output: see the resume test).
+    let other = "0b5e6a34-1111-4000-8000-0000000000e9";
+    let output = run(restore_as(url, &bucket, target.path(), &result, other));
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("TargetNotEmpty"));
     let output = restore(url, &bucket, target.path(), &result, &["--overwrite"]);
