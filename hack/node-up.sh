@@ -55,6 +55,11 @@ JSON
 if ! running containerd; then
   start containerd containerd --config "$NODE_DIR/containerd.toml"
   wait_for containerd ctr --address "$NODE_RUN/containerd.sock" version
+  # Its CRI server answers "server is not initialized yet" until the plugin has started (it
+  # logs "Start streaming server" just before): a kubelet started earlier exits at once
+  # ("validate CRI v1 runtime API … not initialized yet", seen in CI).
+  wait_for containerd grep -q "Start streaming server" "$CLUSTER_DIR/logs/containerd.log"
+  sleep 0.2
 fi
 ctr_k8s() { ctr --address "$NODE_RUN/containerd.sock" -n k8s.io "$@"; }
 
