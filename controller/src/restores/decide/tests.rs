@@ -668,3 +668,62 @@ fn an_agent_speaks_only_for_pods_bound_to_its_node() {
         assert_eq!(speaks_for(node, &volume, &pods), expected, "{name}");
     }
 }
+
+#[test]
+fn a_long_claim_gives_a_job_name_within_63_characters_that_keeps_its_start() {
+    let claim = format!("data-{}", "x".repeat(80));
+    let name = job_name(&claim, UID, 2);
+    assert!(name.len() <= 63, "{} characters: {name}", name.len());
+    assert!(name.ends_with("-restore-5e1f0a2b-2"), "{name}");
+    assert_eq!(name.len(), 63, "as much of the claim as fits: {name}");
+    assert!(name.starts_with("data-xxxx"), "{name}");
+}
+
+#[test]
+fn a_volume_seen_for_the_first_time_is_named_by_its_claim() {
+    let step = volume(
+        &VolumeFacts {
+            claim: "data-db-0",
+            previous: None,
+            reported: None,
+            job: JobFact::Missing,
+            job_problem: None,
+            job_node: None,
+            may_start: true,
+        },
+        UID,
+    );
+    assert_eq!(step.status.claim_name, "data-db-0");
+}
+
+#[test]
+fn of_two_reports_of_one_claim_the_more_advanced_is_kept_whatever_the_order() {
+    let behind = reported("data-db-0", "db-0", VolumeState::Restoring);
+    let ahead = reported("data-db-0", "db-0", VolumeState::Verified);
+    let claims = ["data-db-0".to_string()];
+    for volumes in [
+        vec![behind.clone(), ahead.clone()],
+        vec![ahead.clone(), behind.clone()],
+    ] {
+        let found = reports_for([("node-a", volumes.as_slice())], "ns", UID, &claims);
+        assert_eq!(found["data-db-0"].0.state, VolumeState::Verified);
+    }
+}
+
+#[test]
+fn reported_pods_are_those_of_this_restore_in_this_namespace() {
+    let mine = reported("data-db-0", "db-0", VolumeState::Pending);
+    let other_namespace = ReportedVolume {
+        namespace: "elsewhere".into(),
+        ..reported("data-db-1", "db-1", VolumeState::Pending)
+    };
+    let other_restore = ReportedVolume {
+        restore_uid: "another-uid".into(),
+        ..reported("data-db-2", "db-2", VolumeState::Pending)
+    };
+    let volumes = [mine, other_namespace, other_restore];
+    assert_eq!(
+        reported_pods([("node-a", volumes.as_slice())], "ns", UID),
+        BTreeSet::from(["db-0".to_string()])
+    );
+}
