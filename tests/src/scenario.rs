@@ -586,6 +586,30 @@ pub async fn restore_reaches(
     .await
 }
 
+/// Waits until Restore `name`'s `Ready` condition has reason `reason`; the Restore then.
+pub async fn restore_says(
+    namespace: &TestNamespace,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Restore {
+    await_condition(
+        &namespace.api::<Restore>(),
+        name,
+        reason,
+        timeout,
+        |restore: &Restore| {
+            restore.status.as_ref().is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == reason)
+            })
+        },
+    )
+    .await
+}
+
 /// The scenario with the tests' small database.
 pub async fn setup(prefix: &str) -> Setup {
     setup_with(prefix, 64, small_database).await

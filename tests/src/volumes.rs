@@ -71,6 +71,18 @@ pub fn copy_tree(from: &Path, to: &Path) {
     );
 }
 
+/// The inode of every entry [`tree`] lists, by path (in path order): the same list after a
+/// step shows that nothing was written again.
+pub fn inodes(root: &Path) -> Vec<(String, u64)> {
+    tree(root)
+        .into_keys()
+        .map(|path| {
+            let meta = std::fs::symlink_metadata(root.join(&path)).expect("an entry tree listed");
+            (path, std::os::unix::fs::MetadataExt::ino(&meta))
+        })
+        .collect()
+}
+
 /// Every directory, regular file and symlink under `root` (but custody's `.custody/` and
 /// `lost+found`), with its content (a symlink's target; a directory, ending in `/`, none).
 pub fn tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {

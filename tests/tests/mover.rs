@@ -10,7 +10,7 @@ use custody_agent::verify::{Expected, Options, verify_volume};
 use custody_proto::mover::BackupResult;
 use custody_tests::binary;
 use custody_tests::s3::{self, PrivateS3};
-use custody_tests::volumes::{LoopVolume, tree};
+use custody_tests::volumes::{LoopVolume, inodes};
 
 const BACKUP_UID: &str = "0b5e6a34-1111-4000-8000-0000000000b1";
 const RESTORE_UID: &str = "0b5e6a34-1111-4000-8000-0000000000e1";
@@ -487,18 +487,7 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
     // Finished, the same restore run again (its pod moved to another node) writes nothing:
     // every file keeps its inode, and the exit code says success. The permanent refusal of
     // anyone else's data is unchanged, and exits with the code a Job gives up on.
-    let inodes = || {
-        let mut found: Vec<(String, u64)> = tree(target.path())
-            .keys()
-            .map(|path| {
-                let meta = std::fs::symlink_metadata(target.path().join(path)).unwrap();
-                (path.clone(), std::os::unix::fs::MetadataExt::ino(&meta))
-            })
-            .collect();
-        found.sort();
-        found
-    };
-    let before = inodes();
+    let before = inodes(target.path());
     let output = run(restore_as(url, &bucket, target.path(), &result, second));
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert!(output.status.success(), "{stderr}");
@@ -506,7 +495,7 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
         stderr.contains("finished output of this restore"),
         "{stderr}"
     );
-    assert_eq!(inodes(), before);
+    assert_eq!(inodes(target.path()), before);
     assert_eq!(verified(target.path(), &result, second), 101);
     let output = run(restore_as(
         url,

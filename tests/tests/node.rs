@@ -746,22 +746,9 @@ async fn on_a_real_node_pod_security_restricted_admits_the_held_pod_and_names_th
         },
     )
     .await;
-    let restores: Api<Restore> = namespace.api();
-    let refused = await_condition(
-        &restores,
-        "shop",
-        "JobPodNotStarting",
-        TIMEOUT,
-        |restore: &Restore| {
-            restore.status.as_ref().is_some_and(|status| {
-                status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.reason == "JobPodNotStarting")
-            })
-        },
-    )
-    .await;
+    let refused =
+        custody_tests::scenario::restore_says(namespace, "shop", "JobPodNotStarting", TIMEOUT)
+            .await;
     let status = refused.status.clone().unwrap();
     let volume = &status.volumes[0];
     let job = volume.job_name.clone().expect("a Job");

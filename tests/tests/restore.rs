@@ -12,7 +12,7 @@ use custody_kube::api::{
 };
 use custody_proto::names;
 use custody_tests::scenario::{Setup, artifact_of, create, restore_into, setup, setup_as_deployed};
-use custody_tests::volumes::{LoopVolume, tree};
+use custody_tests::volumes::{LoopVolume, inodes, tree};
 use custody_tests::workloads::WorkloadRunner;
 use custody_tests::{await_condition, eventually, s3};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -779,13 +779,18 @@ async fn restored(setup: &Setup, target: &LoopVolume) -> WorkloadRunner {
     workloads
 }
 
-/// The agent's count of verifications it finished, of any result.
-fn verifications_finished(metrics: &str) -> u64 {
+/// The sum of the samples of counter `name` (every label set) in a metrics page.
+fn counter(metrics: &str, name: &str) -> u64 {
     metrics
         .lines()
-        .filter(|line| line.starts_with("custody_agent_verifications_total"))
+        .filter(|line| line.starts_with(name))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// The agent's count of verifications it finished, of any result.
+fn verifications_finished(metrics: &str) -> u64 {
+    counter(metrics, "custody_agent_verifications_total")
 }
 
 /// Issue 15, item 1: once the Restore recorded a volume as verified, its pod is released on
@@ -1295,7 +1300,6 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     use custody_tests::agent::{AgentArgs, AgentProcess, report_flags, report_token};
     use custody_tests::kubelet::{FakeKubelet, LOCAL_STORAGE_CLASS, PodRunner};
     use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-    use std::os::unix::fs::MetadataExt;
 
     let mut setup = setup("moved").await;
     setup.restart_controller_with(&["--agent-timeout-seconds=4"]);
@@ -1364,21 +1368,9 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     .await;
 
     // Node a's agent is silent: the Restore says so, naming node and last report.
-    let silent = await_condition(
-        &restores,
-        "shop",
-        "AgentNotReady",
-        TIMEOUT,
-        |restore: &Restore| {
-            restore.status.as_ref().is_some_and(|status| {
-                status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.reason == "AgentNotReady")
-            })
-        },
-    )
-    .await;
+    let silent =
+        custody_tests::scenario::restore_says(&setup.namespace, "shop", "AgentNotReady", TIMEOUT)
+            .await;
     let volume = silent.status.as_ref().unwrap().volumes[0].clone();
     let message = volume.message.clone().unwrap_or_default();
     assert!(
@@ -1390,17 +1382,6 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
         kind == "Warning" && reason == "AgentNotReady" && note.contains(&node_a)
     })
     .await;
-    let inodes = |root: &std::path::Path| -> Vec<(String, u64)> {
-        let mut found: Vec<(String, u64)> = tree(root)
-            .keys()
-            .filter_map(|path| {
-                let meta = std::fs::symlink_metadata(root.join(path)).ok()?;
-                Some((path.clone(), meta.ino()))
-            })
-            .collect();
-        found.sort();
-        found
-    };
     let written = inodes(target.path());
     assert!(written.len() > 100, "{}", written.len());
 
@@ -1483,11 +1464,7 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
 
 /// The agent's count of bytes its verifications read and hashed.
 fn verified_bytes(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("custody_agent_verified_bytes_total"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    counter(metrics, "custody_agent_verified_bytes_total")
 }
 
 /// Issue 15, item 1 (c): an agent rollout over 20 restored volumes reads none of them. Twenty
