@@ -17,7 +17,7 @@ large_mib=${2:-1536}
 command -v restic >/dev/null || { log "installing restic"; apt-get install -y -qq restic >/dev/null; }
 endpoint=$("$here/s3-up.sh" | tail -1)
 cargo build --locked --release -p custody-agent --bin custody-mover --quiet
-mover=target/release/custody-mover
+mover=$CARGO_TARGET_DIR/release/custody-mover
 kopia=$("$here/build-kopia.sh" | tail -1)
 export AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY
 export RESTIC_PASSWORD=custody-bench

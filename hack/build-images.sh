@@ -43,4 +43,6 @@ for image in controller agent; do
     log "imported $name into the node's containerd"
   fi
 done
+# The images these replaced, untagged now, would fill the disk (vfs copies every layer).
+buildah rmi --prune >/dev/null || log "could not remove untagged images (buildah rmi --prune)"
 echo "$out"

@@ -9,6 +9,13 @@ CUSTODY_HELM_VERSION="${CUSTODY_HELM_VERSION:-v3.22.0}"
 export CUSTODY_KUBE_VERSION CUSTODY_ETCD_VERSION CUSTODY_MINIO_VERSION CUSTODY_KOPIA_VERSION CUSTODY_COREDNS_VERSION CUSTODY_HELM_VERSION
 CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
 CLUSTER_DIR="${CUSTODY_CLUSTER_DIR:-$CUSTODY_CACHE/cluster}"
+# Cargo's build output: outside the repository, one directory per Rust toolchain
+# (rust-toolchain.toml's channel), so a fresh clone builds warm and clones share the space.
+if [[ -z "${CARGO_TARGET_DIR:-}" ]]; then
+  CARGO_TARGET_DIR="$CUSTODY_CACHE/cargo-target/rust-$(sed -n 's/^channel = "\(.*\)"$/\1/p' \
+    "$(dirname "${BASH_SOURCE[0]}")/../rust-toolchain.toml")"
+  export CARGO_TARGET_DIR
+fi
 KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig"
 APISERVER_PORT="${CUSTODY_APISERVER_PORT:-16443}"
 ETCD_PORT="${CUSTODY_ETCD_PORT:-12379}"

@@ -5,18 +5,22 @@
         creates the bucket (an existing bucket is fine)
     ... hack/s3.py flip-byte ENDPOINT BUCKET KEY
         changes one byte in the middle of an object (to show a damaged backup refused)
+    ... hack/s3.py sweep ENDPOINT REGEX
+        deletes every bucket whose whole name matches REGEX, with its objects (MinIO's
+        force delete: the test suite's buckets of earlier runs)
 """
 import datetime
 import hashlib
 import hmac
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 
 
-def request(method, endpoint, path, body=b""):
+def request(method, endpoint, path, body=b"", headers=()):
     access, secret, region = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"], "us-east-1"
     endpoint = endpoint.rstrip("/")
     host = endpoint.split("://", 1)[1]
@@ -43,6 +47,7 @@ def request(method, endpoint, path, body=b""):
             "x-amz-content-sha256": payload,
             "Authorization": f"AWS4-HMAC-SHA256 Credential={access}/{scope}, "
             f"SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={signature}",
+            **dict(headers),
         },
     )
     with urllib.request.urlopen(signed) as response:
@@ -62,6 +67,19 @@ def main(command, endpoint, bucket, *rest):
         data[len(data) // 2] ^= 0xFF
         request("PUT", endpoint, f"/{bucket}/{key}", bytes(data))
         print(f"changed byte {len(data) // 2} of {len(data)} in s3://{bucket}/{key}")
+    elif command == "sweep":
+        # MinIO may list a bucket again shortly after its first delete (seen here with
+        # 1,400 at once): sweep until a listing shows none.
+        pattern, deleted = re.compile(bucket), set()
+        for _ in range(5):
+            listing = request("GET", endpoint, "/").decode()
+            names = [name for name in re.findall(r"<Name>([^<]+)</Name>", listing) if pattern.fullmatch(name)]
+            if not names:
+                break
+            for name in names:
+                request("DELETE", endpoint, f"/{name}", headers={"x-minio-force-delete": "true"})
+            deleted.update(names)
+        print(f"deleted {len(deleted)} bucket(s) matching {bucket}")
     else:
         sys.exit(__doc__)
 

@@ -9,6 +9,11 @@ cd "$here/.."
 source hack/lib.sh
 hack/prerequisites.sh
 hack/cluster-up.sh >/dev/null
+# The buckets of earlier runs (`<test>-<8 hex digits>`; a failed run's stay until the next
+# one, to be looked at) would fill the disk: about 1 GB a run.
+endpoint=$(hack/s3-up.sh | tail -1)
+AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY \
+  hack/s3.py sweep "$endpoint" '[a-z0-9-]+-[0-9a-f]{8}' >&2
 cargo build --workspace --bins --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
