@@ -13,7 +13,7 @@ use tokio::sync::{Notify, watch};
 use crate::cli::AgentOptions;
 use crate::metrics::{Metrics, StateLabels};
 use crate::node::{self, NodeView, Start};
-use crate::volume_state::{Recorded, Verification, VerificationKey};
+use crate::volume_state::{Recorded, RecordedVolume, Verification, VerificationKey};
 
 /// Everything the agent's tasks share.
 pub struct Agent {
@@ -45,7 +45,7 @@ pub enum Watch {
     Restores,
 }
 
-/// The claims the Restores' statuses record as verified.
+/// The claims the Restores' statuses record as verified or failed.
 pub fn recorded<'a>(restores: impl IntoIterator<Item = &'a Restore>) -> Recorded {
     restores
         .into_iter()
@@ -56,8 +56,18 @@ pub fn recorded<'a>(restores: impl IntoIterator<Item = &'a Restore>) -> Recorded
                 .status
                 .iter()
                 .flat_map(|status| status.volumes.iter())
-                .filter(|volume| volume.state == VolumeState::Verified)
-                .map(move |volume| (namespace.clone(), uid.clone(), volume.claim_name.clone()))
+                .filter_map(move |volume| {
+                    let record = match volume.state {
+                        VolumeState::Verified => RecordedVolume::Verified,
+                        VolumeState::Failed => RecordedVolume::Failed {
+                            reason: volume.reason.clone().unwrap_or_default(),
+                            message: volume.message.clone().unwrap_or_default(),
+                        },
+                        _ => return None,
+                    };
+                    let key = (namespace.clone(), uid.clone(), volume.claim_name.clone());
+                    Some((key, record))
+                })
         })
         .collect()
 }

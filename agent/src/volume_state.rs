@@ -8,7 +8,7 @@
 //! is verified afresh.
 
 use custody_proto::reasons::VolumeFailure;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use custody_proto::names;
 
@@ -131,15 +131,27 @@ pub struct Decision {
     pub start: Option<VerificationKey>,
 }
 
-/// Claims whose verification a Restore's status records, as `(namespace, Restore UID,
-/// claim)`: the controller wrote them from an agent's report, and they stay verified.
-pub type Recorded = BTreeSet<(String, String, String)>;
+/// What a Restore's status records of one claim (the controller writes it; both are final).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordedVolume {
+    /// Verified, from an agent's report: it stays verified.
+    Verified,
+    /// Failed for good, with the controller's reason and message.
+    Failed { reason: String, message: String },
+}
+
+/// What the Restores' statuses record, by `(namespace, Restore UID, claim)`.
+pub type Recorded = BTreeMap<(String, String, String), RecordedVolume>;
 
 /// Decides one volume's state.
 ///
 /// A claim the Restore's status records as verified is verified, for good: its pod is released
 /// on every later start (an agent restart, init containers run again, the prepareData pod long
 /// gone) without reading the volume again, which the application has changed since.
+///
+/// A claim the Restore's status records as failed is failed unless this agent's own reading
+/// already ended (verified or failed): the node then says what the Restore says (its Job gave
+/// up, its deadline passed) instead of "restoring" forever, and starts no verification.
 ///
 /// `prepare` may hold any pods; only those for the same namespace, claim and Restore UID
 /// count. A succeeded pod wins over active ones (its output is what the volume holds); among
@@ -151,11 +163,12 @@ pub fn decide(
     verifications: &BTreeMap<VerificationKey, Verification>,
     recorded: &Recorded,
 ) -> Decision {
-    if recorded.contains(&(
+    let record = recorded.get(&(
         volume.namespace.clone(),
         volume.restore_uid.clone(),
         volume.claim_name.clone(),
-    )) {
+    ));
+    if record == Some(&RecordedVolume::Verified) {
         return Decision {
             state: State::Verified { at_unix_nanos: 0 },
             message: format!(
@@ -165,6 +178,35 @@ pub fn decide(
             start: None,
         };
     }
+    let decision = from_pods(volume, prepare, verifications);
+    match (record, &decision.state) {
+        (
+            Some(RecordedVolume::Failed { reason, message }),
+            State::Pending | State::Restoring | State::Verifying,
+        ) => {
+            let message = format!(
+                "Restore {} failed this volume: {reason}: {message}",
+                volume.restore_name
+            );
+            Decision {
+                state: State::Failed {
+                    reason: VolumeFailure::RestoreFailed,
+                    message: message.clone(),
+                },
+                message,
+                start: None,
+            }
+        }
+        _ => decision,
+    }
+}
+
+/// The decision from the prepareData pods and this agent's verifications alone.
+fn from_pods(
+    volume: &WorkloadVolume,
+    prepare: &[PreparePod],
+    verifications: &BTreeMap<VerificationKey, Verification>,
+) -> Decision {
     let mine: Vec<&PreparePod> = prepare
         .iter()
         .filter(|pod| {

@@ -111,6 +111,9 @@ reasons! {
         PrepareDataFailed,
         /// The pod's restore annotations cannot be read.
         InvalidRestoreAnnotations,
+        /// The Restore's status records the volume failed for good (its Job gave up, its
+        /// deadline passed, ...): the controller's reason is in the message.
+        RestoreFailed,
     }
     fallback
     /// A reason this build does not know.

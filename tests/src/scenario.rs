@@ -610,6 +610,37 @@ pub async fn restore_says(
     .await
 }
 
+/// Waits until Cluster `cluster`'s coordination Lease names no holder (no Backup or Restore
+/// runs into it).
+pub async fn lease_free(namespace: &TestNamespace, cluster: &str, timeout: Duration) {
+    let uid = namespace
+        .api::<Cluster>()
+        .get(cluster)
+        .await
+        .unwrap_or_else(|error| panic!("reading Cluster {cluster}: {error}"))
+        .metadata
+        .uid
+        .expect("a Cluster's uid");
+    let leases = namespace.api::<k8s_openapi::api::coordination::v1::Lease>();
+    let name = format!("custody-run-{uid}");
+    eventually("the Cluster's Lease given back", timeout, || {
+        let (leases, name) = (leases.clone(), name.clone());
+        async move {
+            let holder = leases
+                .get_opt(&name)
+                .await
+                .map_err(|error| error.to_string())?
+                .and_then(|lease| lease.spec)
+                .and_then(|spec| spec.holder_identity);
+            match holder {
+                None => Ok(()),
+                Some(holder) => Err(format!("held by {holder}")),
+            }
+        }
+    })
+    .await;
+}
+
 /// The scenario with the tests' small database.
 pub async fn setup(prefix: &str) -> Setup {
     setup_with(prefix, 64, small_database).await

@@ -11,7 +11,7 @@ use custody_tests::agent::ControllerProcess;
 use custody_tests::kubelet::{FakeKubelet, PodRunner, PodSpec, create_pod};
 use custody_tests::pki::Pki;
 use custody_tests::volumes::LoopVolume;
-use custody_tests::{TestNamespace, await_condition, eventually, kubectl, s3};
+use custody_tests::{TestNamespace, await_condition, eventually, kubectl, s3, scenario};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::PostParams;
@@ -559,36 +559,7 @@ async fn a_backup_whose_pod_never_starts_fails_at_the_deadline_and_frees_the_clu
     assert_eq!(resources.limits.unwrap()["memory"].0, "768Mi");
 
     // The Cluster is free: its Lease names no running Backup.
-    let cluster_uid = setup
-        .namespace
-        .api::<custody_kube::api::Cluster>()
-        .get("orders")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
-    let leases = setup
-        .namespace
-        .api::<k8s_openapi::api::coordination::v1::Lease>();
-    let name = format!("custody-run-{cluster_uid}");
-    eventually("the Cluster's Lease given back", TIMEOUT, || {
-        let (leases, name) = (leases.clone(), name.clone());
-        async move {
-            let lease = leases
-                .get_opt(&name)
-                .await
-                .map_err(|error| error.to_string())?;
-            let holder = lease
-                .and_then(|lease| lease.spec)
-                .and_then(|spec| spec.holder_identity);
-            match holder {
-                None => Ok(()),
-                Some(holder) => Err(format!("held by {holder}")),
-            }
-        }
-    })
-    .await;
+    scenario::lease_free(&setup.namespace, "orders", TIMEOUT).await;
     setup.finish().await;
 }
 

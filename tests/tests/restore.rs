@@ -11,7 +11,9 @@ use custody_kube::api::{
     VolumeState,
 };
 use custody_proto::names;
-use custody_tests::scenario::{Setup, artifact_of, create, restore_into, setup, setup_as_deployed};
+use custody_tests::scenario::{
+    Setup, artifact_of, create, lease_free, restore_into, setup, setup_as_deployed,
+};
 use custody_tests::volumes::{LoopVolume, inodes, tree};
 use custody_tests::workloads::WorkloadRunner;
 use custody_tests::{await_condition, eventually, s3};
@@ -1555,7 +1557,8 @@ async fn an_agent_rollout_over_twenty_restored_volumes_reads_none_of_them() {
 
 /// Issue 15, item 3, the restore side: a prepareData Job whose pod never runs (held here, as
 /// an image that cannot be pulled would hold it) fails its volume at the Job's deadline with
-/// the Job's reason, the Restore fails, and the Cluster's Lease is free again.
+/// the Job's reason, the Restore fails, and the Cluster's Lease is free again; the node's
+/// agent reports the volume failed with the Restore's reason.
 #[tokio::test]
 async fn a_restore_whose_job_pod_never_runs_fails_at_the_deadline_and_frees_the_cluster() {
     let mut setup = setup("rdeadline").await;
@@ -1584,35 +1587,35 @@ async fn a_restore_whose_job_pod_never_runs_fails_at_the_deadline_and_frees_the_
             .is_some_and(|message| message.contains("DeadlineExceeded")),
         "{volume:?}"
     );
-    let cluster_uid = setup
-        .namespace
-        .api::<Cluster>()
-        .get("shop")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
-    let leases = setup
-        .namespace
-        .api::<k8s_openapi::api::coordination::v1::Lease>();
-    let name = format!("custody-run-{cluster_uid}");
-    eventually("the Cluster's Lease given back", TIMEOUT, || {
-        let (leases, name) = (leases.clone(), name.clone());
-        async move {
-            let holder = leases
-                .get_opt(&name)
-                .await
-                .map_err(|error| error.to_string())?
-                .and_then(|lease| lease.spec)
-                .and_then(|spec| spec.holder_identity);
-            match holder {
-                None => Ok(()),
-                Some(holder) => Err(format!("held by {holder}")),
-            }
-        }
-    })
+    lease_free(&setup.namespace, "shop", TIMEOUT).await;
+    // The node says what the Restore says, not "pending" for a restore that is over.
+    let agents: Api<NodeAgent> = Api::all(setup.namespace.client.clone());
+    let agent = await_condition(
+        &agents,
+        &setup.kubelet.node,
+        "the volume reported failed by its node",
+        TIMEOUT,
+        |agent: &NodeAgent| {
+            agent
+                .status
+                .as_ref()
+                .and_then(|status| status.volumes.as_ref())
+                .is_some_and(|volumes| volumes.failed == 1)
+        },
+    )
     .await;
+    let reported = &agent.status.unwrap().restored_volumes[0];
+    assert_eq!(
+        reported.reason.as_deref(),
+        Some("RestoreFailed"),
+        "{reported:?}"
+    );
+    assert!(
+        reported.message.as_deref().is_some_and(|message| message
+            .starts_with("Restore shop failed this volume: RestoreJobFailed: ")
+            && message.contains("DeadlineExceeded")),
+        "{reported:?}"
+    );
     drop(workloads);
     setup.finish().await;
 }

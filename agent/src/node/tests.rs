@@ -1,5 +1,5 @@
 use super::*;
-use crate::volume_state::Outcome;
+use crate::volume_state::{Outcome, RecordedVolume};
 
 fn pod(value: serde_json::Value) -> Pod {
     serde_json::from_value(value).expect("pod")
@@ -219,9 +219,12 @@ fn removing_labels_and_annotations_does_not_release_a_held_pod() {
 fn a_pod_whose_volume_the_restore_records_verified_is_released_without_a_verification() {
     let pods = [injected_then_stripped()];
     let recorded: Recorded = [(
-        "db".to_string(),
-        "restore-uid".to_string(),
-        "data-pg-0".to_string(),
+        (
+            "db".to_string(),
+            "restore-uid".to_string(),
+            "data-pg-0".to_string(),
+        ),
+        RecordedVolume::Verified,
     )]
     .into();
     let (view, starts) = compute(&pods, &BTreeMap::new(), &recorded);

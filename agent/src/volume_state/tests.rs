@@ -237,9 +237,12 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 #[test]
 fn a_verification_the_restore_records_stands_without_reading_the_volume() {
     let recorded: Recorded = [(
-        "db".to_string(),
-        "restore-uid".to_string(),
-        "data-pg-0".to_string(),
+        (
+            "db".to_string(),
+            "restore-uid".to_string(),
+            "data-pg-0".to_string(),
+        ),
+        RecordedVolume::Verified,
     )]
     .into();
     // Whatever else is known, even a failed verification of the since-changed volume.
@@ -278,14 +281,116 @@ fn a_verification_the_restore_records_stands_without_reading_the_volume() {
         ("other", "restore-uid", "data-pg-0"),
     ] {
         let recorded: Recorded = [(
-            other.0.to_string(),
-            other.1.to_string(),
-            other.2.to_string(),
+            (
+                other.0.to_string(),
+                other.1.to_string(),
+                other.2.to_string(),
+            ),
+            RecordedVolume::Verified,
         )]
         .into();
         let decision = decide(&volume(), &[], &BTreeMap::new(), &recorded);
         assert_eq!(decision.state, State::Pending, "{other:?}");
     }
+}
+
+#[test]
+fn a_failure_the_restore_records_ends_a_volume_this_agent_had_not_finished() {
+    let recorded: Recorded = [(
+        (
+            "db".to_string(),
+            "restore-uid".to_string(),
+            "data-pg-0".to_string(),
+        ),
+        RecordedVolume::Failed {
+            reason: "RestoreJobFailed".into(),
+            message: "Job data-pg-0-restore-1 gave up: BackoffLimitExceeded".into(),
+        },
+    )]
+    .into();
+    let running: BTreeMap<VerificationKey, Verification> =
+        [(key("a"), Verification::Running { note: None })].into();
+    let verified_a: BTreeMap<VerificationKey, Verification> = [(key("a"), verified())].into();
+    let mismatch: BTreeMap<VerificationKey, Verification> = [(
+        key("a"),
+        Verification::Done(Outcome::Failed {
+            reason: VolumeFailure::ContentMismatch,
+            message: "1 difference".into(),
+        }),
+    )]
+    .into();
+    let none = BTreeMap::new();
+    // Without the record each of these would stay pending, restoring or verifying.
+    for (name, prepare, verifications) in [
+        ("no prepareData pod", vec![], &none),
+        ("its pod failed for the moment", vec![transient("a")], &none),
+        (
+            "a pod still writing",
+            vec![prepare("a", Phase::Active)],
+            &none,
+        ),
+        (
+            "succeeded, verification not started",
+            vec![prepare("a", Phase::Succeeded)],
+            &none,
+        ),
+        (
+            "succeeded, verification running",
+            vec![prepare("a", Phase::Succeeded)],
+            &running,
+        ),
+    ] {
+        let decision = decide(&volume(), &prepare, verifications, &recorded);
+        let State::Failed { reason, message } = &decision.state else {
+            panic!("{name}: {decision:?}");
+        };
+        assert_eq!(*reason, VolumeFailure::RestoreFailed, "{name}");
+        assert_eq!(
+            message,
+            "Restore pg-restore failed this volume: RestoreJobFailed: Job data-pg-0-restore-1 gave up: BackoffLimitExceeded",
+            "{name}"
+        );
+        assert_eq!(decision.start, None, "{name}");
+    }
+    // What this agent found itself stands: its own verification, its own failure.
+    let own = decide(
+        &volume(),
+        &[prepare("a", Phase::Succeeded)],
+        &verified_a,
+        &recorded,
+    );
+    assert!(matches!(own.state, State::Verified { .. }), "{own:?}");
+    let own = decide(
+        &volume(),
+        &[prepare("a", Phase::Succeeded)],
+        &mismatch,
+        &recorded,
+    );
+    assert!(
+        matches!(
+            own.state,
+            State::Failed {
+                reason: VolumeFailure::ContentMismatch,
+                ..
+            }
+        ),
+        "{own:?}"
+    );
+    // Another Restore's failure is not this volume's.
+    let other: Recorded = [(
+        (
+            "db".to_string(),
+            "other-restore".to_string(),
+            "data-pg-0".to_string(),
+        ),
+        RecordedVolume::Failed {
+            reason: "RestoreJobFailed".into(),
+            message: String::new(),
+        },
+    )]
+    .into();
+    let decision = decide(&volume(), &[], &none, &other);
+    assert_eq!(decision.state, State::Pending);
 }
 
 fn target(claims: &[&str]) -> RestoreTarget {
