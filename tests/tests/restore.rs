@@ -1620,6 +1620,96 @@ async fn a_restore_whose_job_pod_never_runs_fails_at_the_deadline_and_frees_the_
     setup.finish().await;
 }
 
+/// A prepareData pod deleted (by hand, by a pod garbage collector) after its Job succeeded and
+/// before the agent verified its output: the agent sees no prepareData pod, so nothing would
+/// ever verify the volume and its pod would stay held. Once a report made 15 s after the Job
+/// finished still sees none, the volume gets its next attempt on the same node, with a
+/// Warning; the mover finds this restore's finished output and writes nothing (the files keep
+/// their inodes); the agent verifies it and the pod is released.
+#[tokio::test]
+async fn a_prepare_data_pod_deleted_before_its_output_was_verified_gets_another_attempt() {
+    let mut setup = setup("podgone").await;
+    let client = setup.namespace.client.clone();
+    let target = LoopVolume::new(64);
+    setup.jobs.set_running(false);
+    restore_into(&setup, target.path(), json!({})).await;
+    let workloads = WorkloadRunner::start(&client, &setup.namespace.name, setup.kubelet.clone());
+    let restores: Api<Restore> = setup.namespace.api();
+    let first = await_condition(&restores, "shop", "a Job", TIMEOUT, |restore: &Restore| {
+        restore
+            .status
+            .as_ref()
+            .is_some_and(|status| status.volumes.iter().any(|v| v.job_name.is_some()))
+    })
+    .await;
+    let job = first.status.unwrap().volumes[0].job_name.clone().unwrap();
+
+    // The agent is away while the Job writes the volume and succeeds; its pod is then deleted.
+    setup.agent.stop();
+    setup.jobs.set_running(true);
+    let jobs: Api<Job> = setup.namespace.api();
+    await_condition(&jobs, &job, "succeeded", TIMEOUT, |job: &Job| {
+        job.status.as_ref().and_then(|status| status.succeeded) == Some(1)
+    })
+    .await;
+    let written = inodes(target.path());
+    assert!(written.len() > 100, "{}", written.len());
+    let pods: Api<Pod> = setup.namespace.api();
+    let of_job = ListParams::default().labels(&format!("job-name={job}"));
+    pods.delete_collection(&DeleteParams::default().grace_period(0), &of_job)
+        .await
+        .unwrap();
+    eventually("the Job's pods gone", TIMEOUT, || {
+        let (pods, of_job) = (pods.clone(), of_job.clone());
+        async move {
+            let left = pods
+                .list(&of_job)
+                .await
+                .map_err(|error| error.to_string())?;
+            match left.items.len() {
+                0 => Ok(()),
+                n => Err(format!("{n} left")),
+            }
+        }
+    })
+    .await;
+    setup.restart_agent(&[], vec![]);
+
+    let restore =
+        custody_tests::scenario::restore_reaches(&setup.namespace, "shop", RestorePhase::Completed)
+            .await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    assert_eq!(volume.attempts, 2, "{volume:?}");
+    assert_eq!(
+        volume.node_name.as_deref(),
+        Some(setup.kubelet.node.as_str()),
+        "{volume:?}"
+    );
+    await_event(&setup, "Restore", "shop", |(kind, reason, note)| {
+        kind == "Warning" && reason == "PrepareDataPodGone" && note.contains("was deleted before")
+    })
+    .await;
+    // Nothing was written again.
+    assert_eq!(inodes(target.path()), written);
+    eventually("custody-wait released", TIMEOUT, || {
+        let runs = workloads.runs();
+        async move {
+            runs.iter()
+                .find(|run| {
+                    run.pod == "shop-0"
+                        && run.container == names::WAIT_CONTAINER
+                        && run.exit_code == 0
+                })
+                .map(|_| ())
+                .ok_or_else(|| format!("{} runs", runs.len()))
+        }
+    })
+    .await;
+    drop(workloads);
+    setup.finish().await;
+}
+
 /// Issue 15, item 2: a Cluster under restore whose StatefulSet's pod template lacks the
 /// `custody.io/cluster` label (so its pods would never be held) says so, naming the label,
 /// with a Warning.

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::backups::decide::JobState;
 use custody_kube::api::{
@@ -27,14 +28,25 @@ pub const JOB_DELETED: &str = "JobDeleted";
 pub const POD_MOVED: &str = "PodMoved";
 /// A Job of the name this Restore would use is someone else's.
 pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
+/// The volume's prepareData pod was deleted before its agent verified it, on every attempt.
+pub const PREPARE_DATA_POD_GONE: &str = "PrepareDataPodGone";
+/// How long after a prepareData Job finished its node's agent may not have seen its pod yet
+/// (watch lag, a report on its way): a later report that sees no such pod means it is gone.
+pub const POD_GONE_AFTER_SECONDS: i64 = 15;
 
 /// The condition reason for a volume's failure: one of the restore reconciler's own, or a
 /// [`VolumeFailure`] an agent reported (one this build does not know reads as its fallback).
 pub fn condition_reason(reason: &str) -> &'static str {
-    [RESTORE_JOB_FAILED, JOB_DELETED, JOB_NAME_TAKEN, POD_MOVED]
-        .into_iter()
-        .find(|own| *own == reason)
-        .unwrap_or_else(|| VolumeFailure::parse(reason).as_str())
+    [
+        RESTORE_JOB_FAILED,
+        JOB_DELETED,
+        JOB_NAME_TAKEN,
+        POD_MOVED,
+        PREPARE_DATA_POD_GONE,
+    ]
+    .into_iter()
+    .find(|own| *own == reason)
+    .unwrap_or_else(|| VolumeFailure::parse(reason).as_str())
 }
 
 /// How many prepareData Jobs one volume may get: a Job deleted by someone else is recreated
@@ -130,6 +142,10 @@ pub struct VolumeFacts<'a> {
     pub job_problem: Option<&'a str>,
     /// The node that Job's pod is pinned to.
     pub job_node: Option<&'a str>,
+    /// When that Job finished, if it succeeded.
+    pub job_finished: Option<Timestamp>,
+    /// When the reporting node's agent last reported, by the controller's clock.
+    pub reported_at: Option<Timestamp>,
     /// Whether the volume may get its first Job now (see [`may_start`]).
     pub may_start: bool,
 }
@@ -145,6 +161,9 @@ pub struct VolumeStep {
     /// The volume was written on this node, and its pod now runs on another: the next
     /// attempt's Job runs there.
     pub moved_from: Option<String>,
+    /// The prepareData pod was deleted before its output was verified: the next attempt's Job
+    /// checks it again.
+    pub pod_gone: bool,
 }
 
 fn failed(mut status: VolumeRestoreStatus, reason: &str, message: String) -> VolumeStep {
@@ -156,6 +175,7 @@ fn failed(mut status: VolumeRestoreStatus, reason: &str, message: String) -> Vol
         create: None,
         recreated: false,
         moved_from: None,
+        pod_gone: false,
     }
 }
 
@@ -168,6 +188,7 @@ fn at(mut status: VolumeRestoreStatus, state: VolumeState, message: Option<Strin
         create: None,
         recreated: false,
         moved_from: None,
+        pod_gone: false,
     }
 }
 
@@ -210,6 +231,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
             create: None,
             recreated: false,
             moved_from: None,
+            pod_gone: false,
         };
     }
     let Some((reported, node)) = facts.reported else {
@@ -299,6 +321,35 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
             step.moved_from = Some(wrote);
             step
         }
+        // The agent sees no prepareData pod of this Restore for the volume, in a report made
+        // well after the Job finished: the pod was deleted (by hand, by a pod garbage
+        // collector) before the agent verified its output, and nothing would ever verify it.
+        // The next attempt's Job runs here; its mover finds this restore's finished output and
+        // writes nothing, and the agent verifies it.
+        JobFact::Owned(JobState::Succeeded)
+            if reported.state == VolumeState::Pending
+                && pod_gone(facts.job_finished, facts.reported_at) =>
+        {
+            let gone = format!(
+                "the agent on node {node} sees no pod of Job {job}, which finished {} s before its report: the pod was deleted before the volume was verified",
+                seconds_between(facts.job_finished, facts.reported_at)
+            );
+            if status.attempts >= MAX_ATTEMPTS {
+                return failed(
+                    status,
+                    PREPARE_DATA_POD_GONE,
+                    format!("{gone}, and no attempt is left ({MAX_ATTEMPTS}) to check it again"),
+                );
+            }
+            let attempt = status.attempts + 1;
+            let mut step = next_attempt(status, facts.claim, node, restore_uid, attempt, |name| {
+                format!(
+                    "{gone}; Job {name} (attempt {attempt} of {MAX_ATTEMPTS}) checks it again on node {node}"
+                )
+            });
+            step.pod_gone = true;
+            step
+        }
         JobFact::Owned(JobState::Succeeded) => at(
             status,
             VolumeState::Verifying,
@@ -346,6 +397,21 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
                 "Job {job} disappeared before the volume was verified, {MAX_ATTEMPTS} times; something deletes the restore's Jobs"
             ),
         ),
+    }
+}
+
+/// Whether a report came at least [`POD_GONE_AFTER_SECONDS`] after the Job finished.
+fn pod_gone(finished: Option<Timestamp>, reported: Option<Timestamp>) -> bool {
+    finished.is_some()
+        && reported.is_some()
+        && seconds_between(finished, reported) >= POD_GONE_AFTER_SECONDS
+}
+
+/// Whole seconds from `from` to `to` (0 when either is unknown).
+fn seconds_between(from: Option<Timestamp>, to: Option<Timestamp>) -> i64 {
+    match (from, to) {
+        (Some(from), Some(to)) => to.as_second() - from.as_second(),
+        _ => 0,
     }
 }
 

@@ -103,6 +103,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         workload_pods: BTreeMap::new(),
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
+        job_finished: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -208,6 +209,11 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         {
             facts.job_nodes.insert(name.clone(), node);
         }
+        if fact == JobFact::Owned(JobState::Succeeded)
+            && let Some(finished) = job.as_ref().and_then(finished_at)
+        {
+            facts.job_finished.insert(name.clone(), finished);
+        }
         if fact == JobFact::Owned(JobState::Running)
             && let Some(problem) =
                 crate::mover_job::start_problem(client, &namespace, name, job.as_ref()).await?
@@ -217,6 +223,28 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         facts.jobs.push((name.clone(), fact));
     }
     Ok(facts)
+}
+
+/// When a succeeded Job finished: its completion time, or when it was marked complete.
+fn finished_at(job: &Job) -> Option<Timestamp> {
+    let status = job.status.as_ref()?;
+    status
+        .completion_time
+        .as_ref()
+        .map(|time| time.0)
+        .or_else(|| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .filter(|condition| {
+                    matches!(condition.type_.as_str(), "Complete" | "SuccessCriteriaMet")
+                        && condition.status == "True"
+                })
+                .filter_map(|condition| condition.last_transition_time.as_ref())
+                .map(|time| time.0)
+                .min()
+        })
 }
 
 /// What cancelling a Restore reads.

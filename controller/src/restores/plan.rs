@@ -58,6 +58,8 @@ pub struct Facts {
     pub job_problems: BTreeMap<String, String>,
     /// The node each of these Jobs' pods is pinned to, by Job name.
     pub job_nodes: BTreeMap<String, String>,
+    /// When each of these Jobs that succeeded finished, by Job name.
+    pub job_finished: BTreeMap<String, Timestamp>,
     /// The pods the agents report under this Restore.
     pub pods: Vec<Pod>,
     /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
@@ -325,10 +327,11 @@ pub fn plan(facts: &Facts) -> Plan {
             .and_then(|name| facts.jobs.iter().find(|(job, _)| job == name))
             .map(|(_, fact)| fact.clone())
             .unwrap_or(JobFact::Missing);
+        let reported = reports.get(claim).copied();
         let volume = VolumeFacts {
             claim,
             previous,
-            reported: reports.get(claim).copied(),
+            reported,
             job,
             job_problem: previous
                 .and_then(|volume| volume.job_name.as_ref())
@@ -338,6 +341,13 @@ pub fn plan(facts: &Facts) -> Plan {
                 .and_then(|volume| volume.job_name.as_ref())
                 .and_then(|name| facts.job_nodes.get(name))
                 .map(String::as_str),
+            job_finished: previous
+                .and_then(|volume| volume.job_name.as_ref())
+                .and_then(|name| facts.job_finished.get(name))
+                .copied(),
+            reported_at: reported
+                .and_then(|(_, node)| facts.nodes.get(node))
+                .and_then(|health| health.last_heartbeat),
             may_start: decide::may_start(restore.spec.volume_restore_policy, &steps),
         };
         let mut step = decide::volume(&volume, &uid);
@@ -352,6 +362,7 @@ pub fn plan(facts: &Facts) -> Plan {
                 create: None,
                 recreated: false,
                 moved_from: None,
+                pod_gone: false,
             };
         }
         steps.push(step);
@@ -377,6 +388,18 @@ pub fn plan(facts: &Facts) -> Plan {
                 decide::POD_MOVED,
                 format!(
                     "the pod of claim {} moved from node {wrote}, where its volume was written, to node {}; Job {} checks it there (attempt {} of {})",
+                    create.claim,
+                    create.node,
+                    create.name,
+                    create.attempt,
+                    decide::MAX_ATTEMPTS
+                ),
+            )
+        } else if step.pod_gone {
+            Note::warning(
+                decide::PREPARE_DATA_POD_GONE,
+                format!(
+                    "the prepareData pod of claim {} was deleted before the agent on node {} verified its output; Job {} checks it again (attempt {} of {})",
                     create.claim,
                     create.node,
                     create.name,

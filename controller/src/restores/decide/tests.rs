@@ -2,6 +2,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::ObjectMeta;
 
 use super::*;
+use k8s_openapi::jiff::Timestamp;
 
 const UID: &str = "5e1f0a2b-0000-4000-8000-000000000001";
 
@@ -207,6 +208,8 @@ fn volume_steps() {
             job,
             job_problem: None,
             job_node: None,
+            job_finished: None,
+            reported_at: None,
             may_start,
         };
         let step = volume(&facts, UID);
@@ -257,6 +260,8 @@ fn a_job_that_gave_up_after_retries_says_what_its_last_pod_did() {
             }),
             job_problem: None,
             job_node: None,
+            job_finished: None,
+            reported_at: None,
             may_start: true,
         },
         UID,
@@ -285,6 +290,8 @@ fn a_pod_moved_after_its_volume_was_written_gets_the_next_attempt_on_its_new_nod
                 job: JobFact::Owned(JobState::Succeeded),
                 job_problem: None,
                 job_node: Some(wrote),
+                job_finished: None,
+                reported_at: None,
                 may_start: true,
             },
             UID,
@@ -315,6 +322,84 @@ fn a_pod_moved_after_its_volume_was_written_gets_the_next_attempt_on_its_new_nod
 }
 
 #[test]
+fn a_prepare_data_pod_deleted_before_verification_gets_the_next_attempt_on_the_same_node() {
+    let at = |second: i64| Some(Timestamp::from_second(1_800_000_000 + second).unwrap());
+    let step = |state: VolumeState, attempts: u32, finished, reported_at| {
+        let said = reported("data-db-0", "db-0", state);
+        volume(
+            &VolumeFacts {
+                claim: "data-db-0",
+                previous: Some(&previous(VolumeState::Verifying, attempts)),
+                reported: Some((&said, "node-a")),
+                job: JobFact::Owned(JobState::Succeeded),
+                job_problem: None,
+                job_node: Some("node-a"),
+                job_finished: finished,
+                reported_at,
+                may_start: true,
+            },
+            UID,
+        )
+    };
+    // The agent reports no prepareData pod 15 s after the Job finished: attempt 2, same node.
+    let again = step(VolumeState::Pending, 1, at(0), at(POD_GONE_AFTER_SECONDS));
+    assert_eq!(again.status.state, VolumeState::Restoring);
+    let create = again.create.expect("the next attempt");
+    assert_eq!((create.node.as_str(), create.attempt), ("node-a", 2));
+    assert_eq!(again.status.attempts, 2);
+    assert_eq!(again.status.job_name.as_deref(), Some(create.name.as_str()));
+    assert_eq!(again.moved_from, None);
+    assert!(again.pod_gone && !again.recreated);
+    assert_eq!(
+        again.status.message.as_deref(),
+        Some(
+            format!(
+                "the agent on node node-a sees no pod of Job {}, which finished 15 s before its report: the pod was deleted before the volume was verified; Job {} (attempt 2 of 3) checks it again on node node-a",
+                job_name("data-db-0", UID, 1),
+                create.name
+            )
+            .as_str()
+        )
+    );
+    // Not yet: the report may predate the agent seeing the pod; or no time is known.
+    for (name, finished, reported_at) in [
+        ("a report 14 s after", at(0), at(POD_GONE_AFTER_SECONDS - 1)),
+        ("a report before the Job finished", at(20), at(0)),
+        ("no finish time", None, at(60)),
+        ("no report time", at(0), None),
+    ] {
+        let wait = step(VolumeState::Pending, 1, finished, reported_at);
+        assert_eq!(wait.status.state, VolumeState::Verifying, "{name}");
+        assert!(wait.create.is_none(), "{name}");
+    }
+    // The agent sees the pod (restoring, verifying): it verifies; nothing new.
+    for state in [VolumeState::Restoring, VolumeState::Verifying] {
+        let seen = step(state, 1, at(0), at(60));
+        assert!(seen.create.is_none(), "{state:?}");
+        assert_ne!(seen.status.state, VolumeState::Failed, "{state:?}");
+    }
+    // No attempt left: failed, saying why.
+    let exhausted = step(VolumeState::Pending, MAX_ATTEMPTS, at(0), at(60));
+    assert_eq!(exhausted.status.state, VolumeState::Failed);
+    assert_eq!(
+        exhausted.status.reason.as_deref(),
+        Some(PREPARE_DATA_POD_GONE)
+    );
+    assert!(exhausted.create.is_none());
+    assert!(
+        exhausted.status.message.as_deref().is_some_and(
+            |message| message.contains("60 s") && message.contains("no attempt is left (3)")
+        ),
+        "{:?}",
+        exhausted.status.message
+    );
+    assert_eq!(
+        condition_reason(PREPARE_DATA_POD_GONE),
+        PREPARE_DATA_POD_GONE
+    );
+}
+
+#[test]
 fn a_pod_that_does_not_start_is_named_on_its_volume() {
     let said = reported("data-db-0", "db-0", VolumeState::Restoring);
     let previous = previous(VolumeState::Restoring, 1);
@@ -325,6 +410,8 @@ fn a_pod_that_does_not_start_is_named_on_its_volume() {
         job: JobFact::Owned(JobState::Running),
         job_problem: problem,
         job_node: None,
+        job_finished: None,
+        reported_at: None,
         may_start: true,
     };
     let stuck = volume(
@@ -390,6 +477,7 @@ fn step(state: VolumeState) -> VolumeStep {
         create: None,
         recreated: false,
         moved_from: None,
+        pod_gone: false,
     }
 }
 
@@ -689,6 +777,8 @@ fn a_volume_seen_for_the_first_time_is_named_by_its_claim() {
             job: JobFact::Missing,
             job_problem: None,
             job_node: None,
+            job_finished: None,
+            reported_at: None,
             may_start: true,
         },
         UID,

@@ -161,6 +161,7 @@ fn facts() -> Facts {
         workload_pods: BTreeMap::new(),
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
+        job_finished: BTreeMap::new(),
     }
 }
 
