@@ -102,6 +102,52 @@ fn job_states_come_from_true_conditions_only() {
     );
 }
 
+#[test]
+fn a_failed_jobs_message_leads_with_its_reason_when_it_has_one() {
+    let failed = |reason: serde_json::Value| -> JobState {
+        job_state(
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "j"},
+                "status": {"conditions": [{"type": "Failed", "status": "True", "reason": reason,
+                    "message": "Job was active longer than specified deadline"}]},
+            }))
+            .unwrap(),
+        )
+    };
+    let message = |state: JobState| match state {
+        JobState::Failed { message } => message,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        message(failed("DeadlineExceeded".into())),
+        "DeadlineExceeded: Job was active longer than specified deadline"
+    );
+    for none in [serde_json::json!(""), serde_json::Value::Null] {
+        assert_eq!(
+            message(failed(none.clone())),
+            "Job was active longer than specified deadline",
+            "{none:?}"
+        );
+    }
+}
+
+#[test]
+fn a_command_run_writes_under_the_repositorys_prefix() {
+    let repository: custody_kube::api::BackupRepository =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "repo", "namespace": "db"},
+            "spec": {"endpoint": "http://s3:9000", "bucket": "backups", "prefix": "/team/",
+                     "credentialsSecretRef": {"name": "s3"}},
+        }))
+        .unwrap();
+    let destination = destination(&repository, "dumps/orders");
+    assert_eq!(destination.endpoint, "http://s3:9000");
+    assert_eq!(destination.bucket, "backups");
+    assert_eq!(destination.prefix, "team/dumps/orders");
+    assert_eq!(destination.credentials_secret.as_deref(), Some("s3"));
+}
+
 fn recorded() -> Artifact {
     Artifact {
         repository: "repo".into(),
@@ -124,8 +170,15 @@ fn a_finished_backup_is_complete_only_with_the_recorded_keys() {
     );
     let artifact = completion(&recorded(), &read_report(&done)).expect("complete");
     assert_eq!(artifact.size_bytes, Some(42));
+    assert_eq!(artifact.checksum.as_deref(), Some("c"));
     assert_eq!(artifact.manifest_hash.as_deref(), Some("m"));
     assert_eq!(artifact.key, recorded().key);
+
+    // Either key other than the recorded one is not this Backup's.
+    let other_manifest = done.replace("manifest.jsonl", "other.jsonl");
+    let (reason, _) =
+        completion(&recorded(), &read_report(&other_manifest)).expect_err("manifest mismatch");
+    assert_eq!(reason, "ArtifactKeyMismatch");
 
     let elsewhere = done.replace(UID, "another-uid");
     let (reason, _) = completion(&recorded(), &read_report(&elsewhere)).expect_err("mismatch");
@@ -325,6 +378,14 @@ fn a_pod_that_will_not_start_is_named_with_its_reason() {
                 "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
             )],
             Some("pod p cannot be scheduled: 0/3 nodes are available"),
+        ),
+        (
+            "another condition says Unschedulable",
+            vec![pod(
+                serde_json::json!({"conditions": [{"type": "Ready", "status": "False",
+                "reason": "Unschedulable"}]}),
+            )],
+            None,
         ),
         (
             "scheduled",
