@@ -220,16 +220,7 @@ pub async fn start_problem(
                     "Events of Job {namespace}/{job_name}"
                 )))?
                 .items;
-        refused = events
-            .into_iter()
-            .max_by_key(|event| {
-                event
-                    .last_timestamp
-                    .as_ref()
-                    .map(|time| time.0)
-                    .or(event.event_time.as_ref().map(|time| time.0))
-            })
-            .and_then(|event| event.message);
+        refused = latest_message(events);
     }
     Ok(crate::backups::decide::pod_not_starting(
         &pods,
@@ -237,9 +228,51 @@ pub async fn start_problem(
     ))
 }
 
+/// The message of the most recent of `events` (by `lastTimestamp`, else `eventTime`): the Job
+/// controller's latest word on why it could not create a pod.
+fn latest_message(events: Vec<k8s_openapi::api::core::v1::Event>) -> Option<String> {
+    events
+        .into_iter()
+        .max_by_key(|event| {
+            event
+                .last_timestamp
+                .as_ref()
+                .map(|time| time.0)
+                .or(event.event_time.as_ref().map(|time| time.0))
+        })
+        .and_then(|event| event.message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_latest_refusal_is_the_one_named() {
+        let event = |message: &str, last: Option<&str>, time: Option<&str>| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::Event>(serde_json::json!({
+                "metadata": {"name": message},
+                "involvedObject": {},
+                "message": message,
+                "lastTimestamp": last,
+                "eventTime": time,
+            }))
+            .unwrap()
+        };
+        assert_eq!(latest_message(Vec::new()), None);
+        let events = vec![
+            event("quota", Some("2026-12-01T10:00:00Z"), None),
+            event("pod security", Some("2026-12-01T10:05:00Z"), None),
+            event("older", Some("2026-12-01T09:00:00Z"), None),
+        ];
+        assert_eq!(latest_message(events).as_deref(), Some("pod security"));
+        // An event with only an eventTime (events.k8s.io) counts by that.
+        let events = vec![
+            event("quota", Some("2026-12-01T10:00:00Z"), None),
+            event("new style", None, Some("2026-12-01T11:00:00.000000Z")),
+        ];
+        assert_eq!(latest_message(events).as_deref(), Some("new style"));
+    }
 
     #[test]
     fn a_job_has_bounded_scratch_space_for_a_read_only_root() {
