@@ -1352,22 +1352,7 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     custody_tests::scenario::shop_restored_from_nightly(&setup, json!({})).await;
 
     // The prepareData Job exists on node a; its agent stops before the Job's pod runs.
-    let restores: Api<Restore> = setup.namespace.api();
-    let first = await_condition(&restores, "shop", "a Job", TIMEOUT, |restore: &Restore| {
-        restore
-            .status
-            .as_ref()
-            .is_some_and(|status| status.volumes.iter().any(|v| v.job_name.is_some()))
-    })
-    .await;
-    let job_a = first.status.unwrap().volumes[0].job_name.clone().unwrap();
-    setup.agent.stop();
-    setup.jobs.set_running(true);
-    let jobs: Api<Job> = setup.namespace.api();
-    await_condition(&jobs, &job_a, "succeeded", TIMEOUT, |job: &Job| {
-        job.status.as_ref().and_then(|status| status.succeeded) == Some(1)
-    })
-    .await;
+    first_job_succeeds_unseen(&mut setup).await;
 
     // Node a's agent is silent: the Restore says so, naming node and last report.
     let silent =
@@ -1444,24 +1429,49 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     // Nothing was written again: the files are the ones node a's Job wrote.
     assert_eq!(inodes(target.path()), written);
     // custody-wait on node b was released.
-    eventually("custody-wait released on node b", TIMEOUT, || {
-        let runs = workloads_b.runs();
+    released(&workloads_b, "shop-0").await;
+    drop(workloads_a);
+    drop(workloads_b);
+    setup.finish().await;
+    kubelet_b.delete().await;
+}
+
+/// Waits for the Restore's first prepareData Job, stops the node's agent, lets the Job run and
+/// succeed unseen by it (the fake Job runner was paused); the Job's name.
+async fn first_job_succeeds_unseen(setup: &mut Setup) -> String {
+    let restores: Api<Restore> = setup.namespace.api();
+    let first = await_condition(&restores, "shop", "a Job", TIMEOUT, |restore: &Restore| {
+        restore
+            .status
+            .as_ref()
+            .is_some_and(|status| status.volumes.iter().any(|v| v.job_name.is_some()))
+    })
+    .await;
+    let job = first.status.unwrap().volumes[0].job_name.clone().unwrap();
+    setup.agent.stop();
+    setup.jobs.set_running(true);
+    let jobs: Api<Job> = setup.namespace.api();
+    await_condition(&jobs, &job, "succeeded", TIMEOUT, |job: &Job| {
+        job.status.as_ref().and_then(|status| status.succeeded) == Some(1)
+    })
+    .await;
+    job
+}
+
+/// Waits until `pod`'s `custody-wait` exited 0 under `workloads`.
+async fn released(workloads: &WorkloadRunner, pod: &str) {
+    eventually(&format!("custody-wait released {pod}"), TIMEOUT, || {
+        let runs = workloads.runs();
         async move {
             runs.iter()
                 .find(|run| {
-                    run.pod == "shop-0"
-                        && run.container == names::WAIT_CONTAINER
-                        && run.exit_code == 0
+                    run.pod == pod && run.container == names::WAIT_CONTAINER && run.exit_code == 0
                 })
                 .map(|_| ())
                 .ok_or_else(|| format!("{} runs", runs.len()))
         }
     })
     .await;
-    drop(workloads_a);
-    drop(workloads_b);
-    setup.finish().await;
-    kubelet_b.delete().await;
 }
 
 /// The agent's count of bytes its verifications read and hashed.
@@ -1634,24 +1644,9 @@ async fn a_prepare_data_pod_deleted_before_its_output_was_verified_gets_another_
     setup.jobs.set_running(false);
     restore_into(&setup, target.path(), json!({})).await;
     let workloads = WorkloadRunner::start(&client, &setup.namespace.name, setup.kubelet.clone());
-    let restores: Api<Restore> = setup.namespace.api();
-    let first = await_condition(&restores, "shop", "a Job", TIMEOUT, |restore: &Restore| {
-        restore
-            .status
-            .as_ref()
-            .is_some_and(|status| status.volumes.iter().any(|v| v.job_name.is_some()))
-    })
-    .await;
-    let job = first.status.unwrap().volumes[0].job_name.clone().unwrap();
 
     // The agent is away while the Job writes the volume and succeeds; its pod is then deleted.
-    setup.agent.stop();
-    setup.jobs.set_running(true);
-    let jobs: Api<Job> = setup.namespace.api();
-    await_condition(&jobs, &job, "succeeded", TIMEOUT, |job: &Job| {
-        job.status.as_ref().and_then(|status| status.succeeded) == Some(1)
-    })
-    .await;
+    let job = first_job_succeeds_unseen(&mut setup).await;
     let written = inodes(target.path());
     assert!(written.len() > 100, "{}", written.len());
     let pods: Api<Pod> = setup.namespace.api();
@@ -1692,20 +1687,7 @@ async fn a_prepare_data_pod_deleted_before_its_output_was_verified_gets_another_
     .await;
     // Nothing was written again.
     assert_eq!(inodes(target.path()), written);
-    eventually("custody-wait released", TIMEOUT, || {
-        let runs = workloads.runs();
-        async move {
-            runs.iter()
-                .find(|run| {
-                    run.pod == "shop-0"
-                        && run.container == names::WAIT_CONTAINER
-                        && run.exit_code == 0
-                })
-                .map(|_| ())
-                .ok_or_else(|| format!("{} runs", runs.len()))
-        }
-    })
-    .await;
+    released(&workloads, "shop-0").await;
     drop(workloads);
     setup.finish().await;
 }
