@@ -869,19 +869,9 @@ async fn a_completed_restore_never_holds_its_pod_again() {
     assert_eq!(verifications_finished(&setup.agent.metrics()), 0);
     let agents: Api<NodeAgent> = Api::all(client.clone());
     let node = setup.kubelet.node.clone();
-    let agent = await_condition(
-        &agents,
-        &node,
-        "the volume reported verified",
-        TIMEOUT,
-        |agent: &NodeAgent| {
-            agent
-                .status
-                .as_ref()
-                .and_then(|status| status.volumes.as_ref())
-                .is_some_and(|volumes| volumes.verified == 1)
-        },
-    )
+    let agent = node_counts(&agents, &node, "the volume reported verified", |volumes| {
+        volumes.verified == 1
+    })
     .await;
     assert_eq!(agent.status.unwrap().volumes.unwrap().failed, 0);
     let restore = restores.get("shop").await.unwrap();
@@ -1436,6 +1426,23 @@ async fn a_pod_rescheduled_after_its_volume_was_written_is_verified_on_its_new_n
     kubelet_b.delete().await;
 }
 
+/// Waits until the NodeAgent of `node` counts its volumes as `wanted` says; the NodeAgent then.
+async fn node_counts(
+    agents: &Api<NodeAgent>,
+    node: &str,
+    what: &str,
+    wanted: impl Fn(&custody_kube::api::VolumeCounts) -> bool,
+) -> NodeAgent {
+    await_condition(agents, node, what, TIMEOUT, |agent: &NodeAgent| {
+        agent
+            .status
+            .as_ref()
+            .and_then(|status| status.volumes.as_ref())
+            .is_some_and(&wanted)
+    })
+    .await
+}
+
 /// Waits for the Restore's first prepareData Job, stops the node's agent, lets the Job run and
 /// succeed unseen by it (the fake Job runner was paused); the Job's name.
 async fn first_job_succeeds_unseen(setup: &mut Setup) -> String {
@@ -1540,18 +1547,11 @@ async fn an_agent_rollout_over_twenty_restored_volumes_reads_none_of_them() {
     assert_eq!(verifications_finished(&after), 0, "{after}");
     assert_eq!(verified_bytes(&after), 0, "{after}");
     let agents: Api<NodeAgent> = Api::all(client.clone());
-    let agent = await_condition(
+    let agent = node_counts(
         &agents,
         &setup.kubelet.node,
         "20 volumes reported verified",
-        TIMEOUT,
-        |agent: &NodeAgent| {
-            agent
-                .status
-                .as_ref()
-                .and_then(|status| status.volumes.as_ref())
-                .is_some_and(|volumes| volumes.verified == 20)
-        },
+        |volumes| volumes.verified == 20,
     )
     .await;
     assert_eq!(agent.status.unwrap().volumes.unwrap().failed, 0);
@@ -1600,18 +1600,11 @@ async fn a_restore_whose_job_pod_never_runs_fails_at_the_deadline_and_frees_the_
     lease_free(&setup.namespace, "shop", TIMEOUT).await;
     // The node says what the Restore says, not "pending" for a restore that is over.
     let agents: Api<NodeAgent> = Api::all(setup.namespace.client.clone());
-    let agent = await_condition(
+    let agent = node_counts(
         &agents,
         &setup.kubelet.node,
         "the volume reported failed by its node",
-        TIMEOUT,
-        |agent: &NodeAgent| {
-            agent
-                .status
-                .as_ref()
-                .and_then(|status| status.volumes.as_ref())
-                .is_some_and(|volumes| volumes.failed == 1)
-        },
+        |volumes| volumes.failed == 1,
     )
     .await;
     let reported = &agent.status.unwrap().restored_volumes[0];
