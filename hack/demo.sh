@@ -7,10 +7,11 @@
 # Debian's packages), run by a StatefulSet on real ext4 volumes.
 #
 # It fills a database, shows that a backup of it while it runs is refused without a
-# consistency method, backs it up stopped, restores it into a new Cluster whose pod custody-wait
-# holds in Init until the node's agent verified the volume, queries the restored database
-# (the same rows, pg_amcheck clean), then shows a restore of a damaged artifact refused and its
-# pod kept from starting. Cleans up after itself (custody uninstalled but for its CRDs and
+# consistency method, backs it up stopped into an encrypted repository (restic's format: the
+# password is in a Secret, and restic itself lists the snapshot), restores it into a new Cluster
+# whose pod custody-wait holds in Init until the node's agent verified the volume, queries the
+# restored database (the same rows, pg_amcheck clean), then shows a restore of a damaged pack
+# refused and its pod kept from starting. Cleans up after itself (custody uninstalled but for its CRDs and
 # namespace, the node stopped; the control plane and MinIO keep running); a second run works.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -124,11 +125,18 @@ kc create namespace "$ns" >/dev/null
 volume orders data-orders-db-0
 kc -n "$ns" create secret generic s3 \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" >/dev/null
+# The repository's password: losing every password loses the backups. (The demo keeps one in
+# its work directory to show restic reading the repository.)
+password=$(openssl rand -hex 24)
+echo "$password" > "$work/repository-password"
+kc -n "$ns" create secret generic local-s3-keys --from-literal=password="$password" >/dev/null
+prefix=custody-$(date +%s)
 kc -n "$ns" apply -f - <<YAML
 apiVersion: custody.io/v1alpha1
 kind: BackupRepository
 metadata: {name: local-s3}
-spec: {endpoint: "$pods_endpoint", bucket: $bucket, prefix: custody, forcePathStyle: true, credentialsSecretRef: {name: s3}}
+spec: {endpoint: "$pods_endpoint", bucket: $bucket, prefix: $prefix, forcePathStyle: true, credentialsSecretRef: {name: s3},
+       encryption: {keySecretRef: {name: local-s3-keys}}}
 ---
 apiVersion: custody.io/v1alpha1
 kind: Cluster
@@ -168,6 +176,10 @@ spec: {clusterRef: {name: orders-db}}
 YAML
 kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s backup.custody.io/orders-db-nightly
 kc -n "$ns" get backups.custody.io -o wide
+kc -n "$ns" get backup.custody.io orders-db-nightly \
+  -o jsonpath='snapshot {.status.artifact.snapshot.id} in repository {.status.artifact.snapshot.repositoryId}{"\n"}'
+echo "restic opens the same repository with the password (no custody needed to read it):"
+RESTIC_PASSWORD="$password" restic -r "s3:$endpoint/$bucket/$prefix/custody_repository" --no-cache snapshots
 
 step "A restore: Cluster orders-db-copy, its pod held in Init until the agent verified the volume"
 volume copy data-orders-db-copy-0
@@ -197,8 +209,8 @@ kubectl_local -n "$ns" exec orders-db-copy-0 -c db -- pg_amcheck --heapallindexe
 kc -n "$ns" get clusters.custody.io,restores.custody.io
 kc get nodeagents -o wide
 
-step "A damaged backup is refused: one byte of the artifact changed in S3, the pod never starts"
-key=$(kubectl_local -n "$ns" get backup.custody.io orders-db-nightly -o jsonpath='{.status.artifact.key}')
+step "A damaged backup is refused: one byte of a pack changed in S3, the pod never starts"
+key=$(hack/s3.py largest "$endpoint" "$bucket" "$prefix/custody_repository/data/")
 hack/s3.py flip-byte "$endpoint" "$bucket" "$key"
 volume bad data-orders-db-bad-0
 kc -n "$ns" apply -f - <<YAML

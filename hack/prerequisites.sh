@@ -6,7 +6,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
 install_missing openssl:openssl curl:curl flock:util-linux setsid:util-linux base64:coreutils bc:bc \
-  python3:python3 mkfs.ext4:e2fsprogs protoc:protobuf-compiler faketime:faketime
+  python3:python3 mkfs.ext4:e2fsprogs protoc:protobuf-compiler faketime:faketime restic:restic
 
 command -v go >/dev/null 2>&1 || { log "Go is required to build the control plane (https://go.dev/dl)"; exit 1; }
 command -v cargo >/dev/null 2>&1 || { log "Rust (rustup) is required"; exit 1; }

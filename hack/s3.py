@@ -5,6 +5,8 @@
         creates the bucket (an existing bucket is fine)
     ... hack/s3.py flip-byte ENDPOINT BUCKET KEY
         changes one byte in the middle of an object (to show a damaged backup refused)
+    ... hack/s3.py largest ENDPOINT BUCKET PREFIX
+        prints the key of the largest object under PREFIX (a repository's biggest pack)
     ... hack/s3.py sweep ENDPOINT REGEX
         deletes every bucket whose whole name matches REGEX, with its objects (MinIO's
         force delete: the test suite's buckets of earlier runs)
@@ -20,16 +22,20 @@ import urllib.parse
 import urllib.request
 
 
-def request(method, endpoint, path, body=b"", headers=()):
+def request(method, endpoint, path, body=b"", headers=(), query=None):
     access, secret, region = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"], "us-east-1"
     endpoint = endpoint.rstrip("/")
     host = endpoint.split("://", 1)[1]
     path = urllib.parse.quote(path, safe="/-_.~")
+    canonical_query = "&".join(
+        f"{urllib.parse.quote(name, safe='-_.~')}={urllib.parse.quote(value, safe='-_.~')}"
+        for name, value in sorted((query or {}).items())
+    )
     now = datetime.datetime.now(datetime.timezone.utc)
     amz_date, date = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
     payload = hashlib.sha256(body).hexdigest()
     canonical = (
-        f"{method}\n{path}\n\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\n"
+        f"{method}\n{path}\n{canonical_query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\n"
         f"host;x-amz-content-sha256;x-amz-date\n{payload}"
     )
     scope = f"{date}/{region}/s3/aws4_request"
@@ -39,7 +45,7 @@ def request(method, endpoint, path, body=b"", headers=()):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     signed = urllib.request.Request(
-        f"{endpoint}{path}",
+        f"{endpoint}{path}" + (f"?{canonical_query}" if canonical_query else ""),
         data=body if method == "PUT" else None,
         method=method,
         headers={
@@ -67,6 +73,21 @@ def main(command, endpoint, bucket, *rest):
         data[len(data) // 2] ^= 0xFF
         request("PUT", endpoint, f"/{bucket}/{key}", bytes(data))
         print(f"changed byte {len(data) // 2} of {len(data)} in s3://{bucket}/{key}")
+    elif command == "largest":
+        (prefix,) = rest
+        objects, token = [], None
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if token:
+                query["continuation-token"] = token
+            page = request("GET", endpoint, f"/{bucket}", query=query).decode()
+            objects += re.findall(r"<Key>([^<]+)</Key>.*?<Size>(\d+)</Size>", page, re.S)
+            token = (re.findall(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", page) or [None])[0]
+            if not token:
+                break
+        if not objects:
+            sys.exit(f"nothing under s3://{bucket}/{prefix}")
+        print(max(objects, key=lambda entry: int(entry[1]))[0])
     elif command == "sweep":
         # MinIO may list a bucket again shortly after its first delete (seen here with
         # 1,400 at once): sweep until a listing shows none.

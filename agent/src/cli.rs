@@ -187,24 +187,62 @@ pub struct MoverOptions {
     /// Also write the JSON result (or the error) here: the container's termination message.
     #[arg(long = flags::RESULT_FILE, env = env::RESULT_FILE, global = true)]
     pub result_file: Option<PathBuf>,
+
+    /// Format 2: the prefix of the repository (restic's layout) in the bucket. Its password
+    /// comes from `CUSTODY_REPOSITORY_PASSWORD`.
+    #[arg(long = flags::REPOSITORY_PREFIX, global = true)]
+    pub repository_prefix: Option<String>,
+
+    /// Format 2: the repository's ID as recorded; another repository at the prefix is refused.
+    #[arg(long = flags::REPOSITORY_ID, global = true)]
+    pub repository_id: Option<String>,
+}
+
+/// What custody records about a snapshot backup (format 2), sealed in the snapshot.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SnapshotFlags {
+    /// The volume claim template whose claim is backed up (`data/<volume>` in the snapshot).
+    #[arg(long = flags::VOLUME, requires = "repository_prefix")]
+    pub volume: Option<String>,
+    /// The claim.
+    #[arg(long = flags::CLAIM, requires = "volume")]
+    pub claim: Option<String>,
+    #[arg(long = flags::BACKUP_NAME, requires = "volume")]
+    pub backup_name: Option<String>,
+    #[arg(long = flags::NAMESPACE, requires = "volume")]
+    pub namespace: Option<String>,
+    #[arg(long = flags::CLUSTER, requires = "volume")]
+    pub cluster: Option<String>,
+    /// The UID of the Kubernetes cluster's `kube-system` namespace.
+    #[arg(long = flags::ORIGIN_CLUSTER, requires = "volume")]
+    pub origin_cluster: Option<String>,
+    /// How the data is captured (`Stopped`, `Frozen`, `Tool`, `Hooks`, `CrashUnsafe`).
+    #[arg(long = flags::CONSISTENCY, requires = "volume")]
+    pub consistency: Option<String>,
+    /// The snapshot of the Cluster's last completed backup: unchanged files are not read.
+    #[arg(long = flags::PARENT, requires = "volume")]
+    pub parent: Option<String>,
 }
 
 /// What the mover does.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum MoverCommand {
-    /// Streams a volume into the repository: tar + zstd, multipart, manifest after the data.
+    /// Backs a volume up. With `--repository-prefix`: one snapshot in the repository (format
+    /// 2). With `--prefix`: tar + zstd, multipart, manifest after the data (format 1).
     #[command(name = flags::BACKUP)]
     Backup {
         /// The volume (read only).
         #[arg(long = flags::SOURCE)]
         source: PathBuf,
-        /// Key prefix of the artifact; it contains the Backup's UID.
-        #[arg(long = flags::PREFIX)]
-        prefix: String,
+        /// Format 1: key prefix of the artifact; it contains the Backup's UID.
+        #[arg(long = flags::PREFIX, required_unless_present = "repository_prefix")]
+        prefix: Option<String>,
         #[arg(long = flags::BACKUP_UID)]
         backup_uid: String,
         #[arg(long = flags::CLUSTER_UID)]
         cluster_uid: String,
+        #[command(flatten)]
+        snapshot: SnapshotFlags,
         /// Freeze the filesystem of this claim (one the pod mounts) while the volume is read:
         /// the node's agent holds it frozen as long as the mover asks, up to
         /// `--max-freeze-seconds`. The agent, the pod's token and the agent's CA come from
@@ -222,12 +260,18 @@ pub enum MoverCommand {
         /// The volume to write.
         #[arg(long = flags::TARGET)]
         target: PathBuf,
-        /// Key of the data object.
-        #[arg(long = flags::KEY)]
-        key: String,
-        /// Key of the manifest object.
-        #[arg(long = flags::MANIFEST_KEY)]
-        manifest_key: String,
+        /// Format 2: the snapshot to restore from (with `--repository-prefix`).
+        #[arg(long = flags::SNAPSHOT, requires = "volume", conflicts_with_all = ["key", "manifest_key"])]
+        snapshot: Option<String>,
+        /// Format 2: which of the snapshot's volumes.
+        #[arg(long = flags::VOLUME, requires = "snapshot")]
+        volume: Option<String>,
+        /// Format 1: key of the data object.
+        #[arg(long = flags::KEY, required_unless_present = "snapshot", requires = "manifest_key")]
+        key: Option<String>,
+        /// Format 1: key of the manifest object.
+        #[arg(long = flags::MANIFEST_KEY, requires = "key")]
+        manifest_key: Option<String>,
         /// BLAKE3 of the manifest as the Backup recorded it.
         #[arg(long = flags::MANIFEST_HASH)]
         manifest_hash: String,
@@ -291,11 +335,12 @@ mod tests {
                 cluster_uid,
                 freeze_claim,
                 max_freeze_seconds,
+                ..
             } => {
                 assert_eq!(source, std::path::PathBuf::from("/data"));
                 assert_eq!(
-                    (prefix.as_str(), backup_uid.as_str(), cluster_uid.as_str()),
-                    ("p/ns/db/uid", "b", "c")
+                    (prefix.as_deref(), backup_uid.as_str(), cluster_uid.as_str()),
+                    (Some("p/ns/db/uid"), "b", "c")
                 );
                 assert_eq!(freeze_claim.as_deref(), Some("data-db-0"));
                 assert_eq!(max_freeze_seconds, Some(30));
@@ -324,13 +369,122 @@ mod tests {
                 backup_uid,
                 restore_uid,
                 overwrite,
+                snapshot,
+                ..
             } => {
                 assert_eq!(target, std::path::PathBuf::from("/data"));
                 assert_eq!(
-                    [key, manifest_key, manifest_hash, backup_uid, restore_uid],
-                    ["k", "m", "h", "b", "r"].map(String::from)
+                    [key, manifest_key],
+                    [Some("k".to_string()), Some("m".to_string())]
+                );
+                assert_eq!(
+                    [manifest_hash, backup_uid, restore_uid],
+                    ["h", "b", "r"].map(String::from)
                 );
                 assert!(!overwrite);
+                assert_eq!(snapshot, None);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn snapshot_invocations_parse_as_the_mover_reads_them() {
+        use custody_proto::mover::{FreezeArgs, RepositoryArgs, SnapshotBackupArgs};
+        let repository = RepositoryArgs {
+            prefix: "custody/custody_repository".into(),
+            id: Some("r1".into()),
+        };
+        let backup = Invocation::SnapshotBackup(SnapshotBackupArgs {
+            source: "/data".into(),
+            repository: repository.clone(),
+            volume: "data".into(),
+            claim: "data-db-0".into(),
+            backup_name: "nightly".into(),
+            backup_uid: "b".into(),
+            namespace: "shop".into(),
+            cluster: "db".into(),
+            cluster_uid: "c".into(),
+            origin_cluster: "o".into(),
+            consistency: "Frozen".into(),
+            parent: Some("p".into()),
+            freeze: Some(FreezeArgs {
+                claim: "data-db-0".into(),
+                max_seconds: 30,
+            }),
+        });
+        let parsed = MoverOptions::try_parse_from(
+            std::iter::once("custody-mover".to_string()).chain(backup.args()),
+        )
+        .expect("snapshot backup flags");
+        assert_eq!(
+            parsed.repository_prefix.as_deref(),
+            Some("custody/custody_repository")
+        );
+        assert_eq!(parsed.repository_id.as_deref(), Some("r1"));
+        match parsed.command {
+            MoverCommand::Backup {
+                prefix,
+                snapshot,
+                freeze_claim,
+                ..
+            } => {
+                assert_eq!(prefix, None);
+                assert_eq!(
+                    [
+                        snapshot.volume,
+                        snapshot.claim,
+                        snapshot.backup_name,
+                        snapshot.namespace,
+                        snapshot.cluster,
+                        snapshot.origin_cluster,
+                        snapshot.consistency,
+                        snapshot.parent,
+                        freeze_claim
+                    ],
+                    [
+                        "data",
+                        "data-db-0",
+                        "nightly",
+                        "shop",
+                        "db",
+                        "o",
+                        "Frozen",
+                        "p",
+                        "data-db-0"
+                    ]
+                    .map(|value| Some(value.to_string()))
+                );
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+
+        let restore = Invocation::SnapshotRestore {
+            target: "/data".into(),
+            repository,
+            snapshot: "s".into(),
+            volume: "data".into(),
+            manifest_hash: "h".into(),
+            backup_uid: "b".into(),
+            restore_uid: "r".into(),
+        };
+        let parsed = MoverOptions::try_parse_from(
+            std::iter::once("custody-mover".to_string()).chain(restore.args()),
+        )
+        .expect("snapshot restore flags");
+        match parsed.command {
+            MoverCommand::Restore {
+                snapshot,
+                volume,
+                key,
+                manifest_hash,
+                ..
+            } => {
+                assert_eq!(
+                    [snapshot, volume, key],
+                    [Some("s".to_string()), Some("data".to_string()), None]
+                );
+                assert_eq!(manifest_hash, "h");
             }
             other => panic!("parsed as {other:?}"),
         }

@@ -59,6 +59,24 @@ pub trait Archive {
     fn file(&mut self, path: &str, metadata: &Metadata, content: &mut dyn Read) -> io::Result<()>;
 }
 
+/// A symlink's target, if a backup can hold it: UTF-8, and leading nowhere out of the volume
+/// (a restore could never write or verify that).
+pub fn symlink_target(found: &tree::Found) -> Result<String, BuildError> {
+    let target = found
+        .symlink_target
+        .clone()
+        .ok_or_else(|| BuildError::NonUtf8Target {
+            path: found.path.clone(),
+        })?;
+    if crate::verify::symlink_escapes(&found.path, &target) {
+        return Err(BuildError::SymlinkLeavesVolume {
+            path: found.path.clone(),
+            target,
+        });
+    }
+    Ok(target)
+}
+
 /// Walks `root` and writes its manifest to `out`.
 pub fn build<W: Write>(
     root: &Path,
@@ -109,19 +127,7 @@ pub fn build_into<W: Write>(
         let (kind, metadata) = match found.kind {
             OnDisk::Dir => (Kind::Dir, walked()?),
             OnDisk::Symlink => {
-                let target =
-                    found
-                        .symlink_target
-                        .clone()
-                        .ok_or_else(|| BuildError::NonUtf8Target {
-                            path: found.path.clone(),
-                        })?;
-                if crate::verify::symlink_escapes(&found.path, &target) {
-                    return Err(BuildError::SymlinkLeavesVolume {
-                        path: found.path,
-                        target,
-                    });
-                }
+                let target = symlink_target(&found)?;
                 (Kind::Symlink { target }, walked()?)
             }
             OnDisk::File => {

@@ -23,7 +23,7 @@ pub enum OnDisk {
 }
 
 impl OnDisk {
-    fn of(stat: &Stat) -> OnDisk {
+    pub fn of(stat: &Stat) -> OnDisk {
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::RegularFile => OnDisk::File,
             FileType::Directory => OnDisk::Dir,
@@ -68,7 +68,7 @@ impl Metadata {
 }
 
 /// One entry found by the walk.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Found {
     /// Path relative to the root, `/`-separated.
     pub path: String,
@@ -79,6 +79,9 @@ pub struct Found {
     pub metadata: Option<Metadata>,
     /// The link's target, for symlinks whose target is UTF-8.
     pub symlink_target: Option<String>,
+    /// The `stat` of the entry itself, taken by the walk (for regular files only when the walk
+    /// was asked to: [`Walk::stat_files`]).
+    pub stat: Option<Stat>,
     /// A directory that is a mount of another filesystem; it is not entered.
     pub other_filesystem: bool,
 }
@@ -130,6 +133,20 @@ pub fn open_beneath(root: &OwnedFd, path: &str, flags: OFlags) -> Result<OwnedFd
     )
 }
 
+/// The `stat` of `path` beneath `root` itself (a symlink is not followed), refusing symlinks
+/// on the way to it.
+pub fn stat_beneath(root: &OwnedFd, path: &str) -> Result<Stat, Errno> {
+    // openat2 refuses any flag O_PATH ignores.
+    let fd = rustix::fs::openat2(
+        root,
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        beneath(),
+    )?;
+    rustix::fs::fstat(&fd)
+}
+
 struct Level {
     fd: OwnedFd,
     path: String,
@@ -143,6 +160,7 @@ pub struct Walk {
     device: u64,
     stack: Vec<Level>,
     ignore_at_root: Vec<String>,
+    stat_files: bool,
 }
 
 impl Walk {
@@ -166,9 +184,17 @@ impl Walk {
             device: stat.st_dev,
             stack: Vec::new(),
             ignore_at_root: ignore_at_root.iter().map(|name| name.to_string()).collect(),
+            stat_files: false,
         };
         walk.push_level(fd, String::new())?;
         Ok(walk)
+    }
+
+    /// Also `stat` regular files (relative to their directory, not following a symlink), so
+    /// that whoever needs their metadata without reading them need not open them.
+    pub fn stat_files(mut self) -> Walk {
+        self.stat_files = true;
+        self
     }
 
     fn push_level(&mut self, fd: OwnedFd, path: String) -> Result<(), WalkError> {
@@ -211,12 +237,13 @@ impl Walk {
         };
         // A regular file cannot be a mount point reached by the walk without a stat, but it can
         // be a bind mount: readers open it with RESOLVE_NO_XDEV, which refuses that.
-        if listed_type == FileType::RegularFile {
+        if listed_type == FileType::RegularFile && !self.stat_files {
             return Ok(Found {
                 path,
                 kind: OnDisk::File,
                 metadata: None,
                 symlink_target: None,
+                stat: None,
                 other_filesystem: false,
             });
         }
@@ -233,6 +260,7 @@ impl Walk {
             kind,
             metadata: Some(Metadata::of(&stat)),
             symlink_target: None,
+            stat: Some(stat),
             other_filesystem: stat.st_dev != self.device,
         };
         match kind {

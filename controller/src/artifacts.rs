@@ -226,6 +226,75 @@ pub fn contest(mine: &Artifact, uid: &str, others: &[Other<'_>]) -> Contest {
     }
 }
 
+/// The contest of a snapshot (format 2): the snapshot file `snapshots/<id>` in the repository
+/// is this Backup's to forget when its ID was recorded from the report of this Backup's own
+/// Job (a snapshot file's name is the SHA-256 of its content: no other file can have it), the
+/// snapshot was written by this Kubernetes cluster (`here`, the UID of its `kube-system`), and
+/// no other Backup, in any namespace, records the same snapshot. Forgetting deletes that one
+/// file; the blocks it used stay until a prune finds no snapshot uses them.
+pub fn contest_snapshot(
+    mine: &Artifact,
+    here: Option<&str>,
+    uid: &str,
+    others: &[Other<'_>],
+) -> Contest {
+    let Some(snapshot) = &mine.snapshot else {
+        return Contest::Refused {
+            reason: "KeyNotProvenOwn",
+            message: "no snapshot was recorded".to_string(),
+        };
+    };
+    let Some(id) = &snapshot.id else {
+        // The run wrote no snapshot: nothing to forget.
+        return Contest::Proven { keys: Vec::new() };
+    };
+    if id.len() != 64 || !id.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return Contest::Refused {
+            reason: "KeyNotNormal",
+            message: format!(
+                "the recorded snapshot {id:?} is not a snapshot ID; nothing is deleted"
+            ),
+        };
+    }
+    if here != Some(snapshot.origin_cluster.as_str()) {
+        return Contest::Refused {
+            reason: "SnapshotOfAnotherCluster",
+            message: format!(
+                "snapshot {id} was written by the Kubernetes cluster whose kube-system namespace has UID {}, not by this one: only that cluster forgets it; it is kept",
+                snapshot.origin_cluster
+            ),
+        };
+    }
+    for other in others {
+        if other.uid == uid {
+            continue;
+        }
+        let Some(theirs) = other
+            .artifact
+            .and_then(|artifact| artifact.snapshot.as_ref())
+        else {
+            continue;
+        };
+        if theirs.id.as_deref() == Some(id.as_str())
+            && theirs.repository_id == snapshot.repository_id
+        {
+            return Contest::Refused {
+                reason: "KeyClaimedByAnother",
+                message: format!(
+                    "Backup {}/{} (UID {}) also records snapshot {id}; nothing is deleted",
+                    other.namespace, other.name, other.uid
+                ),
+            };
+        }
+    }
+    Contest::Proven {
+        keys: vec![format!(
+            "{}/snapshots/{id}",
+            mine.prefix.trim_end_matches('/')
+        )],
+    }
+}
+
 /// The contest of a dump attributed to a command backup: the attribution is made again with
 /// the runs as they are now (another run of the prefix, finished or not, that could have
 /// written the dump, or that recorded it, refuses it).
@@ -345,6 +414,11 @@ pub fn step(facts: &Deleting<'_>) -> Step {
         };
     }
     match &facts.contest {
+        Some(Contest::Proven { keys }) if keys.is_empty() => Step::Release {
+            reason: "NoArtifact",
+            message: "the run wrote no snapshot: nothing to forget".to_string(),
+            warning: false,
+        },
         Some(Contest::Proven { keys }) => Step::Delete { keys: keys.clone() },
         Some(Contest::Refused { reason, message }) => Step::Release {
             reason,

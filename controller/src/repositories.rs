@@ -13,6 +13,7 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use crate::conditions::{self, Desired, Status, types};
+use crate::encryption::EncryptionError;
 use crate::error::{Error, Result};
 use crate::events::Note;
 use crate::reconciler::{self, Context};
@@ -33,6 +34,76 @@ pub mod reasons {
     pub const ENDPOINT_UNREACHABLE: &str = "EndpointUnreachable";
     pub const TLS_ERROR: &str = "TLSError";
     pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
+    pub const KEY_SECRET_NOT_FOUND: &str = "KeySecretNotFound";
+    pub const KEY_SECRET_EMPTY: &str = "KeySecretEmpty";
+    pub const KEY_REJECTED: &str = "KeyRejected";
+    pub const REPOSITORY_UNREADABLE: &str = "RepositoryUnreadable";
+    pub const MASTER_KEY_SECRET_TAKEN: &str = "MasterKeySecretTaken";
+}
+
+/// Whether a `Ready` reason says the bucket answered (only the encrypted repository is not
+/// usable): a command backup, which writes its own dump, may go on.
+pub fn bucket_answered(reason: &str) -> bool {
+    [
+        reasons::AVAILABLE,
+        reasons::KEY_SECRET_NOT_FOUND,
+        reasons::KEY_SECRET_EMPTY,
+        reasons::KEY_REJECTED,
+        reasons::REPOSITORY_UNREADABLE,
+        reasons::MASTER_KEY_SECRET_TAKEN,
+    ]
+    .contains(&reason)
+}
+
+/// The `Ready` condition once the bucket answered: the encrypted repository new Backups go to
+/// is open, or why not.
+pub fn encrypted_readiness(
+    outcome: Option<&Result<crate::encryption::Opened, EncryptionError>>,
+    bucket: &str,
+) -> Desired {
+    let (status, reason, message) = match outcome {
+        // Format 1 goes on for a repository without a key Secret (an upgrade breaks no
+        // schedule); the Event and the message say how to move.
+        None => (
+            Status::True,
+            reasons::AVAILABLE,
+            format!(
+                "bucket {bucket} is reachable with the configured credentials; Backups are written unencrypted (format 1) until spec.encryption names a Secret of passwords"
+            ),
+        ),
+        Some(Ok(opened)) => (
+            Status::True,
+            reasons::AVAILABLE,
+            format!(
+                "bucket {bucket} is reachable and repository {} at {} opens with the key Secret ({} password{})",
+                opened.status.id,
+                opened.status.prefix,
+                opened.status.keys.len(),
+                if opened.status.keys.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            ),
+        ),
+        Some(Err(error)) => (
+            Status::False,
+            match error {
+                EncryptionError::SecretNotFound(_) => reasons::KEY_SECRET_NOT_FOUND,
+                EncryptionError::SecretEmpty(_) => reasons::KEY_SECRET_EMPTY,
+                EncryptionError::KeyRejected { .. } => reasons::KEY_REJECTED,
+                EncryptionError::Unreadable(_) => reasons::REPOSITORY_UNREADABLE,
+                EncryptionError::MasterKeySecretTaken(_) => reasons::MASTER_KEY_SECRET_TAKEN,
+            },
+            error.to_string(),
+        ),
+    };
+    Desired {
+        type_: types::READY,
+        status,
+        reason,
+        message,
+    }
 }
 
 /// What checking a repository found.
@@ -171,20 +242,32 @@ pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
     }
 }
 
-/// Reads the repository's Secret and asks the bucket.
-pub async fn probe(client: &kube::Client, repository: &BackupRepository) -> Probe {
+/// Reads the repository's Secret and asks the bucket; the credentials that worked.
+pub async fn probe(
+    client: &kube::Client,
+    repository: &BackupRepository,
+) -> (Probe, Option<s3::Secret>) {
     let namespace = repository.namespace().unwrap_or_default();
     let secret_name = &repository.spec.credentials_secret_ref.name;
     let credentials = match s3::credentials(client, &namespace, secret_name).await {
         Ok(credentials) => credentials,
-        Err(CredentialsError::SecretMissing { name }) => return Probe::SecretMissing { name },
-        Err(CredentialsError::KeyMissing { name, key }) => {
-            return Probe::SecretIncomplete { name, key };
+        Err(CredentialsError::SecretMissing { name }) => {
+            return (Probe::SecretMissing { name }, None);
         }
-        Err(error @ CredentialsError::Read { .. }) => return Probe::Unreachable(error.to_string()),
+        Err(CredentialsError::KeyMissing { name, key }) => {
+            return (Probe::SecretIncomplete { name, key }, None);
+        }
+        Err(error @ CredentialsError::Read { .. }) => {
+            return (Probe::Unreachable(error.to_string()), None);
+        }
     };
+    let probe = head(repository, &credentials).await;
+    (probe, Some(credentials))
+}
+
+async fn head(repository: &BackupRepository, credentials: &s3::Secret) -> Probe {
     let endpoint = endpoint_of(repository);
-    let s3_client = match s3::client(&endpoint, &credentials) {
+    let s3_client = match s3::client(&endpoint, credentials) {
         Ok(client) => client,
         Err(error) => return Probe::InvalidCaBundle(error.to_string()),
     };
@@ -222,17 +305,77 @@ pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
 /// Checks one repository and writes `Ready`.
 pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>) -> Result<Action> {
     let _measure = reconciler::Measure::start(&context.metrics, "BackupRepository");
-    let probe = probe(&context.client, &repository).await;
-    let desired = readiness(&probe, &repository.spec.bucket);
-    let current = repository.conditions();
+    let (probe, credentials) = probe(&context.client, &repository).await;
     let name = repository.name_any();
     let namespace = repository.namespace().unwrap_or_default();
-    if let Some(next) = conditions::next(
+    // Once the bucket answers: the encrypted repository, opened with the key Secret.
+    let opened = match (&probe, &repository.spec.encryption, &credentials) {
+        (Probe::Reachable, Some(_), Some(credentials)) => Some(
+            crate::encryption::open_repository(
+                &context.client,
+                &repository,
+                &endpoint_of(&repository),
+                credentials,
+            )
+            .await,
+        ),
+        _ => None,
+    };
+    let desired = match &probe {
+        Probe::Reachable => encrypted_readiness(opened.as_ref(), &repository.spec.bucket),
+        _ => readiness(&probe, &repository.spec.bucket),
+    };
+    let recorded = repository
+        .status
+        .as_ref()
+        .and_then(|status| status.repository.clone());
+    let encrypted = match &opened {
+        Some(Ok(opened)) => Some(opened.status.clone()),
+        // Kept while it cannot be checked: what the Backups recorded stays true.
+        _ => recorded.clone(),
+    };
+    if let Some(Ok(opened)) = &opened {
+        let mut changes = Vec::new();
+        if opened.created {
+            changes.push(format!(
+                "created repository {} at {} with the key Secret's first password",
+                opened.status.id, opened.status.prefix
+            ));
+        }
+        if !opened.keys_added.is_empty() {
+            changes.push(format!("added key files for {:?}", opened.keys_added));
+        }
+        if !opened.keys_removed.is_empty() {
+            changes.push(format!(
+                "removed the key files of {:?} (no longer in the key Secret)",
+                opened.keys_removed
+            ));
+        }
+        if !changes.is_empty() {
+            let note = Note {
+                warning: false,
+                reason: "RepositoryKeys".to_string(),
+                text: changes.join("; "),
+            };
+            crate::reconciler::publish(&context, repository.as_ref(), "OpenRepository", &note)
+                .await?;
+        }
+    }
+    let current = repository.conditions();
+    let next = conditions::next(
         current,
         &desired,
         repository.meta().generation,
         Timestamp::now(),
-    ) {
+    );
+    if next.is_some() || encrypted != recorded {
+        let next = next.unwrap_or_else(|| {
+            current
+                .iter()
+                .find(|condition| condition.type_ == desired.type_)
+                .cloned()
+                .expect("an unchanged condition is there")
+        });
         let flipped = conditions::flips(current, &next)
             || current
                 .iter()
@@ -243,7 +386,7 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
             &name,
             FIELD_MANAGER,
             &format!("BackupRepository {namespace}/{name}"),
-            &serde_json::json!({ "conditions": [next] }),
+            &serde_json::json!({ "conditions": [next], "repository": encrypted }),
         )
         .await?;
         tracing::info!(
@@ -275,7 +418,7 @@ pub fn error_policy(
     reconciler::error_policy(&*repository, error, &context)
 }
 
-/// The controller: repositories, re-checked when their Secret changes.
+/// The controller: repositories, re-checked when their credentials or key Secret changes.
 pub fn controller(
     context: Arc<Context>,
     namespace: Option<&str>,
@@ -293,7 +436,12 @@ pub fn controller(
             .iter()
             .filter(|repository| {
                 repository.namespace() == namespace
-                    && repository.spec.credentials_secret_ref.name == name
+                    && (repository.spec.credentials_secret_ref.name == name
+                        || repository
+                            .spec
+                            .encryption
+                            .as_ref()
+                            .is_some_and(|encryption| encryption.key_secret_ref.name == name))
             })
             .map(|repository| ObjectRef::from_obj(repository.as_ref()))
             .collect::<Vec<_>>()

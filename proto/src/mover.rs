@@ -51,6 +51,11 @@ pub mod env {
     pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
     /// The secret key, from the repository's credentials Secret.
     pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+    /// A repository password, from the repository's key Secret (format 2).
+    pub const REPOSITORY_PASSWORD: &str = "CUSTODY_REPOSITORY_PASSWORD";
+    /// The repository's master key (restic's JSON of it), from the Secret custody keeps for
+    /// its movers (format 2): opens without a password's key derivation.
+    pub const REPOSITORY_KEY: &str = "CUSTODY_REPOSITORY_KEY";
 }
 
 /// The mover's subcommands and flags.
@@ -71,6 +76,17 @@ pub mod flags {
     pub const RESULT_FILE: &str = "result-file";
     pub const FREEZE_CLAIM: &str = "freeze-claim";
     pub const MAX_FREEZE_SECONDS: &str = "max-freeze-seconds";
+    pub const REPOSITORY_PREFIX: &str = "repository-prefix";
+    pub const REPOSITORY_ID: &str = "repository-id";
+    pub const SNAPSHOT: &str = "snapshot";
+    pub const VOLUME: &str = "volume";
+    pub const CLAIM: &str = "claim";
+    pub const BACKUP_NAME: &str = "backup-name";
+    pub const NAMESPACE: &str = "namespace";
+    pub const CLUSTER: &str = "cluster";
+    pub const ORIGIN_CLUSTER: &str = "origin-cluster";
+    pub const CONSISTENCY: &str = "consistency";
+    pub const PARENT: &str = "parent";
 }
 
 /// A frozen copy: the node agent freezes the filesystem of `claim` while the mover reads it,
@@ -81,6 +97,37 @@ pub mod flags {
 pub struct FreezeArgs {
     pub claim: String,
     pub max_seconds: u32,
+}
+
+/// Where a format 2 repository is in the bucket, and which one it must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepositoryArgs {
+    pub prefix: String,
+    /// The repository's ID as recorded: another repository at the prefix is refused.
+    pub id: Option<String>,
+}
+
+/// A snapshot backup: the volume, and what custody seals in the snapshot about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotBackupArgs {
+    pub source: String,
+    pub repository: RepositoryArgs,
+    /// The volume claim template (`data/<volume>` in the snapshot) and the claim read.
+    pub volume: String,
+    pub claim: String,
+    pub backup_name: String,
+    pub backup_uid: String,
+    pub namespace: String,
+    pub cluster: String,
+    pub cluster_uid: String,
+    /// The UID of the `kube-system` namespace of the Kubernetes cluster that backs up.
+    pub origin_cluster: String,
+    /// How the data is captured (`Stopped`, `Frozen`, `Tool`, `Hooks`, `CrashUnsafe`).
+    pub consistency: String,
+    /// The Cluster's last snapshot: files unchanged since it are not read.
+    pub parent: Option<String>,
+    /// Freeze the volume's filesystem while it is read.
+    pub freeze: Option<FreezeArgs>,
 }
 
 /// What a Job asks the mover to do; [`Invocation::args`] is its command line.
@@ -94,6 +141,19 @@ pub enum Invocation {
         cluster_uid: String,
         /// Freeze the volume's filesystem while it is read.
         freeze: Option<FreezeArgs>,
+    },
+    /// Back the volume at `source` up into one snapshot of the repository (format 2).
+    SnapshotBackup(SnapshotBackupArgs),
+    /// Restore one volume of a snapshot (format 2) into the volume at `target`.
+    SnapshotRestore {
+        target: String,
+        repository: RepositoryArgs,
+        snapshot: String,
+        volume: String,
+        manifest_hash: String,
+        /// The UID of the Backup the snapshot names (its record's, even for an imported one).
+        backup_uid: String,
+        restore_uid: String,
     },
     /// Stream an artifact into the volume at `target`.
     Restore {
@@ -131,6 +191,49 @@ impl Invocation {
                         ))
                 }))
                 .collect(),
+            Invocation::SnapshotBackup(backup) => {
+                let mut args: Vec<String> = std::iter::once(flags::BACKUP.to_string())
+                    .chain(flag(flags::SOURCE, &backup.source))
+                    .chain(repository_flags(&backup.repository))
+                    .chain(flag(flags::VOLUME, &backup.volume))
+                    .chain(flag(flags::CLAIM, &backup.claim))
+                    .chain(flag(flags::BACKUP_NAME, &backup.backup_name))
+                    .chain(flag(flags::BACKUP_UID, &backup.backup_uid))
+                    .chain(flag(flags::NAMESPACE, &backup.namespace))
+                    .chain(flag(flags::CLUSTER, &backup.cluster))
+                    .chain(flag(flags::CLUSTER_UID, &backup.cluster_uid))
+                    .chain(flag(flags::ORIGIN_CLUSTER, &backup.origin_cluster))
+                    .chain(flag(flags::CONSISTENCY, &backup.consistency))
+                    .collect();
+                if let Some(parent) = &backup.parent {
+                    args.extend(flag(flags::PARENT, parent));
+                }
+                if let Some(freeze) = &backup.freeze {
+                    args.extend(flag(flags::FREEZE_CLAIM, &freeze.claim));
+                    args.extend(flag(
+                        flags::MAX_FREEZE_SECONDS,
+                        &freeze.max_seconds.to_string(),
+                    ));
+                }
+                args
+            }
+            Invocation::SnapshotRestore {
+                target,
+                repository,
+                snapshot,
+                volume,
+                manifest_hash,
+                backup_uid,
+                restore_uid,
+            } => std::iter::once(flags::RESTORE.to_string())
+                .chain(flag(flags::TARGET, target))
+                .chain(repository_flags(repository))
+                .chain(flag(flags::SNAPSHOT, snapshot))
+                .chain(flag(flags::VOLUME, volume))
+                .chain(flag(flags::MANIFEST_HASH, manifest_hash))
+                .chain(flag(flags::BACKUP_UID, backup_uid))
+                .chain(flag(flags::RESTORE_UID, restore_uid))
+                .collect(),
             Invocation::Restore {
                 target,
                 key,
@@ -152,16 +255,36 @@ impl Invocation {
     }
 }
 
+fn repository_flags(repository: &RepositoryArgs) -> Vec<String> {
+    let mut args = vec![
+        format!("--{}", flags::REPOSITORY_PREFIX),
+        repository.prefix.clone(),
+    ];
+    if let Some(id) = &repository.id {
+        args.extend([format!("--{}", flags::REPOSITORY_ID), id.clone()]);
+    }
+    args
+}
+
 /// What a backup produced.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupResult {
+    /// Format 1 (an archive object) only: its key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    /// Format 1 only: the manifest object's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub manifest_key: String,
-    /// Bytes of the compressed archive.
+    /// Format 1: bytes of the compressed archive. Format 2: bytes this backup added to the
+    /// repository (compressed and encrypted; what a backup of unchanged data does not add).
     pub size_bytes: u64,
-    /// BLAKE3 of the compressed archive, hex.
+    /// Format 1 only: BLAKE3 of the compressed archive, hex.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub checksum: String,
+    /// Format 2: the snapshot written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotWritten>,
     /// BLAKE3 of the manifest, hex: the trust anchor for restores.
     pub manifest_hash: String,
     pub files: u64,
@@ -171,6 +294,20 @@ pub struct BackupResult {
     /// How long the volume's filesystem was frozen, in milliseconds (a frozen copy only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_millis: Option<u64>,
+}
+
+/// A snapshot a backup wrote into the repository (format 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotWritten {
+    /// The snapshot's ID (64 hex digits).
+    pub id: String,
+    /// The repository's ID (its config's), which the snapshot is in.
+    pub repository_id: String,
+    /// Bytes of file content that were new to the repository (before compression).
+    pub bytes_new: u64,
+    /// Files read (the others were unchanged since the parent snapshot and not read).
+    pub files_read: u64,
 }
 
 /// What a restore wrote.
@@ -251,6 +388,7 @@ mod tests {
             entries: 2,
             total_bytes: 5,
             frozen_millis: Some(7),
+            snapshot: None,
         };
         let text = serde_json::to_string(&done).unwrap();
         assert_eq!(read_report::<BackupResult>(&text), Report::Done(done));

@@ -166,6 +166,15 @@ reasons! {
         /// The volume was thawed before it was all read (the bound passed, the agent stopped
         /// or the connection to it dropped): the copy would not be a point in time.
         FreezeLost,
+        /// The repository password does not open the repository: nothing was read or written.
+        RepositoryKeyRejected,
+        /// There is no repository where the BackupRepository says (no config file), or it is
+        /// another repository than the one recorded.
+        RepositoryMissing,
+        /// The repository could not be read (the server, the network): worth trying again.
+        RepositoryUnreadable,
+        /// The snapshot is gone, unfinished, not custody's, or not the one recorded.
+        SnapshotInvalid,
     }
     fallback
     /// A reason this build does not know.
@@ -193,6 +202,9 @@ impl MoverFailure {
             | MoverFailure::InvalidManifestHash
             | MoverFailure::VerificationFailed
             | MoverFailure::FreezeRefused
+            | MoverFailure::RepositoryKeyRejected
+            | MoverFailure::RepositoryMissing
+            | MoverFailure::SnapshotInvalid
             | MoverFailure::MoverFailed => true,
             MoverFailure::ReadVolumeFailed
             | MoverFailure::UploadFailed
@@ -200,7 +212,8 @@ impl MoverFailure {
             | MoverFailure::DownloadFailed
             | MoverFailure::WriteFailed
             | MoverFailure::Interrupted
-            | MoverFailure::FreezeLost => false,
+            | MoverFailure::FreezeLost
+            | MoverFailure::RepositoryUnreadable => false,
         }
     }
 }
@@ -225,7 +238,8 @@ mod tests {
                 "DownloadFailed",
                 "WriteFailed",
                 "Interrupted",
-                "FreezeLost"
+                "FreezeLost",
+                "RepositoryUnreadable"
             ]
         );
         assert!(MoverFailure::parse("SomethingNew").permanent());

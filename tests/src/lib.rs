@@ -6,6 +6,7 @@ pub mod agent;
 pub mod kubelet;
 pub mod node;
 pub mod pki;
+pub mod repository;
 pub mod s3;
 pub mod scenario;
 pub mod volumes;

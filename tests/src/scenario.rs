@@ -250,20 +250,28 @@ pub async fn deployed_identities(
 
 /// The scenario, with `populate` writing the source volume.
 pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Path)) -> Setup {
-    setup_full(prefix, megabytes, false, populate).await
+    setup_full(prefix, megabytes, false, false, populate).await
+}
+
+/// [`setup`] with an encrypted repository: BackupRepository `store` names the key Secret
+/// `repository-keys` (one password, [`crate::repository::PASSWORD`] under `password`), so
+/// Backups write snapshots (format 2).
+pub async fn setup_encrypted(prefix: &str) -> Setup {
+    setup_full(prefix, 64, false, true, small_database).await
 }
 
 /// The scenario with the controller and the agent running as the ServiceAccounts of
 /// `deploy/`, with exactly the RBAC the manifests grant them (and the webhook configuration
 /// and Secret names the manifests use).
 pub async fn setup_as_deployed(prefix: &str) -> Setup {
-    setup_full(prefix, 64, true, small_database).await
+    setup_full(prefix, 64, true, false, small_database).await
 }
 
 async fn setup_full(
     prefix: &str,
     megabytes: u64,
     deployed: bool,
+    encrypted: bool,
     populate: impl FnOnce(&Path),
 ) -> Setup {
     let namespace = TestNamespace::create(prefix).await;
@@ -274,7 +282,11 @@ async fn setup_full(
     let ip = node_address(&ns);
     let kubelet = Arc::new(FakeKubelet::with_address(&client, &format!("{ns}-a"), &ip).await);
 
-    repository(&namespace, url, &bucket).await;
+    if encrypted {
+        encrypted_repository(&namespace, url, &bucket).await;
+    } else {
+        repository(&namespace, url, &bucket).await;
+    }
 
     // The source: Cluster orders, its claim mounted by a running pod on the node.
     source_cluster(&namespace).await;
@@ -500,20 +512,48 @@ pub async fn shop_of_replicas_restored_from_nightly(
 }
 
 /// Secret `s3` with the test S3 server's credentials, and BackupRepository `store` at
-/// `endpoint`, bucket `bucket`, prefix `custody`.
+/// `endpoint`, bucket `bucket`, prefix `custody` (repository format 1: unencrypted).
 pub async fn repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
+    store(namespace, endpoint, bucket, None).await;
+}
+
+/// [`repository`] with encryption (format 2): the key Secret `repository-keys` holds one
+/// password, [`crate::repository::PASSWORD`], under `password`.
+pub async fn encrypted_repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
+    create::<Secret>(
+        &namespace.api(),
+        json!({
+            "metadata": {"name": "repository-keys"},
+            "stringData": {"password": crate::repository::PASSWORD},
+        }),
+    )
+    .await;
+    let encryption = json!({"keySecretRef": {"name": "repository-keys"}});
+    store(namespace, endpoint, bucket, Some(encryption)).await;
+}
+
+async fn store(
+    namespace: &TestNamespace,
+    endpoint: &str,
+    bucket: &str,
+    encryption: Option<serde_json::Value>,
+) {
     create::<Secret>(&namespace.api(), json!({
         "metadata": {"name": "s3"},
         "stringData": {"AWS_ACCESS_KEY_ID": s3::ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": s3::SECRET_KEY},
     }))
     .await;
+    let mut spec = json!({"endpoint": endpoint, "bucket": bucket, "prefix": "custody",
+                          "forcePathStyle": true, "credentialsSecretRef": {"name": "s3"}});
+    if let Some(encryption) = encryption {
+        spec["encryption"] = encryption;
+    }
     create::<BackupRepository>(
         &namespace.api(),
         json!({
             "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
             "metadata": {"name": "store"},
-            "spec": {"endpoint": endpoint, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
-                     "credentialsSecretRef": {"name": "s3"}},
+            "spec": spec,
         }),
     )
     .await;

@@ -116,3 +116,49 @@ pub fn tree(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     walk(root, root, &mut out);
     out
 }
+
+/// ~10k small files in nested directories, a few large ones, modes, owners and a symlink.
+pub fn fill(root: &Path) {
+    for index in 0..10_000 {
+        let directory = root.join(format!("base/{:03}", index / 100));
+        if index % 100 == 0 {
+            std::fs::create_dir_all(&directory).unwrap();
+        }
+        std::fs::write(
+            directory.join(format!("{index:05}")),
+            format!("row {index} {}", "v".repeat(index % 700)),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(root.join("pg_wal")).unwrap();
+    for index in 0..3 {
+        let content: Vec<u8> = (0..(24 << 20) + index * 4097)
+            .map(|byte| ((byte * 2654435761usize) >> 13) as u8)
+            .collect();
+        std::fs::write(root.join(format!("pg_wal/segment-{index}")), content).unwrap();
+    }
+    std::os::unix::fs::symlink("pg_wal/segment-0", root.join("current")).unwrap();
+    std::os::unix::fs::chown(root.join("base/000/00001"), Some(999), Some(999)).unwrap();
+    std::fs::set_permissions(
+        root.join("pg_wal"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+}
+
+/// Verifies the restored volume at `target` against the manifest hash a backup recorded and
+/// the Backup and Restore UIDs its identity file must carry; the number of files verified.
+pub fn verified(target: &Path, manifest_hash: &str, backup_uid: &str, restore_uid: &str) -> u64 {
+    use custody_agent::verify::{Expected, Options, verify_volume};
+    verify_volume(
+        target,
+        &Expected {
+            manifest_hash: blake3::Hash::from_hex(manifest_hash).expect("a manifest hash"),
+            backup_uid: backup_uid.into(),
+            restore_uid: restore_uid.into(),
+        },
+        Options::default(),
+    )
+    .expect("the restored volume verifies")
+    .files
+}

@@ -10,7 +10,7 @@ use custody_agent::verify::{Expected, Options, verify_volume};
 use custody_proto::mover::BackupResult;
 use custody_tests::binary;
 use custody_tests::s3::{self, PrivateS3};
-use custody_tests::volumes::{LoopVolume, inodes};
+use custody_tests::volumes::{self, LoopVolume, fill, inodes};
 
 const BACKUP_UID: &str = "0b5e6a34-1111-4000-8000-0000000000b1";
 const RESTORE_UID: &str = "0b5e6a34-1111-4000-8000-0000000000e1";
@@ -62,35 +62,6 @@ fn incompressible(size: usize, seed: u64) -> Vec<u8> {
         chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
     }
     content
-}
-
-/// ~10k small files in nested directories, a few large ones, modes, owners and a symlink.
-fn fill(root: &Path) {
-    for index in 0..10_000 {
-        let directory = root.join(format!("base/{:03}", index / 100));
-        if index % 100 == 0 {
-            std::fs::create_dir_all(&directory).unwrap();
-        }
-        std::fs::write(
-            directory.join(format!("{index:05}")),
-            format!("row {index} {}", "v".repeat(index % 700)),
-        )
-        .unwrap();
-    }
-    std::fs::create_dir_all(root.join("pg_wal")).unwrap();
-    for index in 0..3 {
-        let content: Vec<u8> = (0..(24 << 20) + index * 4097)
-            .map(|byte| ((byte * 2654435761usize) >> 13) as u8)
-            .collect();
-        std::fs::write(root.join(format!("pg_wal/segment-{index}")), content).unwrap();
-    }
-    std::os::unix::fs::symlink("pg_wal/segment-0", root.join("current")).unwrap();
-    std::os::unix::fs::chown(root.join("base/000/00001"), Some(999), Some(999)).unwrap();
-    std::fs::set_permissions(
-        root.join("pg_wal"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
 }
 
 #[tokio::test]
@@ -374,20 +345,6 @@ fn restore_as(
     )
 }
 
-fn verified(target: &Path, result: &BackupResult, restore_uid: &str) -> u64 {
-    verify_volume(
-        target,
-        &Expected {
-            manifest_hash: blake3::Hash::from_hex(&result.manifest_hash).unwrap(),
-            backup_uid: BACKUP_UID.into(),
-            restore_uid: restore_uid.into(),
-        },
-        Options::default(),
-    )
-    .expect("the restored volume verifies")
-    .files
-}
-
 /// Issue 15, item 4: one transient fault does not fail a restore for good. A 500 MiB
 /// artifact whose download is cut at about 30 %, 60 % and 90 % resumes with ranged GETs and
 /// restores a verified tree; a restore that fails partway leaves output its retry recognises
@@ -433,7 +390,15 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
         started.elapsed()
     );
     assert_eq!(resumes, 3, "{stderr}");
-    assert_eq!(verified(target.path(), &result, RESTORE_UID), 101);
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        101
+    );
     drop(target);
 
     // The link then stops answering for good: the restore fails partway, naming where.
@@ -483,7 +448,10 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
         stderr.contains("unfinished attempt of this restore"),
         "{stderr}"
     );
-    assert_eq!(verified(target.path(), &result, second), 101);
+    assert_eq!(
+        volumes::verified(target.path(), &result.manifest_hash, BACKUP_UID, second),
+        101
+    );
     // Finished, the same restore run again (its pod moved to another node) writes nothing:
     // every file keeps its inode, and the exit code says success. The permanent refusal of
     // anyone else's data is unchanged, and exits with the code a Job gives up on.
@@ -496,7 +464,10 @@ async fn a_download_cut_three_times_resumes_and_a_retry_recognises_its_own_parti
         "{stderr}"
     );
     assert_eq!(inodes(target.path()), before);
-    assert_eq!(verified(target.path(), &result, second), 101);
+    assert_eq!(
+        volumes::verified(target.path(), &result.manifest_hash, BACKUP_UID, second),
+        101
+    );
     let output = run(restore_as(
         url,
         &bucket,

@@ -13,7 +13,7 @@ use custody_kube::api::{
 use custody_tests::node::{hack, real_node};
 use custody_tests::s3;
 use custody_tests::scenario::{
-    artifact_of, create, nightly_completed, repository, restore_reaches, small_database,
+    create, encrypted_repository, nightly_completed, repository, restore_reaches, small_database,
     source_cluster,
 };
 use custody_tests::volumes::{LoopVolume, tree};
@@ -427,9 +427,9 @@ async fn backed_up_on(
     let namespace = TestNamespace::create(prefix).await;
     let ns = namespace.name.clone();
 
-    // A repository the Jobs' pods reach on the host address.
+    // An encrypted repository the Jobs' pods reach on the host address.
     let bucket = s3::bucket(s3::shared(), prefix).await;
-    repository(&namespace, &s3_for_pods(), &bucket).await;
+    encrypted_repository(&namespace, &s3_for_pods(), &bucket).await;
 
     // The source: Cluster orders, its StatefulSet's pod running on the node on a real volume.
     let source = LoopVolume::new(64);
@@ -656,17 +656,29 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
     setup.finish().await;
 }
 
-/// A restore whose artifact was changed in the repository after the backup is refused, and
-/// its pod stays in Init: custody-wait keeps the application container from ever starting
-/// on the unverified volume.
+/// A restore whose repository was changed after the backup (one byte of its largest pack) is
+/// refused, and its pod stays in Init: custody-wait keeps the application container from
+/// ever starting on the unverified volume.
 #[tokio::test]
 async fn on_a_real_node_a_tampered_restore_is_refused_and_its_pod_stays_held() {
     let setup = backed_up("tamper").await;
-    let artifact = artifact_of(&setup.namespace, "nightly").await;
-    let mut bytes = s3::get(s3::shared(), &setup.bucket, &artifact.key).await;
+    let mut largest = (0, String::new(), Vec::new());
+    for key in s3::keys(
+        s3::shared(),
+        &setup.bucket,
+        "custody/custody_repository/data/",
+    )
+    .await
+    {
+        let bytes = s3::get(s3::shared(), &setup.bucket, &key).await;
+        if bytes.len() > largest.0 {
+            largest = (bytes.len(), key, bytes);
+        }
+    }
+    let (_, pack, mut bytes) = largest;
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
-    s3::put(s3::shared(), &setup.bucket, &artifact.key, bytes).await;
+    s3::put(s3::shared(), &setup.bucket, &pack, bytes).await;
 
     let target = LoopVolume::new(64);
     setup.restore_shop(target.path()).await;
@@ -1516,7 +1528,7 @@ impl Stage {
         let url = relay
             .as_ref()
             .map_or_else(s3_for_pods, |relay| relay.url.clone());
-        repository(&namespace, &url, &bucket).await;
+        encrypted_repository(&namespace, &url, &bucket).await;
         Stage {
             _agents: agents,
             _installed: installed,

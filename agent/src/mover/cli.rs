@@ -4,8 +4,10 @@ use custody_kube::s3::Endpoint;
 use custody_proto::mover::VerifyResult;
 use custody_proto::reasons::MoverFailure;
 
+use custody_repository::snapshot::{ObjectRef, SnapshotMeta, VolumeMeta};
+
 use super::{MoverError, RestoreRequest, backup, header, restore, secret_from_env};
-use crate::cli::{MoverCommand, MoverOptions};
+use crate::cli::{MoverCommand, MoverOptions, SnapshotFlags};
 
 fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
     if options.endpoint.is_empty() || options.bucket.is_empty() {
@@ -55,6 +57,7 @@ pub async fn run(
                 prefix,
                 backup_uid,
                 cluster_uid,
+                snapshot,
                 freeze_claim,
                 max_freeze_seconds,
             } => {
@@ -66,20 +69,37 @@ pub async fn run(
                     }
                     _ => None,
                 };
-                let result = backup(
-                    &endpoint,
-                    &secret,
-                    source,
-                    prefix,
-                    header(backup_uid, cluster_uid, &created_at),
-                    stop.clone(),
-                    held,
-                )
-                .await?;
+                let header = header(backup_uid, cluster_uid, &created_at);
+                let result = match (&options.repository_prefix, prefix) {
+                    (Some(repository_prefix), _) => {
+                        let repo = repository(options, &endpoint, &secret, repository_prefix)?;
+                        let request = snapshot_backup(source, snapshot, header, &created_at)?;
+                        snapshot_backup_run(repo, request, stop.clone(), held).await?
+                    }
+                    (None, Some(prefix)) => {
+                        backup(
+                            &endpoint,
+                            &secret,
+                            source,
+                            prefix,
+                            header,
+                            stop.clone(),
+                            held,
+                        )
+                        .await?
+                    }
+                    (None, None) => {
+                        return Err(MoverError::Local(
+                            "--repository-prefix or --prefix is required".into(),
+                        ));
+                    }
+                };
                 Ok(serde_json::to_string(&result).unwrap_or_default())
             }
             MoverCommand::Restore {
                 target,
+                snapshot,
+                volume,
                 key,
                 manifest_key,
                 manifest_hash,
@@ -87,20 +107,64 @@ pub async fn run(
                 restore_uid,
                 overwrite,
             } => {
-                let result = restore(
-                    &endpoint,
-                    &secret,
-                    RestoreRequest {
-                        target,
-                        key,
-                        manifest_key,
-                        manifest_hash,
-                        backup_uid,
-                        restore_uid,
-                        overwrite: *overwrite,
-                    },
-                )
-                .await?;
+                let result = match (snapshot, volume, key, manifest_key) {
+                    (Some(snapshot), Some(volume), _, _) => {
+                        let Some(repository_prefix) = &options.repository_prefix else {
+                            return Err(MoverError::Local(
+                                "--snapshot needs --repository-prefix".into(),
+                            ));
+                        };
+                        let repo = repository(options, &endpoint, &secret, repository_prefix)?;
+                        let (target, snapshot, volume) =
+                            (target.clone(), snapshot.clone(), volume.clone());
+                        let (manifest_hash, backup_uid, restore_uid, overwrite) = (
+                            manifest_hash.clone(),
+                            backup_uid.clone(),
+                            restore_uid.clone(),
+                            *overwrite,
+                        );
+                        tokio::task::spawn_blocking(move || {
+                            super::snapshot::restore(
+                                &repo,
+                                super::snapshot::SnapshotRestore {
+                                    target: &target,
+                                    snapshot: &snapshot,
+                                    volume: &volume,
+                                    manifest_hash: &manifest_hash,
+                                    backup_uid: &backup_uid,
+                                    restore_uid: &restore_uid,
+                                    overwrite,
+                                },
+                            )
+                        })
+                        .await
+                        .map_err(|error| {
+                            MoverError::Local(format!("the restore thread: {error}"))
+                        })??
+                    }
+                    (_, _, Some(key), Some(manifest_key)) => {
+                        restore(
+                            &endpoint,
+                            &secret,
+                            RestoreRequest {
+                                target,
+                                key,
+                                manifest_key,
+                                manifest_hash,
+                                backup_uid,
+                                restore_uid,
+                                overwrite: *overwrite,
+                            },
+                        )
+                        .await?
+                    }
+                    _ => {
+                        return Err(MoverError::Local(
+                            "--snapshot and --volume, or --key and --manifest-key, are required"
+                                .into(),
+                        ));
+                    }
+                };
                 Ok(serde_json::to_string(&result).unwrap_or_default())
             }
             MoverCommand::Verify { .. } => unreachable!("handled above"),
@@ -108,6 +172,145 @@ pub async fn run(
     }
     .await;
     outcome.map_err(|error: MoverError| (error.reason(), error.to_string()))
+}
+
+/// The repository a format 2 command works on, its password from the environment.
+fn repository(
+    options: &MoverOptions,
+    endpoint: &Endpoint,
+    secret: &custody_kube::s3::Secret,
+    prefix: &str,
+) -> Result<super::snapshot::Repo, MoverError> {
+    let read = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+    let key = match (
+        read(super::snapshot::REPOSITORY_KEY),
+        read(super::snapshot::REPOSITORY_PASSWORD),
+    ) {
+        (Some(master), _) => super::snapshot::Key::Master(master),
+        (None, Some(password)) => super::snapshot::Key::Password(password),
+        (None, None) => {
+            return Err(MoverError::Credentials(format!(
+                "${} or ${} is required",
+                super::snapshot::REPOSITORY_KEY,
+                super::snapshot::REPOSITORY_PASSWORD
+            )));
+        }
+    };
+    super::snapshot::Repo::new(endpoint, secret, prefix, key, options.repository_id.clone())
+}
+
+/// A snapshot backup of `source` as the flags describe it.
+fn snapshot_backup(
+    source: &std::path::Path,
+    flags: &SnapshotFlags,
+    header: custody_proto::manifest::Header,
+    started_at: &str,
+) -> Result<super::snapshot::SnapshotBackup, MoverError> {
+    let required = |value: &Option<String>, name: &str| {
+        value
+            .clone()
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| {
+                MoverError::Local(format!("--{name} is required with --repository-prefix"))
+            })
+    };
+    use custody_proto::mover::flags;
+    let volume = required(&flags.volume, flags::VOLUME)?;
+    let claim = required(&flags.claim, flags::CLAIM)?;
+    let namespace = required(&flags.namespace, flags::NAMESPACE)?;
+    let meta = SnapshotMeta {
+        custody_snapshot: custody_repository::snapshot::FORMAT_VERSION,
+        origin_cluster: required(&flags.origin_cluster, flags::ORIGIN_CLUSTER)?,
+        backup: ObjectRef {
+            namespace: namespace.clone(),
+            name: required(&flags.backup_name, flags::BACKUP_NAME)?,
+            uid: header.backup_uid.clone(),
+        },
+        cluster: ObjectRef {
+            namespace,
+            name: required(&flags.cluster, flags::CLUSTER)?,
+            uid: header.cluster_uid.clone(),
+        },
+        consistency: required(&flags.consistency, flags::CONSISTENCY)?,
+        started_at: started_at.to_string(),
+        completed_at: None,
+        volumes: vec![VolumeMeta {
+            name: volume.clone(),
+            claim: claim.clone(),
+            manifest: None,
+        }],
+    };
+    Ok(super::snapshot::SnapshotBackup {
+        volumes: vec![super::snapshot::Volume {
+            name: volume,
+            claim,
+            root: source.to_path_buf(),
+        }],
+        meta,
+        header,
+        parent: flags.parent.clone().filter(|parent| !parent.is_empty()),
+    })
+}
+
+/// Runs a snapshot backup on a blocking thread; SIGTERM and a lost freeze stop it, and a
+/// frozen filesystem thaws once every file is read.
+async fn snapshot_backup_run(
+    repo: super::snapshot::Repo,
+    request: super::snapshot::SnapshotBackup,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut held: Option<super::freeze::Held>,
+) -> Result<custody_proto::mover::BackupResult, MoverError> {
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let stopping = stopping.clone();
+        let mut lost = held.as_ref().map(|held| held.lost.clone());
+        tokio::spawn(async move {
+            let lost_freeze = async {
+                match lost.as_mut() {
+                    Some(lost) => {
+                        let _ = lost.wait_for(Option::is_some).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.wait_for(|stopped| *stopped) => {}
+                _ = lost_freeze => {}
+            }
+            stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let frozen_at = held.as_ref().map(super::freeze::Held::since);
+    let read_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let on_read: Option<Box<dyn FnOnce() + Send>> = held.as_mut().map(|held| {
+        let release = held.releaser();
+        let read_at = read_at.clone();
+        Box::new(move || {
+            *read_at.lock().expect("read time") = Some(std::time::Instant::now());
+            release();
+        }) as Box<dyn FnOnce() + Send>
+    });
+    let outcome = tokio::task::spawn_blocking(move || {
+        super::snapshot::backup(&repo, request, stopping, on_read)
+    })
+    .await
+    .map_err(|error| MoverError::Local(format!("the backup thread: {error}")));
+    watcher.abort();
+    // A freeze lost while the volume was read is the cause of whatever failed after it.
+    if let (Some(held), Some(frozen_at)) = (&held, frozen_at)
+        && let Some(reason) = held.lost_reason()
+    {
+        return Err(MoverError::FreezeLost {
+            seconds: frozen_at.elapsed().as_secs_f64(),
+            reason,
+        });
+    }
+    let mut result = outcome??;
+    if let (Some(frozen_at), Some(read_at)) = (frozen_at, *read_at.lock().expect("read time")) {
+        result.frozen_millis =
+            Some(read_at.saturating_duration_since(frozen_at).as_millis() as u64);
+    }
+    Ok(result)
 }
 
 async fn verify(

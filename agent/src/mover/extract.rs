@@ -49,6 +49,8 @@ pub enum ExtractError {
     TooLarge { limit: u64 },
     #[error("the archive is unreadable: {0}")]
     Archive(String),
+    #[error("reading the snapshot: {0}")]
+    Download(String),
     #[error("writing {path}: {source}")]
     Write {
         path: String,
@@ -71,6 +73,7 @@ impl ExtractError {
             | ExtractError::MissingEntry(_) => MoverFailure::ArchiveDoesNotMatchManifest,
             ExtractError::TooLarge { .. } => MoverFailure::ArchiveTooLarge,
             ExtractError::Archive(_) => MoverFailure::ArchiveUnreadable,
+            ExtractError::Download(_) => MoverFailure::DownloadFailed,
             ExtractError::Write { .. } => MoverFailure::WriteFailed,
         }
     }
@@ -167,7 +170,8 @@ pub fn clear(root: &Path) -> io::Result<()> {
 
 fn entry_type_name(kind: tar::EntryType) -> String {
     match kind {
-        tar::EntryType::Regular | tar::EntryType::Continuous => "file".into(),
+        tar::EntryType::Regular => "file".into(),
+        tar::EntryType::Continuous => "contiguous file".into(),
         tar::EntryType::Directory => "dir".into(),
         tar::EntryType::Symlink => "symlink".into(),
         tar::EntryType::Link => "hard link".into(),
@@ -178,59 +182,84 @@ fn entry_type_name(kind: tar::EntryType) -> String {
     }
 }
 
-/// Extracts `archive` (an uncompressed tar stream) into the empty directory `root`, checking
-/// it against `manifest` as it goes. Returns the manifest's totals.
-pub fn extract<R: Read, M: BufRead>(
-    root: &Path,
-    archive: R,
-    mut manifest: ManifestReader<M>,
-    limit: u64,
-) -> Result<Totals, ExtractError> {
-    let root_fd =
-        tree::open_root(root).map_err(|error| ExtractError::Archive(error.to_string()))?;
-    let mut archive = tar::Archive::new(Limited {
-        inner: archive,
-        remaining: limit,
-        limit,
-    });
-    let entries = archive.entries().map_err(archive_error)?;
-    let mut writer = Writes::start(root_fd);
-    for entry in entries {
-        let mut entry = entry.map_err(archive_error)?;
-        let raw_path = entry.path_bytes().into_owned();
-        let found = String::from_utf8_lossy(&raw_path)
-            .trim_end_matches('/')
-            .to_string();
-        let Some(expected) = manifest.next() else {
-            return Err(ExtractError::ExtraEntry(found));
+/// What an archive says an entry is, before it is checked against the manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// Path relative to the root.
+    pub path: String,
+    /// `file`, `dir`, `symlink`, or what else it is (`hard link`, `fifo`, …).
+    pub kind: String,
+    /// Content size (files).
+    pub size: u64,
+    /// Target (symlinks).
+    pub link: Option<String>,
+}
+
+/// Writes entries into an empty root, each checked against the next manifest entry, in
+/// manifest order, whatever the archive's format.
+pub struct Extraction<M: BufRead> {
+    writer: Writes,
+    manifest: ManifestReader<M>,
+}
+
+impl<M: BufRead> Extraction<M> {
+    /// Starts writing into the empty directory `root`.
+    pub fn start(root: &Path, manifest: ManifestReader<M>) -> Result<Extraction<M>, ExtractError> {
+        let root_fd =
+            tree::open_root(root).map_err(|error| ExtractError::Archive(error.to_string()))?;
+        Ok(Extraction {
+            writer: Writes::start(root_fd),
+            manifest,
+        })
+    }
+
+    /// Checks `found` against the next manifest entry and writes it; a file's content is read
+    /// from `content` (at most one byte more than the manifest's size is read) and must hash
+    /// to the manifest's BLAKE3. `read_error` names a failure to read `content`.
+    pub fn entry(
+        &mut self,
+        found: &Found,
+        content: &mut dyn Read,
+        read_error: &dyn Fn(io::Error) -> ExtractError,
+    ) -> Result<(), ExtractError> {
+        let Some(expected) = self.manifest.next() else {
+            return Err(ExtractError::ExtraEntry(found.path.clone()));
         };
         let expected = expected.map_err(|error| ExtractError::Manifest(error.to_string()))?;
-        check(&expected, &found, &mut entry)?;
+        check(&expected, found)?;
         let Kind::File { size, blake3 } = &expected.kind else {
-            writer.send(Op::Create(expected))?;
-            continue;
+            return self.writer.send(Op::Create(expected));
         };
         let (size, blake3, path) = (*size, blake3.clone(), expected.path.clone());
-        writer.send(Op::Create(expected))?;
+        self.writer.send(Op::Create(expected))?;
+        let mut content = content.take(size.saturating_add(1));
         let mut hasher = blake3::Hasher::new();
         let mut written = 0u64;
         loop {
-            let mut buffer = writer.buffer();
-            let read = entry.read(&mut buffer).map_err(archive_error)?;
+            let mut buffer = self.writer.buffer();
+            let read = content.read(&mut buffer).map_err(read_error)?;
             if read == 0 {
-                writer.recycle(buffer);
+                self.writer.recycle(buffer);
                 break;
             }
             hasher.update(&buffer[..read]);
-            writer.send(Op::Write(buffer, read))?;
             written += read as u64;
+            if written > size {
+                self.writer.recycle(buffer);
+                break;
+            }
+            self.writer.send(Op::Write(buffer, read))?;
         }
         if written != size {
             return Err(ExtractError::Mismatch {
                 path,
                 what: "size",
                 expected: size.to_string(),
-                found: written.to_string(),
+                found: if written > size {
+                    format!("more than {size}")
+                } else {
+                    written.to_string()
+                },
             });
         }
         let hash = hasher.finalize().to_hex().to_string();
@@ -242,15 +271,43 @@ pub fn extract<R: Read, M: BufRead>(
                 found: hash,
             });
         }
-        writer.send(Op::Close)?;
+        self.writer.send(Op::Close)
     }
-    writer.finish()?;
-    if let Some(missing) = manifest.next() {
-        let missing = missing.map_err(|error| ExtractError::Manifest(error.to_string()))?;
-        return Err(ExtractError::MissingEntry(missing.path));
+
+    /// Every entry is written: waits for the flushes and checks that the manifest has none
+    /// left. Returns its totals (its trailer checked).
+    pub fn finish(mut self) -> Result<Totals, ExtractError> {
+        self.writer.finish()?;
+        if let Some(missing) = self.manifest.next() {
+            let missing = missing.map_err(|error| ExtractError::Manifest(error.to_string()))?;
+            return Err(ExtractError::MissingEntry(missing.path));
+        }
+        // The manifest's trailer is checked when the reader is exhausted.
+        Ok(self.manifest.totals())
     }
-    // The manifest's trailer is checked when the reader is exhausted.
-    let totals = manifest.totals();
+}
+
+/// Extracts `archive` (an uncompressed tar stream) into the empty directory `root`, checking
+/// it against `manifest` as it goes. Returns the manifest's totals.
+pub fn extract<R: Read, M: BufRead>(
+    root: &Path,
+    archive: R,
+    manifest: ManifestReader<M>,
+    limit: u64,
+) -> Result<Totals, ExtractError> {
+    let mut extraction = Extraction::start(root, manifest)?;
+    let mut archive = tar::Archive::new(Limited {
+        inner: archive,
+        remaining: limit,
+        limit,
+    });
+    let entries = archive.entries().map_err(archive_error)?;
+    for entry in entries {
+        let mut entry = entry.map_err(archive_error)?;
+        let found = found_in_tar(&mut entry);
+        extraction.entry(&found, &mut entry, &archive_error)?;
+    }
+    let totals = extraction.finish()?;
     // Whatever follows the end-of-archive blocks must be padding, within the limit.
     let mut rest = archive.into_inner();
     let mut buffer = [0u8; 8192];
@@ -268,30 +325,44 @@ pub fn extract<R: Read, M: BufRead>(
     Ok(totals)
 }
 
-fn check<R: Read>(
-    expected: &Entry,
-    found: &str,
-    entry: &mut tar::Entry<'_, R>,
-) -> Result<(), ExtractError> {
-    if found != expected.path {
+fn found_in_tar<R: Read>(entry: &mut tar::Entry<'_, R>) -> Found {
+    let path = String::from_utf8_lossy(&entry.path_bytes())
+        .trim_end_matches('/')
+        .to_string();
+    let entry_type = entry.header().entry_type();
+    let kind = match entry_type {
+        // Only a plain regular file counts as one (a contiguous file is not written as such).
+        tar::EntryType::Regular => "file".to_string(),
+        tar::EntryType::Directory => "dir".to_string(),
+        tar::EntryType::Symlink => "symlink".to_string(),
+        other => entry_type_name(other),
+    };
+    let link = (entry_type == tar::EntryType::Symlink).then(|| {
+        entry
+            .link_name_bytes()
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    });
+    Found {
+        path,
+        kind,
+        size: entry.size(),
+        link,
+    }
+}
+
+fn check(expected: &Entry, found: &Found) -> Result<(), ExtractError> {
+    if found.path != expected.path {
         return Err(ExtractError::UnexpectedEntry {
             expected: expected.path.clone(),
-            found: found.to_string(),
+            found: found.path.clone(),
         });
     }
-    let header = entry.header();
-    let entry_type = header.entry_type();
-    let type_matches = matches!(
-        (&expected.kind, entry_type),
-        (Kind::File { .. }, tar::EntryType::Regular)
-            | (Kind::Dir, tar::EntryType::Directory)
-            | (Kind::Symlink { .. }, tar::EntryType::Symlink)
-    );
-    if !type_matches {
+    if found.kind != expected.kind.name() {
         return Err(ExtractError::WrongType {
             path: expected.path.clone(),
             expected: expected.kind.name(),
-            found: entry_type_name(entry_type),
+            found: found.kind.clone(),
         });
     }
     let mismatch = |what, expected_value: String, found_value: String| ExtractError::Mismatch {
@@ -302,16 +373,12 @@ fn check<R: Read>(
     };
     match &expected.kind {
         Kind::File { size, .. } => {
-            let found_size = entry.size();
-            if found_size != *size {
-                return Err(mismatch("size", size.to_string(), found_size.to_string()));
+            if found.size != *size {
+                return Err(mismatch("size", size.to_string(), found.size.to_string()));
             }
         }
         Kind::Symlink { target } => {
-            let link = entry
-                .link_name_bytes()
-                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-                .unwrap_or_default();
+            let link = found.link.clone().unwrap_or_default();
             if link != *target {
                 return Err(mismatch("symlink target", target.clone(), link));
             }

@@ -13,6 +13,9 @@ pub mod archive;
 pub mod cli;
 pub mod extract;
 pub mod freeze;
+pub mod snapshot;
+pub mod snapshot_reader;
+pub mod snapshot_source;
 pub mod upload;
 
 use std::io::{BufReader, Seek, Write};
@@ -57,6 +60,12 @@ pub enum MoverError {
     ManifestOfAnotherBackup { expected: String, found: String },
     #[error(transparent)]
     Extract(#[from] extract::ExtractError),
+    #[error(transparent)]
+    Repository(#[from] custody_repository::open::OpenError),
+    #[error("writing the snapshot: {0}")]
+    RepositoryWrite(String),
+    #[error("{0}")]
+    Snapshot(String),
     #[error("the node agent did not freeze the volume: {0}")]
     FreezeRefused(String),
     #[error(
@@ -85,13 +94,27 @@ impl MoverError {
             MoverError::ManifestTampered { .. } => MoverFailure::ManifestTampered,
             MoverError::ManifestOfAnotherBackup { .. } => MoverFailure::ManifestOfAnotherBackup,
             MoverError::Extract(error) => error.reason(),
+            MoverError::Repository(error) => match error {
+                custody_repository::open::OpenError::KeyRejected { .. }
+                | custody_repository::open::OpenError::NoPassword => {
+                    MoverFailure::RepositoryKeyRejected
+                }
+                custody_repository::open::OpenError::NotARepository { .. } => {
+                    MoverFailure::RepositoryMissing
+                }
+                custody_repository::open::OpenError::Unreadable { .. } => {
+                    MoverFailure::RepositoryUnreadable
+                }
+            },
+            MoverError::RepositoryWrite(_) => MoverFailure::UploadFailed,
+            MoverError::Snapshot(_) => MoverFailure::SnapshotInvalid,
             MoverError::FreezeRefused(_) => MoverFailure::FreezeRefused,
             MoverError::FreezeLost { .. } => MoverFailure::FreezeLost,
         }
     }
 }
 
-fn local(what: &str) -> impl Fn(std::io::Error) -> MoverError + '_ {
+pub(crate) fn local(what: &str) -> impl Fn(std::io::Error) -> MoverError + '_ {
     move |error| MoverError::Local(format!("{what}: {error}"))
 }
 
@@ -249,6 +272,7 @@ pub async fn backup(
         entries: summary.totals.entries,
         total_bytes: summary.totals.total_bytes,
         frozen_millis,
+        snapshot: None,
     })
 }
 
@@ -265,29 +289,25 @@ pub struct RestoreRequest<'a> {
     pub overwrite: bool,
 }
 
-/// Restores an artifact into a volume.
-pub async fn restore(
-    endpoint: &Endpoint,
-    secret: &Secret,
-    request: RestoreRequest<'_>,
-) -> Result<RestoreResult, MoverError> {
-    let target = request.target.to_path_buf();
-    let identity = RestoreIdentity {
-        restore_uid: request.restore_uid.to_string(),
-        backup_uid: request.backup_uid.to_string(),
-    };
-    match extract::first_entry(&target).map_err(local("reading the target"))? {
-        Some(_) if request.overwrite => {
-            extract::clear(&target).map_err(local("clearing the target"))?
-        }
-        Some(_) if unfinished_output_of(&target, &identity) => {
+/// Before a restore writes anything: an empty target goes ahead (`None`), as does one to
+/// overwrite (cleared) or this restore's own unfinished attempt (cleared); this restore's
+/// finished output is left as it is (`Some`, what it holds); anything else is refused.
+pub(crate) fn prepare_target(
+    target: &Path,
+    identity: &RestoreIdentity,
+    manifest_hash: &str,
+    overwrite: bool,
+) -> Result<Option<RestoreResult>, MoverError> {
+    match extract::first_entry(target).map_err(local("reading the target"))? {
+        Some(_) if overwrite => extract::clear(target).map_err(local("clearing the target"))?,
+        Some(_) if unfinished_output_of(target, identity) => {
             eprintln!(
                 "custody-mover: the target holds an unfinished attempt of this restore ({}); starting again",
                 identity.restore_uid
             );
-            extract::clear(&target).map_err(local("clearing the target"))?
+            extract::clear(target).map_err(local("clearing the target"))?
         }
-        Some(_) if finished_output_of(&target, &identity, request.manifest_hash) => {
+        Some(_) if finished_output_of(target, identity, manifest_hash) => {
             // Written by an earlier attempt of this restore, whose pod then moved to another
             // node: nothing to write. The node agent verifies every file before any release.
             eprintln!(
@@ -299,14 +319,81 @@ pub async fn restore(
             let (reader, _) = ManifestReader::new(BufReader::new(manifest))
                 .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
             let totals = extract::manifest_totals(reader)?;
-            return Ok(RestoreResult {
+            return Ok(Some(RestoreResult {
                 files: totals.files,
                 entries: totals.entries,
                 total_bytes: totals.total_bytes,
-            });
+            }));
         }
         Some(found) => return Err(extract::ExtractError::TargetNotEmpty(found).into()),
         None => {}
+    }
+    Ok(None)
+}
+
+/// A downloaded manifest, read from its start, once its header is checked to name
+/// `backup_uid`.
+pub(crate) fn checked_manifest(
+    manifest: &tempfile::NamedTempFile,
+    backup_uid: &str,
+) -> Result<ManifestReader<BufReader<std::fs::File>>, MoverError> {
+    // A file of its own (not a duplicate descriptor): readers never share an offset.
+    let file = manifest.reopen().map_err(local("the manifest"))?;
+    let (reader, header) = ManifestReader::new(BufReader::new(file))
+        .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
+    if header.backup_uid != backup_uid {
+        return Err(MoverError::ManifestOfAnotherBackup {
+            expected: backup_uid.to_string(),
+            found: header.backup_uid,
+        });
+    }
+    Ok(reader)
+}
+
+/// Marks the target as this restore's before anything is written into it: a retried attempt
+/// recognises its own unfinished output (identity, no manifest) and starts again.
+pub(crate) fn write_identity(target: &Path, identity: &RestoreIdentity) -> Result<(), MoverError> {
+    std::fs::create_dir(target.join(CUSTODY_DIR)).map_err(local("creating .custody"))?;
+    let mut out =
+        std::fs::File::create(target.join(IDENTITY_PATH)).map_err(local("writing the identity"))?;
+    out.write_all(
+        &serde_json::to_vec(identity).map_err(|error| MoverError::Local(error.to_string()))?,
+    )
+    .map_err(local("writing the identity"))?;
+    out.sync_all().map_err(local("syncing the identity"))
+}
+
+/// Ends a restore: the manifest the agent verifies against, written last, and everything on
+/// the volume's disk (its filesystem only) before the pod reports success.
+pub(crate) fn seal_target(
+    target: &Path,
+    manifest: &tempfile::NamedTempFile,
+) -> Result<(), MoverError> {
+    let mut source = manifest.reopen().map_err(local("the manifest"))?;
+    let mut out =
+        std::fs::File::create(target.join(MANIFEST_PATH)).map_err(local("writing the manifest"))?;
+    std::io::copy(&mut source, &mut out).map_err(local("writing the manifest"))?;
+    out.sync_all().map_err(local("syncing the manifest"))?;
+    let root = std::fs::File::open(target).map_err(local("opening the target"))?;
+    rustix::fs::syncfs(&root)
+        .map_err(|errno| MoverError::Local(format!("syncing the target: {errno}")))
+}
+
+/// Restores an artifact (format 1) into a volume.
+pub async fn restore(
+    endpoint: &Endpoint,
+    secret: &Secret,
+    request: RestoreRequest<'_>,
+) -> Result<RestoreResult, MoverError> {
+    let target = request.target.to_path_buf();
+    let identity = RestoreIdentity {
+        restore_uid: request.restore_uid.to_string(),
+        backup_uid: request.backup_uid.to_string(),
+    };
+    if let Some(done) =
+        prepare_target(&target, &identity, request.manifest_hash, request.overwrite)?
+    {
+        return Ok(done);
     }
     let client = s3::client(endpoint, secret)?;
 
@@ -324,39 +411,12 @@ pub async fn restore(
             found,
         });
     }
-    let (reader, header) = ManifestReader::new(BufReader::new(
-        manifest_file.reopen().map_err(local("the manifest"))?,
-    ))
-    .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
-    if header.backup_uid != request.backup_uid {
-        return Err(MoverError::ManifestOfAnotherBackup {
-            expected: request.backup_uid.to_string(),
-            found: header.backup_uid,
-        });
-    }
+    let reader = checked_manifest(&manifest_file, request.backup_uid)?;
     // The size limit needs the totals in the trailer: one streaming pass over the manifest.
-    let (counting, _) = ManifestReader::new(BufReader::new(
-        manifest_file.reopen().map_err(local("the manifest"))?,
-    ))
-    .map_err(|error| extract::ExtractError::Manifest(error.to_string()))?;
-    let totals = extract::manifest_totals(counting)?;
+    let totals = extract::manifest_totals(checked_manifest(&manifest_file, request.backup_uid)?)?;
     let limit = extract::size_limit(totals);
 
-    // The target is marked as this restore's before anything is written into it: a retried
-    // attempt recognises its own unfinished output (identity, no manifest) and starts again.
-    let custody_dir = target.join(CUSTODY_DIR);
-    std::fs::create_dir(&custody_dir).map_err(local("creating .custody"))?;
-    let mut identity_out =
-        std::fs::File::create(target.join(IDENTITY_PATH)).map_err(local("writing the identity"))?;
-    identity_out
-        .write_all(
-            &serde_json::to_vec(&identity).map_err(|error| MoverError::Local(error.to_string()))?,
-        )
-        .map_err(local("writing the identity"))?;
-    identity_out
-        .sync_all()
-        .map_err(local("syncing the identity"))?;
-
+    write_identity(&target, &identity)?;
     let (sender, receiver) = mpsc::channel(4);
     let mut downloader = {
         let client = client.clone();
@@ -387,23 +447,7 @@ pub async fn restore(
     }
     downloader.abort();
     let totals = extracted?;
-
-    // What the agent verifies against, written last: the manifest as downloaded.
-    let mut manifest_out =
-        std::fs::File::create(target.join(MANIFEST_PATH)).map_err(local("writing the manifest"))?;
-    std::io::copy(
-        &mut manifest_file.reopen().map_err(local("the manifest"))?,
-        &mut manifest_out,
-    )
-    .map_err(local("writing the manifest"))?;
-    manifest_out
-        .sync_all()
-        .map_err(local("syncing the manifest"))?;
-    // Everything written must be on disk before the pod reports success: the volume's
-    // filesystem, not every filesystem of the node.
-    let root = std::fs::File::open(&target).map_err(local("opening the target"))?;
-    rustix::fs::syncfs(&root)
-        .map_err(|errno| MoverError::Local(format!("syncing the target: {errno}")))?;
+    seal_target(&target, &manifest_file)?;
     Ok(RestoreResult {
         files: totals.files,
         entries: totals.entries,

@@ -633,3 +633,130 @@ fn another_backup_needs_the_secret_until_its_cleanup_is_done() {
         assert_eq!(needs_secret(&backup, "s3"), expected, "{name}");
     }
 }
+
+fn snapshot_artifact(id: Option<&str>, origin: &str) -> Artifact {
+    Artifact {
+        repository: "store".into(),
+        bucket: "bucket".into(),
+        prefix: "custody/custody_repository".into(),
+        snapshot: Some(custody_kube::api::SnapshotRef {
+            repository_id: "r".repeat(64),
+            id: id.map(str::to_string),
+            origin_cluster: origin.into(),
+            volumes: vec!["data".into()],
+        }),
+        ..Artifact::default()
+    }
+}
+
+/// A snapshot is forgotten only when this cluster wrote it and no other Backup records it;
+/// a run that wrote none has nothing to forget.
+#[test]
+fn snapshots_are_forgotten_only_when_proven_own() {
+    let id = "c".repeat(64);
+    let mine = snapshot_artifact(Some(&id), "here");
+    let same_elsewhere = snapshot_artifact(Some(&id), "here");
+    let another_snapshot = snapshot_artifact(Some(&"d".repeat(64)), "here");
+    let mut same_in_other_repository = snapshot_artifact(Some(&id), "here");
+    same_in_other_repository
+        .snapshot
+        .as_mut()
+        .unwrap()
+        .repository_id = "s".repeat(64);
+    // (case, artifact, this cluster's origin, the other Backups, the keys to delete or the refusal)
+    type Case<'a> = (
+        &'a str,
+        Artifact,
+        Option<&'a str>,
+        Vec<Other<'a>>,
+        Result<Vec<String>, &'a str>,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "its own, alone",
+            mine.clone(),
+            Some("here"),
+            vec![
+                other("other", Some(&another_snapshot)),
+                other(UID, Some(&mine)),
+            ],
+            Ok(vec![format!("custody/custody_repository/snapshots/{id}")]),
+        ),
+        (
+            "another cluster's",
+            mine.clone(),
+            Some("there"),
+            vec![],
+            Err("SnapshotOfAnotherCluster"),
+        ),
+        (
+            "this cluster unknown",
+            mine.clone(),
+            None,
+            vec![],
+            Err("SnapshotOfAnotherCluster"),
+        ),
+        (
+            "another Backup records it (an import)",
+            mine.clone(),
+            Some("here"),
+            vec![other("other", Some(&same_elsewhere))],
+            Err("KeyClaimedByAnother"),
+        ),
+        (
+            "the same ID in another repository is another file",
+            mine.clone(),
+            Some("here"),
+            vec![other("other", Some(&same_in_other_repository))],
+            Ok(vec![format!("custody/custody_repository/snapshots/{id}")]),
+        ),
+        (
+            "no snapshot written",
+            snapshot_artifact(None, "here"),
+            Some("here"),
+            vec![],
+            Ok(vec![]),
+        ),
+        (
+            "not a snapshot ID",
+            snapshot_artifact(Some("../../config"), "here"),
+            Some("here"),
+            vec![],
+            Err("KeyNotNormal"),
+        ),
+        (
+            "not a snapshot at all",
+            artifact("custody/ns/db/x"),
+            Some("here"),
+            vec![],
+            Err("KeyNotProvenOwn"),
+        ),
+    ];
+    for (what, artifact, here, others, expected) in cases {
+        let found = match contest_snapshot(&artifact, here, UID, &others) {
+            Contest::Proven { keys } => Ok(keys),
+            Contest::Refused { reason, .. } => Err(reason),
+        };
+        assert_eq!(found, expected, "{what}");
+    }
+    // Nothing written: the Backup is released, not deleted from.
+    let step = step(&Deleting {
+        has_finalizer: true,
+        done: false,
+        skip: false,
+        policy: DeletionPolicy::Delete,
+        artifact: Some(&snapshot_artifact(None, "here")),
+        readers: &[],
+        contest: Some(Contest::Proven { keys: vec![] }),
+    });
+    assert!(
+        matches!(
+            step,
+            Step::Release {
+                reason: "NoArtifact",
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+}

@@ -271,7 +271,14 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
                 .and_then(|status| status.artifact.as_ref()),
         })
         .collect();
-    facts.contest = Some(if artifact.attribution.is_some() {
+    facts.contest = Some(if artifact.snapshot.is_some() {
+        let here = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .get_opt("kube-system")
+            .await
+            .map_err(Error::read("Namespace kube-system".to_string()))?
+            .and_then(|namespace| namespace.metadata.uid);
+        artifacts::contest_snapshot(artifact, here.as_deref(), &uid, &others)
+    } else if artifact.attribution.is_some() {
         // A command's dump: attributed again against the runs, in every namespace, as they
         // are now.
         let status = backup.status.clone().unwrap_or_default();

@@ -170,6 +170,33 @@ pub fn completion(
     report: &Report<BackupResult>,
 ) -> Result<Artifact, (&'static str, String)> {
     match report {
+        Report::Done(result) if recorded.snapshot.is_some() => {
+            let expected = recorded.snapshot.as_ref().expect("checked above");
+            let Some(written) = &result.snapshot else {
+                return Err((
+                    ARTIFACT_KEY_MISMATCH,
+                    "the mover reported no snapshot, and this Backup writes one".to_string(),
+                ));
+            };
+            if written.repository_id != expected.repository_id {
+                return Err((
+                    ARTIFACT_KEY_MISMATCH,
+                    format!(
+                        "the mover wrote into repository {}, but this Backup recorded repository {}",
+                        written.repository_id, expected.repository_id
+                    ),
+                ));
+            }
+            Ok(Artifact {
+                size_bytes: i64::try_from(result.size_bytes).ok(),
+                manifest_hash: Some(result.manifest_hash.clone()),
+                snapshot: Some(custody_kube::api::SnapshotRef {
+                    id: Some(written.id.clone()),
+                    ..expected.clone()
+                }),
+                ..recorded.clone()
+            })
+        }
         Report::Done(result) => {
             if result.key != recorded.key || result.manifest_key != recorded.manifest_key {
                 return Err((
@@ -201,6 +228,32 @@ pub fn completion(
             format!("the mover's report cannot be read: {message}"),
         )),
     }
+}
+
+/// The snapshot of `cluster`'s last completed Backup in the repository `repository_id`: a new
+/// backup reads only the files changed since it. Imported Backups (made elsewhere) count too:
+/// their snapshots are in the same repository.
+pub fn parent_snapshot(
+    backups: &[custody_kube::api::Backup],
+    cluster: &str,
+    repository_id: &str,
+) -> Option<String> {
+    backups
+        .iter()
+        .filter(|backup| backup.spec.cluster_ref.name == cluster)
+        .filter_map(|backup| {
+            let status = backup.status.as_ref()?;
+            if status.phase != Some(custody_kube::api::BackupPhase::Completed) {
+                return None;
+            }
+            let snapshot = status.artifact.as_ref()?.snapshot.as_ref()?;
+            if snapshot.repository_id != repository_id {
+                return None;
+            }
+            Some((status.completion_time.clone()?.0, snapshot.id.clone()?))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, id)| id)
 }
 
 /// The mover wrote keys other than the recorded ones.

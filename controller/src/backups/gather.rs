@@ -39,6 +39,8 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         listing: None,
         job_pod_problem: None,
         others: Vec::new(),
+        origin_cluster: None,
+        parent_snapshot: None,
     };
     let phase = facts.backup.status.as_ref().and_then(|status| status.phase);
     if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
@@ -98,6 +100,24 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             if !started && let Some(mounter) = &facts.mounted_on {
                 facts.clock = clock(client, &mounter.node).await;
             }
+            if facts.backup.spec.command.is_none() {
+                facts.origin_cluster = origin_cluster(client).await?;
+                let repository_id = facts
+                    .repository
+                    .as_ref()
+                    .and_then(|repository| repository.status.as_ref())
+                    .and_then(|status| status.repository.as_ref())
+                    .map(|repository| repository.id.clone());
+                if let Some(repository_id) = repository_id {
+                    let backups = Api::<Backup>::namespaced(client.clone(), &namespace)
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(Error::read(format!("Backups in {namespace}")))?
+                        .items;
+                    facts.parent_snapshot =
+                        decide::parent_snapshot(&backups, &cluster.name_any(), &repository_id);
+                }
+            }
         }
         JobFact::Owned(JobState::Succeeded | JobState::Failed { .. }) => {
             match (&facts.backup.spec.command, &facts.repository) {
@@ -138,6 +158,17 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         JobFact::Foreign => {}
     }
     Ok(facts)
+}
+
+/// The UID of namespace `kube-system`: this Kubernetes cluster's identity in a snapshot.
+async fn origin_cluster(client: &Client) -> Result<Option<String>> {
+    Ok(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .get_opt("kube-system")
+            .await
+            .map_err(Error::read("Namespace kube-system".to_string()))?
+            .and_then(|namespace| namespace.metadata.uid),
+    )
 }
 
 /// The application's pods in `namespace` that mount `claim`: every pod but custody's own

@@ -8,7 +8,8 @@ use k8s_openapi::api::batch::v1::Job;
 use super::SOURCE_PATH;
 use super::consistency::Mounter;
 use super::decide::{LABEL_BACKUP_UID, LABEL_CLAIM_UID, LABEL_CLUSTER_UID};
-use custody_kube::api::{Backup, BackupRepository, BackupTool};
+use custody_kube::api::{Backup, BackupRepository, BackupTool, Capture, EncryptedRepository};
+use custody_proto::mover::{RepositoryArgs, SnapshotBackupArgs};
 
 /// What a backup Job is made of.
 pub struct JobInputs<'a> {
@@ -26,6 +27,42 @@ pub struct JobInputs<'a> {
     pub freeze: Option<custody_proto::mover::FreezeArgs>,
     /// A copy by the application's own tool: it writes the tree the mover backs up.
     pub tool: Option<ToolRun<'a>>,
+    /// A snapshot in the encrypted repository (format 2), else an archive (format 1).
+    pub snapshot: Option<SnapshotInputs<'a>>,
+}
+
+/// What a snapshot backup's mover is told besides the volume.
+#[derive(Clone, Copy)]
+pub struct SnapshotInputs<'a> {
+    pub repository: &'a EncryptedRepository,
+    pub origin_cluster: &'a str,
+    pub parent: Option<&'a str>,
+    /// The volume claim template.
+    pub volume: &'a str,
+    pub consistency: Option<Capture>,
+}
+
+/// The name a capture has in a snapshot's record.
+fn capture_name(capture: Option<Capture>) -> String {
+    match capture {
+        Some(capture) => serde_json::to_value(capture)
+            .ok()
+            .and_then(|value| value.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        None => "Stopped".to_string(),
+    }
+}
+
+/// The repository's master key for a mover, from the Secret custody keeps it in (never
+/// copied into the Job).
+pub fn master_key_env(repository: &EncryptedRepository) -> serde_json::Value {
+    serde_json::json!({
+        "name": custody_proto::mover::env::REPOSITORY_KEY,
+        "valueFrom": {"secretKeyRef": {
+            "name": repository.master_key_secret,
+            "key": custody_proto::mover::env::REPOSITORY_KEY,
+        }},
+    })
 }
 
 /// The application's backup tool, and the running pod it reaches.
@@ -142,25 +179,48 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         (LABEL_CLUSTER_UID, inputs.cluster_uid),
         (LABEL_CLAIM_UID, inputs.claim_uid),
     ]);
-    let env = custody_kube::s3::mover_env(&inputs.repository.spec);
+    let mut env = custody_kube::s3::mover_env(&inputs.repository.spec);
     // A tool's tree is backed up as the volume; else the volume itself.
     let source = match &inputs.tool {
         Some(_) => TOOL_TREE,
         None => SOURCE_PATH,
+    };
+    let invocation = match &inputs.snapshot {
+        Some(snapshot) => {
+            env.push(master_key_env(snapshot.repository));
+            Invocation::SnapshotBackup(SnapshotBackupArgs {
+                source: source.to_string(),
+                repository: RepositoryArgs {
+                    prefix: snapshot.repository.prefix.clone(),
+                    id: Some(snapshot.repository.id.clone()),
+                },
+                volume: snapshot.volume.to_string(),
+                claim: inputs.claim.to_string(),
+                backup_name: inputs.backup.metadata.name.clone().unwrap_or_default(),
+                backup_uid: uid.clone(),
+                namespace: inputs.backup.metadata.namespace.clone().unwrap_or_default(),
+                cluster: inputs.backup.spec.cluster_ref.name.clone(),
+                cluster_uid: inputs.cluster_uid.to_string(),
+                origin_cluster: snapshot.origin_cluster.to_string(),
+                consistency: capture_name(snapshot.consistency),
+                parent: snapshot.parent.map(str::to_string),
+                freeze: inputs.freeze.clone(),
+            })
+        }
+        None => Invocation::Backup {
+            source: source.to_string(),
+            prefix: inputs.prefix.to_string(),
+            backup_uid: uid.clone(),
+            cluster_uid: inputs.cluster_uid.to_string(),
+            freeze: inputs.freeze.clone(),
+        },
     };
     let container = match &inputs.backup.spec.command {
         None => serde_json::json!({
             "name": "mover",
             "image": inputs.mover.image,
             "command": ["custody-mover"],
-            "args": Invocation::Backup {
-                source: source.to_string(),
-                prefix: inputs.prefix.to_string(),
-                backup_uid: uid.clone(),
-                cluster_uid: inputs.cluster_uid.to_string(),
-                freeze: inputs.freeze.clone(),
-            }
-            .args(),
+            "args": invocation.args(),
             "env": env,
             "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
             // Reads every file whatever its owner; never writes the volume.

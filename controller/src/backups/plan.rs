@@ -21,7 +21,7 @@ use crate::events::Note;
 use crate::holds::{self, Hold, LeaseStep, Run};
 use custody_kube::api::{
     Artifact, AttributionEvidence, Backup, BackupPhase, BackupRepository, BackupStatus, Capture,
-    ClockMeasurement, Cluster, Destination, HasConditions, Restore, RestorePhase,
+    ClockMeasurement, Cluster, Destination, HasConditions, Restore, RestorePhase, SnapshotRef,
 };
 use custody_proto::mover::FreezeArgs;
 
@@ -79,6 +79,12 @@ pub struct Facts {
     pub job_pod_problem: Option<String>,
     /// Every Backup, in every namespace, when a command's dump is attributed.
     pub others: Vec<Backup>,
+    /// The UID of this Kubernetes cluster's `kube-system` namespace, sealed in a snapshot as
+    /// the cluster that made it (read before the Backup starts).
+    pub origin_cluster: Option<String>,
+    /// The snapshot of the Cluster's last completed Backup in the same repository: files
+    /// unchanged since it are not read again (read before the Backup starts).
+    pub parent_snapshot: Option<String>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), take
@@ -173,10 +179,14 @@ pub fn plan(facts: &Facts) -> Plan {
         .iter()
         .find(|condition| condition.type_ == types::READY);
     // Checked before a Job exists: a run under way reads its Job's outcome whatever a later
-    // check of the repository says.
-    if facts.job == JobFact::Missing
-        && repository_ready.is_none_or(|condition| condition.status != "True")
-    {
+    // check of the repository says. A command writes its own dump: a bucket that answers is
+    // enough for it.
+    let usable = repository_ready.is_some_and(|condition| {
+        condition.status == "True"
+            || (backup.spec.command.is_some()
+                && crate::repositories::bucket_answered(&condition.reason))
+    });
+    if facts.job == JobFact::Missing && !usable {
         return wait(
             facts,
             reasons::REPOSITORY_NOT_READY,
@@ -435,13 +445,46 @@ fn start(
 
     // The keys first: recorded before anything is uploaded, so that the key is provably this
     // Backup's even if the controller stops right after. (A command's dump has a name only
-    // the command knows: it is attributed after the run.)
+    // the command knows: it is attributed after the run.) A volume backup goes into the
+    // encrypted repository: its snapshot is recorded once written, the repository's ID now.
     let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
-    let prefix = match command {
-        None => decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid),
-        Some(command) => decide::command_prefix(repository_prefix, &command.prefix),
+    let wants_encryption = command.is_none() && repository.spec.encryption.is_some();
+    let encrypted = repository
+        .status
+        .as_ref()
+        .and_then(|status| status.repository.as_ref())
+        .filter(|_| wants_encryption);
+    if wants_encryption && encrypted.is_none() {
+        return wait(
+            facts,
+            reasons::REPOSITORY_NOT_READY,
+            format!(
+                "BackupRepository {} has not opened its encrypted repository yet",
+                repository.name_any()
+            ),
+            15,
+        );
+    }
+    let origin_cluster = facts.origin_cluster.clone().unwrap_or_default();
+    if encrypted.is_some() && origin_cluster.is_empty() {
+        return wait(
+            facts,
+            reasons::REPOSITORY_NOT_READY,
+            "the UID of namespace kube-system (this cluster's identity in a snapshot) could not be read".into(),
+            15,
+        );
+    }
+    let prefix = match (command, encrypted) {
+        (None, Some(encrypted)) => encrypted.prefix.clone(),
+        (None, None) => {
+            decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid)
+        }
+        (Some(command), _) => decide::command_prefix(repository_prefix, &command.prefix),
     };
-    let (key, manifest_key) = custody_proto::mover::object_keys(&prefix);
+    let (key, manifest_key) = match encrypted {
+        Some(_) => (String::new(), String::new()),
+        None => custody_proto::mover::object_keys(&prefix),
+    };
     let mut plan = Plan {
         lease: LeaseStep::TakeFirst,
         requeue: Some(Duration::from_secs(60)),
@@ -464,13 +507,28 @@ fn start(
                 prefix: prefix.clone(),
                 key: key.clone(),
                 manifest_key,
+                snapshot: encrypted.map(|encrypted| SnapshotRef {
+                    repository_id: encrypted.id.clone(),
+                    id: None,
+                    origin_cluster: origin_cluster.clone(),
+                    volumes: cluster
+                        .spec
+                        .volume_claim_templates
+                        .first()
+                        .cloned()
+                        .into_iter()
+                        .collect(),
+                }),
                 ..Artifact::located_in(repository)
             });
         }
         let ready = waiting(
             reasons::RUNNING,
             match command {
-                None => format!("backing up claim {claim} on {on} to {key}"),
+                None => format!(
+                    "backing up claim {claim} on {on} to {}",
+                    destination(&prefix, &key)
+                ),
                 Some(_) => format!("running the backup command on {on}, writing under {prefix}/"),
             },
         );
@@ -530,6 +588,18 @@ fn start(
     } else {
         None
     };
+    let snapshot = encrypted.map(|encrypted| job::SnapshotInputs {
+        repository: encrypted,
+        origin_cluster: &origin_cluster,
+        parent: facts.parent_snapshot.as_deref(),
+        volume: cluster
+            .spec
+            .volume_claim_templates
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default(),
+        consistency: status.consistency,
+    });
     plan.job = Some(job::spec(JobInputs {
         name: job_name,
         backup,
@@ -542,17 +612,28 @@ fn start(
         mover: &facts.mover,
         freeze,
         tool,
+        snapshot,
     }));
     let recorded = if command.is_some() {
         format!("{prefix}/")
     } else {
-        key
+        destination(&prefix, &key)
     };
     plan.events.push(Note::normal(
         "BackupStarted",
         format!("Job {job_name} backs up claim {claim} on {on} to {recorded}"),
     ));
     plan
+}
+
+/// Where a volume backup writes, for people: its archive's key (format 1), or the encrypted
+/// repository (format 2).
+fn destination(prefix: &str, key: &str) -> String {
+    if key.is_empty() {
+        format!("the encrypted repository at {prefix}")
+    } else {
+        key.to_string()
+    }
 }
 
 /// How long the mover's report says the filesystem stayed frozen.
@@ -660,6 +741,14 @@ fn conclude(
                 format!(
                     "the dump {} is this run's: its name's time, corrected by the node's clock offset, and its LastModified fall within the run",
                     artifact.key
+                )
+            } else if let Some(snapshot) = &artifact.snapshot {
+                format!(
+                    "snapshot {} in repository {} ({} bytes added; manifest BLAKE3 {})",
+                    snapshot.id.as_deref().unwrap_or_default(),
+                    snapshot.repository_id,
+                    artifact.size_bytes.unwrap_or_default(),
+                    artifact.manifest_hash.clone().unwrap_or_default()
                 )
             } else {
                 format!(

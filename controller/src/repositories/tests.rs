@@ -82,3 +82,85 @@ fn every_probe_outcome_has_its_own_reason() {
         );
     }
 }
+
+/// Once the bucket answers, `Ready` says whether the encrypted repository opens (without a
+/// key Secret, format 1 goes on), and a command backup may still write its dump when only the
+/// encrypted repository is unusable.
+#[test]
+fn the_encrypted_repository_decides_readiness() {
+    use crate::encryption::{EncryptionError, Opened};
+    use custody_kube::api::{EncryptedRepository, RepositoryKey};
+    let opened = Opened {
+        status: EncryptedRepository {
+            id: "r1".into(),
+            prefix: "custody/custody_repository".into(),
+            keys: vec![RepositoryKey {
+                name: "password".into(),
+                key_id: "k1".into(),
+            }],
+            master_key_secret: "store-master-key".into(),
+            key_secret_version: "1".into(),
+        },
+        created: true,
+        keys_added: Vec::new(),
+        keys_removed: Vec::new(),
+    };
+    // (what opening the repository gave, the Ready status, its reason)
+    type Case = (
+        Option<Result<Opened, EncryptionError>>,
+        Status,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (Some(Ok(opened)), Status::True, reasons::AVAILABLE),
+        (None, Status::True, reasons::AVAILABLE),
+        (
+            Some(Err(EncryptionError::SecretNotFound("keys".into()))),
+            Status::False,
+            reasons::KEY_SECRET_NOT_FOUND,
+        ),
+        (
+            Some(Err(EncryptionError::SecretEmpty("keys".into()))),
+            Status::False,
+            reasons::KEY_SECRET_EMPTY,
+        ),
+        (
+            Some(Err(EncryptionError::KeyRejected {
+                secret: "keys".into(),
+                location: "s3:bucket/custody_repository".into(),
+            })),
+            Status::False,
+            reasons::KEY_REJECTED,
+        ),
+        (
+            Some(Err(EncryptionError::Unreadable("the server".into()))),
+            Status::False,
+            reasons::REPOSITORY_UNREADABLE,
+        ),
+        (
+            Some(Err(EncryptionError::MasterKeySecretTaken(
+                "store-master-key".into(),
+            ))),
+            Status::False,
+            reasons::MASTER_KEY_SECRET_TAKEN,
+        ),
+    ];
+    for (outcome, status, reason) in cases {
+        let desired = encrypted_readiness(outcome.as_ref(), "bucket");
+        assert_eq!(
+            (desired.status, desired.reason),
+            (status, reason),
+            "{outcome:?}"
+        );
+        assert!(bucket_answered(desired.reason), "{reason}");
+    }
+    for unreachable in [
+        reasons::SECRET_NOT_FOUND,
+        reasons::BUCKET_NOT_FOUND,
+        reasons::ACCESS_DENIED,
+        reasons::ENDPOINT_UNREACHABLE,
+        reasons::TLS_ERROR,
+    ] {
+        assert!(!bucket_answered(unreachable), "{unreachable}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The prepareData Job of one volume: `custody-mover restore` pinned to the node where the
 //! volume is mounted, owned by the Restore and labelled with its UID.
 
-use custody_proto::mover::Invocation;
+use custody_proto::mover::{Invocation, RepositoryArgs};
 use k8s_openapi::api::batch::v1::Job;
 
 use super::TARGET_PATH;
@@ -35,20 +35,59 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
     // the artifact was written to: the same rule as deleting it.
     let mut repository = inputs.repository.spec.clone();
     repository.bucket = inputs.artifact.bucket.clone();
+    let mut env = custody_kube::s3::mover_env(&repository);
+    let manifest_hash = inputs.artifact.manifest_hash.clone().unwrap_or_default();
+    let invocation = match &inputs.artifact.snapshot {
+        // A snapshot: read from the repository the Backup recorded, with its master key.
+        Some(snapshot) => {
+            let master_key = inputs
+                .repository
+                .status
+                .as_ref()
+                .and_then(|status| status.repository.as_ref())
+                .map(|repository| repository.master_key_secret.clone())
+                .unwrap_or_else(|| {
+                    crate::encryption::master_key_secret_name(
+                        inputs
+                            .repository
+                            .metadata
+                            .name
+                            .as_deref()
+                            .unwrap_or_default(),
+                    )
+                });
+            env.push(serde_json::json!({
+                "name": custody_proto::mover::env::REPOSITORY_KEY,
+                "valueFrom": {"secretKeyRef": {"name": master_key, "key": custody_proto::mover::env::REPOSITORY_KEY}},
+            }));
+            Invocation::SnapshotRestore {
+                target: TARGET_PATH.to_string(),
+                repository: RepositoryArgs {
+                    prefix: inputs.artifact.prefix.clone(),
+                    id: Some(snapshot.repository_id.clone()),
+                },
+                snapshot: snapshot.id.clone().unwrap_or_default(),
+                volume: snapshot.volumes.first().cloned().unwrap_or_default(),
+                manifest_hash,
+                backup_uid: inputs.backup_uid.to_string(),
+                restore_uid: uid.clone(),
+            }
+        }
+        None => Invocation::Restore {
+            target: TARGET_PATH.to_string(),
+            key: inputs.artifact.key.clone(),
+            manifest_key: inputs.artifact.manifest_key.clone(),
+            manifest_hash,
+            backup_uid: inputs.backup_uid.to_string(),
+            restore_uid: uid.clone(),
+        },
+    };
     let container = serde_json::json!({
         "name": "mover",
         "image": inputs.mover.image,
         "command": ["custody-mover"],
-        "args": Invocation::Restore {
-            target: TARGET_PATH.to_string(),
-            key: inputs.artifact.key.clone(),
-            manifest_key: inputs.artifact.manifest_key.clone(),
-            manifest_hash: inputs.artifact.manifest_hash.clone().unwrap_or_default(),
-            backup_uid: inputs.backup_uid.to_string(),
-            restore_uid: uid.clone(),
-        }
-        .args(),
-        "env": custody_kube::s3::mover_env(&repository),
+        "args": invocation.args(),
+        "env": env,
         "volumeMounts": [{"name": "data", "mountPath": TARGET_PATH}],
         // Writes files of every owner, with their owners and modes.
         "securityContext": crate::mover_job::security_context(crate::mover_job::RESTORE_CAPABILITIES),

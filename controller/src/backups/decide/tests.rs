@@ -460,3 +460,67 @@ fn a_failed_tool_is_named_with_its_exit_and_output() {
     }
     assert_eq!(tool_failure(&[]), None);
 }
+
+/// The parent of a new snapshot: the Cluster's most recently completed Backup in the same
+/// repository, whatever else there is.
+#[test]
+fn the_parent_is_the_clusters_last_completed_snapshot_in_the_repository() {
+    let backup = |cluster: &str,
+                  phase: &str,
+                  completed: Option<&str>,
+                  repository: &str,
+                  id: Option<&str>| {
+        serde_json::from_value::<custody_kube::api::Backup>(serde_json::json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": cluster}},
+            "status": {"phase": phase, "completionTime": completed,
+                "artifact": {"repository": "store", "endpoint": "e", "bucket": "b", "prefix": "p",
+                    "key": "", "manifestKey": "",
+                    "snapshot": {"repositoryId": repository, "id": id, "originCluster": "o"}}},
+        }))
+        .unwrap()
+    };
+    let backups = vec![
+        backup(
+            "orders",
+            "Completed",
+            Some("2026-12-01T01:00:00Z"),
+            "r",
+            Some("older"),
+        ),
+        backup(
+            "orders",
+            "Completed",
+            Some("2026-12-01T03:00:00Z"),
+            "r",
+            Some("latest"),
+        ),
+        backup(
+            "orders",
+            "Completed",
+            Some("2026-12-01T04:00:00Z"),
+            "other",
+            Some("other-repository"),
+        ),
+        backup("orders", "Failed", Some("2026-12-01T05:00:00Z"), "r", None),
+        backup("orders", "Running", None, "r", None),
+        backup(
+            "payments",
+            "Completed",
+            Some("2026-12-01T06:00:00Z"),
+            "r",
+            Some("other-cluster"),
+        ),
+    ];
+    assert_eq!(
+        parent_snapshot(&backups, "orders", "r").as_deref(),
+        Some("latest")
+    );
+    assert_eq!(
+        parent_snapshot(&backups, "orders", "other").as_deref(),
+        Some("other-repository")
+    );
+    assert_eq!(parent_snapshot(&backups, "orders", "new"), None);
+    assert_eq!(parent_snapshot(&backups[3..5], "orders", "r"), None);
+}

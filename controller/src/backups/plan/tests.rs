@@ -56,12 +56,17 @@ fn repository(ready: &str) -> BackupRepository {
         "kind": "BackupRepository",
         "metadata": {"name": "store", "namespace": "ns"},
         "spec": {"endpoint": "http://s3", "bucket": "bucket", "prefix": "custody",
-            "credentialsSecretRef": {"name": "s3"}},
+            "credentialsSecretRef": {"name": "s3"}, "encryption": {"keySecretRef": {"name": "keys"}}},
         "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "Available",
-            "message": "the bucket answers", "lastTransitionTime": "2026-11-30T11:00:00Z"}]},
+            "message": "the bucket answers", "lastTransitionTime": "2026-11-30T11:00:00Z"}],
+            "repository": {"id": REPOSITORY_ID, "prefix": "custody/custody_repository",
+                "masterKeySecret": "store-master-key", "keySecretVersion": "1"}},
     }))
     .unwrap()
 }
+
+const REPOSITORY_ID: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
+const ORIGIN: &str = "kube-system-uid";
 
 fn restore(phase: &str) -> Restore {
     serde_json::from_value(json!({
@@ -94,6 +99,8 @@ fn facts() -> Facts {
         listing: None,
         job_pod_problem: None,
         others: Vec::new(),
+        origin_cluster: Some(ORIGIN.into()),
+        parent_snapshot: None,
     }
 }
 
@@ -681,7 +688,7 @@ fn the_finalizer_comes_before_anything_else() {
 }
 
 #[test]
-fn the_keys_are_recorded_with_the_node_and_its_clock() {
+fn the_snapshot_is_recorded_with_the_node_and_its_clock() {
     let clock = ClockMeasurement {
         offset_nanoseconds: 5,
         round_trip_nanoseconds: 7,
@@ -689,14 +696,28 @@ fn the_keys_are_recorded_with_the_node_and_its_clock() {
     };
     let plan = plan(&Facts {
         clock: Some(clock.clone()),
+        parent_snapshot: Some("a1".repeat(32)),
         ..facts()
     });
     let status = plan.status.unwrap();
     let artifact = status.artifact.unwrap();
+    // No key of its own: the encrypted repository, its ID and this cluster, recorded before
+    // the Job exists; the snapshot's ID once written.
     assert_eq!(
-        artifact.key,
-        format!("custody/ns/orders/{UID}/data.tar.zst")
+        (artifact.key.as_str(), artifact.manifest_key.as_str()),
+        ("", "")
     );
+    assert_eq!(artifact.prefix, "custody/custody_repository");
+    let snapshot = artifact.snapshot.clone().unwrap();
+    assert_eq!(
+        (
+            snapshot.repository_id.as_str(),
+            snapshot.id,
+            snapshot.origin_cluster.as_str()
+        ),
+        (REPOSITORY_ID, None, ORIGIN)
+    );
+    assert_eq!(snapshot.volumes, ["data"]);
     assert_eq!(artifact.repository, "store");
     assert_eq!(status.node_name.as_deref(), Some(NODE));
     assert_eq!(status.node_clock, Some(clock));
@@ -704,11 +725,122 @@ fn the_keys_are_recorded_with_the_node_and_its_clock() {
     let job = plan.job.unwrap();
     let pod = job.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.node_name.as_deref(), Some(NODE));
-    let args = pod.containers[0].args.clone().unwrap();
+    let mover = &pod.containers[0];
+    let args = mover.args.clone().unwrap();
+    for pair in [
+        ["--repository-prefix", "custody/custody_repository"],
+        ["--repository-id", REPOSITORY_ID],
+        ["--origin-cluster", ORIGIN],
+        ["--volume", "data"],
+        ["--claim", "data-db-0"],
+        ["--parent", &"a1".repeat(32)],
+        ["--consistency", "CrashUnsafe"],
+    ] {
+        assert!(
+            args.windows(2).any(|window| window == pair),
+            "{pair:?} in {args:?}"
+        );
+    }
+    assert!(!args.iter().any(|arg| arg == "--prefix"), "{args:?}");
+    // The master key comes from custody's Secret, never into the Job itself.
+    let env = mover.env.clone().unwrap();
+    let key = env
+        .iter()
+        .find(|variable| variable.name == "CUSTODY_REPOSITORY_KEY")
+        .unwrap();
+    assert_eq!(key.value, None);
+    let reference = key.value_from.clone().unwrap().secret_key_ref.unwrap();
+    assert_eq!(reference.name, "store-master-key");
+}
+
+/// A volume Backup to a repository with a key Secret waits for its encrypted repository (it
+/// is never written unencrypted there), and for this cluster's identity; one without a key
+/// Secret writes format 1.
+#[test]
+fn a_volume_backup_needs_the_encrypted_repository() {
+    let mut format_one = repository("True");
+    format_one.spec.encryption = None;
+    format_one.status.as_mut().unwrap().repository = None;
+    let archive = plan(&Facts {
+        repository: Some(format_one),
+        ..facts()
+    });
+    let artifact = archive.status.unwrap().artifact.unwrap();
+    assert_eq!(
+        artifact.key,
+        format!("custody/ns/orders/{UID}/data.tar.zst")
+    );
+    assert_eq!(artifact.snapshot, None);
+    let mut unencrypted = repository("True");
+    unencrypted.status.as_mut().unwrap().repository = None;
+    let waiting = plan(&Facts {
+        repository: Some(unencrypted),
+        ..facts()
+    });
+    assert_eq!(waiting.job, None);
+    let ready = waiting.status.unwrap().conditions;
     assert!(
-        args.windows(2)
-            .any(|pair| pair == ["--prefix", &format!("custody/ns/orders/{UID}")]),
-        "{args:?}"
+        ready
+            .iter()
+            .any(|condition| condition.reason == reasons::REPOSITORY_NOT_READY),
+        "{ready:?}"
+    );
+    let waiting = plan(&Facts {
+        origin_cluster: None,
+        ..facts()
+    });
+    assert_eq!(waiting.job, None);
+}
+
+/// A snapshot Backup completes with the snapshot its mover reports, in the repository it
+/// recorded; another repository's snapshot is not this Backup's.
+#[test]
+fn a_snapshot_backup_completes_with_its_snapshot() {
+    let started_v2 = |report_repository: &str| {
+        let mut finished = started(facts(), JobState::Succeeded);
+        let artifact = finished
+            .backup
+            .status
+            .as_mut()
+            .unwrap()
+            .artifact
+            .as_mut()
+            .unwrap();
+        artifact.key = String::new();
+        artifact.manifest_key = String::new();
+        artifact.prefix = "custody/custody_repository".into();
+        artifact.snapshot = Some(custody_kube::api::SnapshotRef {
+            repository_id: REPOSITORY_ID.into(),
+            id: None,
+            origin_cluster: ORIGIN.into(),
+            volumes: vec!["data".into()],
+        });
+        finished.report = Some(
+            json!({"sizeBytes": 42, "manifestHash": "m", "files": 1, "entries": 1, "totalBytes": 5,
+                "snapshot": {"id": "b2".repeat(32), "repositoryId": report_repository,
+                    "bytesNew": 5, "filesRead": 1}})
+            .to_string(),
+        );
+        plan(&finished).status.unwrap()
+    };
+    let completed = started_v2(REPOSITORY_ID);
+    assert_eq!(completed.phase, Some(BackupPhase::Completed));
+    let artifact = completed.artifact.unwrap();
+    assert_eq!(
+        artifact.snapshot.unwrap().id.as_deref(),
+        Some("b2".repeat(32).as_str())
+    );
+    assert_eq!(artifact.manifest_hash.as_deref(), Some("m"));
+    assert_eq!(artifact.size_bytes, Some(42));
+    let elsewhere = started_v2(&"0".repeat(64));
+    assert_eq!(elsewhere.phase, Some(BackupPhase::Failed));
+    assert!(
+        elsewhere
+            .conditions
+            .iter()
+            .any(|condition| condition.reason == "ArtifactKeyMismatch"),
+        "{:?}",
+        elsewhere.conditions
     );
 }
 

@@ -398,9 +398,9 @@ pub struct Artifact {
     /// Repository prefix the keys are under.
     #[serde(default)]
     pub prefix: String,
-    /// Key of the data object (tar + zstd).
+    /// Key of the data object (tar + zstd); empty for a snapshot.
     pub key: String,
-    /// Key of the manifest object.
+    /// Key of the manifest object; empty for a snapshot.
     pub manifest_key: String,
     /// Size of the data object in bytes, once complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -415,6 +415,30 @@ pub struct Artifact {
     /// For a command backup: why this dump is this Backup's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attribution: Option<AttributionEvidence>,
+
+    /// Format 2: the snapshot in the encrypted repository (then `key` and `manifestKey` are
+    /// empty and `prefix` is the repository's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotRef>,
+}
+
+/// A Backup's snapshot in an encrypted repository. The snapshot itself seals who made it
+/// (the Backup's UID, its namespace and Cluster, the Kubernetes cluster) and each volume's
+/// manifest hash; this is what the Backup knows of it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRef {
+    /// The repository's ID, recorded when the backup started.
+    pub repository_id: String,
+    /// The snapshot's ID (64 hex digits), once written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The UID of the `kube-system` namespace of the Kubernetes cluster that wrote it: only
+    /// that cluster forgets it.
+    pub origin_cluster: String,
+    /// The volumes in the snapshot (the Cluster's volume claim templates), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 /// The evidence that a dump in a shared prefix was written by one Backup.

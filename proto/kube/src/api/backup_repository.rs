@@ -18,6 +18,7 @@ use super::{Condition, SecretReference, conditions_schema};
     category = "custody",
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".spec.endpoint"}"#,
     printcolumn = r#"{"name":"Bucket","type":"string","jsonPath":".spec.bucket"}"#,
+    printcolumn = r#"{"name":"Repository","type":"string","jsonPath":".status.repository.id","priority":1}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -56,15 +57,71 @@ pub struct BackupRepositorySpec {
     /// self-hosted S3 servers need this.
     #[serde(default)]
     pub force_path_style: bool,
+
+    /// The passwords of the encrypted repository new Backups are written to: restic's
+    /// repository format (content-defined chunks, deduplicated, compressed, sealed with
+    /// AES-256 and Poly1305) under `<prefix>/custody_repository`, which restic and rustic
+    /// open with the same password. Required for new Backups; without it only restores of
+    /// format 1 artifacts work. **Losing every password loses every backup in the repository:
+    /// nothing else decrypts it.** Keep a copy of one outside the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<RepositoryEncryption>,
+}
+
+/// Where the repository's passwords are.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryEncryption {
+    /// A Secret in this namespace whose every key holds a password of the repository (at
+    /// least one). custody creates the repository with the first password (by key name) when
+    /// there is none, adds a key file for every password that opens none, and removes the
+    /// key files it added for passwords taken out of the Secret: to rotate, add the new
+    /// password, wait for `status.repository.keys` to list it, then remove the old one.
+    pub key_secret_ref: SecretReference,
 }
 
 /// Observed state of a BackupRepository.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRepositoryStatus {
+    /// The encrypted repository, once opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<EncryptedRepository>,
+
     /// `Ready` says whether the endpoint, bucket and credentials work, with a reason a user
     /// can act on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// The encrypted repository a BackupRepository opened.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptedRepository {
+    /// The repository's ID (restic's: its config's). A Backup records it, and a mover refuses
+    /// another repository found at the same place.
+    pub id: String,
+    /// Where it is in the bucket.
+    pub prefix: String,
+    /// Which key file each password of the key Secret opens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<RepositoryKey>,
+    /// The Secret, in this namespace and owned by this BackupRepository, in which custody
+    /// keeps the repository's master key for its movers (so that a mover derives no key from
+    /// a password). As sensitive as the passwords.
+    pub master_key_secret: String,
+    /// The key Secret's `resourceVersion` the key files were last brought in step with.
+    #[serde(default)]
+    pub key_secret_version: String,
+}
+
+/// A password of the key Secret and the key file it opens.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryKey {
+    /// The password's key in the Secret.
+    pub name: String,
+    /// The key file's ID in the repository (`keys/<id>`).
+    pub key_id: String,
 }

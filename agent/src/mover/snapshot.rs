@@ -1,0 +1,424 @@
+//! Backups into the repository (format 2) and restores out of it.
+//!
+//! A backup is one snapshot: every volume read once into content-defined, deduplicated,
+//! compressed and encrypted blocks (restic's format), each volume's manifest built from the
+//! same reads and stored in the snapshot, and custody's record of the run sealed in the
+//! snapshot itself ([`SnapshotMeta`]). A file unchanged since the parent snapshot (same size,
+//! mtime, ctime and inode) is not read again: its blocks and its manifest hash are the
+//! parent's. Nothing is saved as a snapshot unless every volume was read whole.
+//!
+//! A restore opens the snapshot under the repository's key, checks that its sealed record is
+//! the Backup's and names the manifest hash the Backup recorded, reads that manifest from the
+//! snapshot (it must hash to the record), then writes the volume checked against it entry by
+//! entry ([`Extraction`]), exactly as a format 1 restore does.
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use custody_kube::s3::{self, Endpoint, Secret};
+use custody_proto::manifest::{self, Header};
+use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
+use custody_repository::backend::{Location, S3Backend};
+use custody_repository::crypto::Cipher;
+use custody_repository::open::{self, OpenError, Opened, Password};
+use custody_repository::snapshot::{self, ManifestMeta, MetaError, SnapshotMeta};
+use custody_repository::writer::{Writer, WriterOptions};
+use rustic_core::repofile::{BlobType, SnapshotFile};
+use rustic_core::{
+    IndexedFullStatus, OpenStatus, Repository, RepositoryBackends, SnapshotOptions, TreeId,
+};
+
+use super::extract::Extraction;
+use super::snapshot_source::{Archiver, VolumeToRead};
+use super::{MoverError, local};
+
+/// The environment variables holding the repository's master key or a password.
+pub use custody_proto::mover::env::{REPOSITORY_KEY, REPOSITORY_PASSWORD};
+
+/// What opens the repository.
+pub enum Key {
+    /// The master key itself (restic's JSON): no key derivation.
+    Master(String),
+    /// A password, through the key file it opens.
+    Password(String),
+}
+
+/// A repository as the mover reaches it.
+pub struct Repo {
+    backend: S3Backend,
+    backends: RepositoryBackends,
+    key: Key,
+    /// The repository ID the controller recorded: another repository at the same place is
+    /// refused.
+    expected_id: Option<String>,
+}
+
+impl Repo {
+    /// The repository under `prefix` in the endpoint's bucket, opened with `key`.
+    pub fn new(
+        endpoint: &Endpoint,
+        secret: &Secret,
+        prefix: &str,
+        key: Key,
+        expected_id: Option<String>,
+    ) -> Result<Repo, MoverError> {
+        let client = s3::client(endpoint, secret)?;
+        let backend = S3Backend::new(
+            client,
+            Location {
+                bucket: endpoint.bucket.clone(),
+                prefix: prefix.trim_matches('/').to_string(),
+            },
+            tokio::runtime::Handle::current(),
+        );
+        let backends = RepositoryBackends::new(backend.clone().shared(), None);
+        Ok(Repo {
+            backend,
+            backends,
+            key,
+            expected_id,
+        })
+    }
+
+    /// Opens the repository, or says why it cannot (before anything is read or written).
+    fn open(&self) -> Result<(Repository<OpenStatus>, String), MoverError> {
+        let (repository, repository_id) = match &self.key {
+            Key::Master(key) => open::open_with_master_key(&self.backends, key)?,
+            Key::Password(password) => {
+                let password = Password {
+                    name: REPOSITORY_PASSWORD.to_string(),
+                    value: password.clone(),
+                };
+                let opened: Opened = open::open(&self.backends, std::slice::from_ref(&password))?;
+                (opened.repository, opened.repository_id)
+            }
+        };
+        if let Some(expected) = &self.expected_id
+            && &repository_id != expected
+        {
+            return Err(MoverError::Repository(OpenError::NotARepository {
+                location: format!(
+                    "{} (it holds repository {repository_id}, not {expected})",
+                    self.backend.location(),
+                ),
+            }));
+        }
+        Ok((repository, repository_id))
+    }
+}
+
+use rustic_core::ReadBackend;
+
+/// One volume to back up.
+pub struct Volume {
+    pub name: String,
+    pub claim: String,
+    pub root: PathBuf,
+}
+
+/// What a snapshot backup needs besides the repository.
+pub struct SnapshotBackup {
+    pub volumes: Vec<Volume>,
+    /// custody's record, as known when the run starts (no manifests, not completed).
+    pub meta: SnapshotMeta,
+    pub header: Header,
+    /// The snapshot of the Cluster's last completed backup: unchanged files are not read.
+    pub parent: Option<String>,
+}
+
+/// Backs the volumes up into one snapshot. `stop` ends the reading; `on_read` runs once every
+/// file is read. Blocks: run it on a blocking thread.
+pub fn backup(
+    repo: &Repo,
+    request: SnapshotBackup,
+    stop: Arc<AtomicBool>,
+    on_read: Option<Box<dyn FnOnce() + Send>>,
+) -> Result<BackupResult, MoverError> {
+    let (repository, repository_id) = repo.open()?;
+    let repository = repository
+        .to_indexed()
+        .map_err(|error| unreadable(&repo.backend, &error))?;
+    let cipher = Cipher::new(&repository.key())
+        .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
+
+    // The parent's trees and manifests: a file unchanged since it is not read again.
+    let mut parents: Vec<Option<(TreeId, File)>> = request.volumes.iter().map(|_| None).collect();
+    if let Some(id) = &request.parent {
+        match parents_of(&repository, id, &request.volumes) {
+            Ok(found) => parents = found,
+            // Without the parent, every file is read: slower, never wrong.
+            Err(reason) => eprintln!("custody-mover: not using parent snapshot {id}: {reason}"),
+        }
+    }
+
+    let writer = Writer::new(
+        repo.backend.clone().shared(),
+        cipher,
+        WriterOptions::default(),
+    );
+    let mut archiver = Archiver::new(&repository, writer, &stop);
+    let mut read = Vec::new();
+    let mut claims = Vec::new();
+    for (volume, parent) in request.volumes.into_iter().zip(parents) {
+        claims.push(volume.claim);
+        read.push(archiver.volume(
+            VolumeToRead {
+                name: volume.name,
+                root: volume.root,
+                parent,
+            },
+            &request.header,
+        )?);
+    }
+    // Every file is read: a frozen filesystem may thaw (the upload goes on).
+    if let Some(on_read) = on_read {
+        on_read();
+    }
+    let mut meta = request.meta;
+    let mut manifest_nodes = Vec::new();
+    let mut volume_nodes = Vec::new();
+    for (volume_meta, volume) in meta.volumes.iter_mut().zip(&read) {
+        volume_meta.manifest = Some(ManifestMeta {
+            blake3: volume.summary.hash.to_hex().to_string(),
+            entries: volume.summary.totals.entries,
+            files: volume.summary.totals.files,
+            total_bytes: volume.summary.totals.total_bytes,
+        });
+        manifest_nodes
+            .push(archiver.file(&format!("{}.jsonl", volume_meta.name), &volume.manifest)?);
+        volume_nodes.push(volume.node.clone());
+    }
+    volume_nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    manifest_nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let data = archiver.tree(volume_nodes)?;
+    let manifests = archiver.tree(manifest_nodes)?;
+    let root = archiver.tree(vec![
+        Archiver::directory("data", data),
+        Archiver::directory("manifests", manifests),
+    ])?;
+    let counts = archiver.counts;
+    let stats = archiver.finish()?;
+    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(MoverError::Upload(
+            super::upload::UploadError::Interrupted {
+                key: "the snapshot".into(),
+            },
+        ));
+    }
+
+    // Every block and index is stored: the snapshot, with custody's record sealed in it.
+    meta.completed_at = Some(rustic_core::jiff::Timestamp::now().to_string());
+    let mut file = SnapshotOptions::default()
+        .to_snapshot()
+        .map_err(|error| MoverError::Local(error.display_log()))?;
+    file.tree = root;
+    file.hostname = format!("{}/{}", meta.cluster.namespace, meta.cluster.name);
+    file.username = String::new();
+    file.label = meta.backup.name.clone();
+    file.parent = request
+        .parent
+        .as_deref()
+        .and_then(|id| id.parse::<rustic_core::Id>().ok())
+        .map(Into::into);
+    for volume in &meta.volumes {
+        file.paths.add(snapshot::data_path(&volume.name));
+    }
+    for tag in meta.tags() {
+        file.tags.add(tag);
+    }
+    file.description = Some(meta.to_description());
+    repository
+        .save_snapshots(vec![file])
+        .map_err(|error| MoverError::RepositoryWrite(error.display_log()))?;
+    let snapshot_id = repo
+        .backend
+        .last_snapshot_written()
+        .ok_or_else(|| MoverError::RepositoryWrite("the snapshot was not written".into()))?;
+    let first = read.first().expect("a snapshot has a volume");
+    Ok(BackupResult {
+        key: String::new(),
+        manifest_key: String::new(),
+        size_bytes: stats.bytes_uploaded,
+        checksum: String::new(),
+        manifest_hash: first.summary.hash.to_hex().to_string(),
+        files: first.summary.totals.files,
+        entries: first.summary.totals.entries,
+        total_bytes: first.summary.totals.total_bytes,
+        frozen_millis: None,
+        snapshot: Some(SnapshotWritten {
+            id: snapshot_id.to_hex().to_string(),
+            repository_id,
+            bytes_new: stats.data_bytes_new,
+            files_read: counts.files_read,
+        }),
+    })
+}
+
+fn unreadable(backend: &S3Backend, error: &rustic_core::RusticError) -> MoverError {
+    MoverError::Repository(OpenError::Unreadable {
+        location: backend.location(),
+        message: error.display_log(),
+    })
+}
+
+/// The parent snapshot's tree and manifest of each volume (`None` for a volume it lacks).
+fn parents_of(
+    repository: &Repository<IndexedFullStatus>,
+    id: &str,
+    volumes: &[Volume],
+) -> Result<Vec<Option<(TreeId, File)>>, String> {
+    let parent = snapshot_file(repository, id).map_err(|error| error.to_string())?;
+    let meta =
+        SnapshotMeta::finished(parent.description.as_deref()).map_err(|error| error.to_string())?;
+    volumes
+        .iter()
+        .map(|volume| {
+            let Ok(recorded) = meta.manifest(&volume.name) else {
+                return Ok(None);
+            };
+            let manifest = read_manifest(repository, &parent, &volume.name, &recorded.blake3)
+                .and_then(|manifest| manifest.reopen().map_err(local("the manifest")))
+                .map_err(|error| error.to_string())?;
+            let node = repository
+                .node_from_snapshot_and_path(&parent, &snapshot::data_path(&volume.name))
+                .map_err(|error| error.display_log())?;
+            Ok(node.subtree.map(|tree| (tree, manifest)))
+        })
+        .collect()
+}
+
+fn snapshot_file(
+    repository: &Repository<IndexedFullStatus>,
+    id: &str,
+) -> Result<SnapshotFile, MoverError> {
+    let mut found = repository.get_snapshots(&[id]).map_err(|error| {
+        MoverError::Snapshot(format!(
+            "snapshot {id} cannot be read: {}",
+            error.display_log()
+        ))
+    })?;
+    found
+        .pop()
+        .ok_or_else(|| MoverError::Snapshot(format!("there is no snapshot {id}")))
+}
+
+/// A volume's manifest out of a snapshot, into a scratch file; it must hash to `blake3`.
+fn read_manifest(
+    repository: &Repository<IndexedFullStatus>,
+    snapshot: &SnapshotFile,
+    volume: &str,
+    blake3: &str,
+) -> Result<tempfile::NamedTempFile, MoverError> {
+    let path = snapshot::manifest_path(volume);
+    let node = repository
+        .node_from_snapshot_and_path(snapshot, &path)
+        .map_err(|error| {
+            MoverError::Snapshot(format!(
+                "the snapshot has no {path}: {}",
+                error.display_log()
+            ))
+        })?;
+    let mut file =
+        tempfile::NamedTempFile::new().map_err(local("a scratch file for the manifest"))?;
+    for id in node.content.iter().flatten() {
+        let block = repository
+            .get_blob_cached(&(*id).into(), BlobType::Data)
+            .map_err(|error| MoverError::Download {
+                key: path.clone(),
+                message: error.display_log(),
+            })?;
+        file.write_all(&block)
+            .map_err(local("a scratch file for the manifest"))?;
+    }
+    file.flush()
+        .map_err(local("a scratch file for the manifest"))?;
+    let found = manifest::hash_reader(BufReader::new(
+        file.reopen().map_err(local("the manifest"))?,
+    ))
+    .map_err(local("hashing the manifest"))?
+    .to_hex()
+    .to_string();
+    if found != blake3 {
+        return Err(MoverError::ManifestTampered {
+            expected: blake3.to_string(),
+            found,
+        });
+    }
+    Ok(file)
+}
+
+/// A restore of one volume out of a snapshot.
+pub struct SnapshotRestore<'a> {
+    pub target: &'a Path,
+    pub snapshot: &'a str,
+    pub volume: &'a str,
+    /// The manifest hash the Backup recorded (its status caches the snapshot's record).
+    pub manifest_hash: &'a str,
+    /// The UID of the Backup that wrote the snapshot, as its record names it.
+    pub backup_uid: &'a str,
+    pub restore_uid: &'a str,
+    pub overwrite: bool,
+}
+
+/// Restores a volume out of a snapshot. Blocks: run it on a blocking thread.
+pub fn restore(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResult, MoverError> {
+    let identity = custody_proto::volume::RestoreIdentity {
+        restore_uid: request.restore_uid.to_string(),
+        backup_uid: request.backup_uid.to_string(),
+    };
+    if let Some(done) = super::prepare_target(
+        request.target,
+        &identity,
+        request.manifest_hash,
+        request.overwrite,
+    )? {
+        return Ok(done);
+    }
+    let (repository, _) = repo.open()?;
+    let repository = repository
+        .to_indexed()
+        .map_err(|error| unreadable(&repo.backend, &error))?;
+    let snapshot = snapshot_file(&repository, request.snapshot)?;
+    let meta = SnapshotMeta::finished(snapshot.description.as_deref())
+        .map_err(|error| MoverError::Snapshot(format!("snapshot {}: {error}", request.snapshot)))?;
+    if meta.backup.uid != request.backup_uid {
+        return Err(MoverError::ManifestOfAnotherBackup {
+            expected: request.backup_uid.to_string(),
+            found: meta.backup.uid,
+        });
+    }
+    let recorded: &ManifestMeta = meta.manifest(request.volume).map_err(|error: MetaError| {
+        MoverError::Snapshot(format!("snapshot {}: {error}", request.snapshot))
+    })?;
+    if recorded.blake3 != request.manifest_hash {
+        return Err(MoverError::ManifestTampered {
+            expected: request.manifest_hash.to_string(),
+            found: recorded.blake3.clone(),
+        });
+    }
+    let manifest_file = read_manifest(&repository, &snapshot, request.volume, &recorded.blake3)?;
+    let reader = super::checked_manifest(&manifest_file, request.backup_uid)?;
+
+    super::write_identity(request.target, &identity)?;
+    let data = snapshot::data_path(request.volume);
+    let node = repository
+        .node_from_snapshot_and_path(&snapshot, &data)
+        .map_err(|error| {
+            MoverError::Snapshot(format!(
+                "the snapshot has no {data}: {}",
+                error.display_log()
+            ))
+        })?;
+    let extraction = Extraction::start(request.target, reader)?;
+    let totals =
+        super::snapshot_reader::extract_volume(&repository, &repo.backend, &node, extraction)?;
+    super::seal_target(request.target, &manifest_file)?;
+    Ok(RestoreResult {
+        files: totals.files,
+        entries: totals.entries,
+        total_bytes: totals.total_bytes,
+    })
+}

@@ -1,0 +1,421 @@
+//! Reads a volume out of a snapshot in manifest order, for the extraction to check and write.
+//!
+//! The snapshot's tree gives the entries (restic sorts a tree's nodes by name, as custody's
+//! manifest does); the repository's index says in which pack, at which offset, each block of
+//! a file's content lies. Blocks that follow each other in one pack are fetched with one
+//! ranged read of at most [`RANGE_BYTES`], [`FETCHERS`] reads at a time, each block decrypted
+//! (restic's AES-256-CTR + Poly1305-AES: a block altered in the bucket fails its MAC) and
+//! decompressed, then handed over in order. What is fetched ahead is bounded
+//! ([`WINDOW`] ranges), so memory does not grow with the volume.
+//!
+//! Nothing here decides what may be written: every entry and every byte goes through
+//! [`Extraction`], against the manifest sealed in the snapshot.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, Read};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Condvar, Mutex};
+
+use aes256ctr_poly1305aes::Aes256CtrPoly1305Aes;
+use aes256ctr_poly1305aes::aead::Aead;
+use bytes::Bytes;
+use custody_repository::backend::S3Backend;
+use rustic_core::repofile::{MasterKey, Node, NodeType, PackId};
+use rustic_core::{DataId, FileType, IndexedFullStatus, LsOptions, ReadBackend, Repository};
+
+use super::extract::{ExtractError, Extraction, Found};
+
+/// Most bytes one ranged read fetches.
+pub const RANGE_BYTES: u32 = 4 << 20;
+/// Ranged reads at a time.
+pub const FETCHERS: usize = 4;
+/// Most ranges fetched ahead of the one the extraction reads.
+pub const WINDOW: u64 = 6;
+/// Entries planned ahead of the extraction.
+const ENTRIES_AHEAD: usize = 4096;
+
+/// A block of a file, where the index says it is.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    offset: u32,
+    length: u32,
+    uncompressed: Option<NonZeroU32>,
+}
+
+/// One ranged read of a pack, and the blocks in it, in the order they are needed.
+struct Range {
+    sequence: u64,
+    pack: PackId,
+    offset: u32,
+    length: u32,
+    blocks: Vec<Block>,
+}
+
+/// Why the snapshot could not be read: its content is damaged (never worth trying again), or
+/// the repository could not be reached.
+#[derive(Clone, Debug)]
+enum Failure {
+    Damaged(String),
+    Unreachable(String),
+}
+
+impl Failure {
+    fn into_io(self) -> io::Error {
+        match self {
+            Failure::Damaged(message) => io::Error::new(io::ErrorKind::InvalidData, message),
+            Failure::Unreachable(message) => io::Error::other(message),
+        }
+    }
+
+    fn into_extract(self) -> ExtractError {
+        match self {
+            Failure::Damaged(message) => ExtractError::Archive(message),
+            Failure::Unreachable(message) => ExtractError::Download(message),
+        }
+    }
+}
+
+fn extract_error(error: io::Error) -> ExtractError {
+    if error.kind() == io::ErrorKind::InvalidData {
+        ExtractError::Archive(error.to_string())
+    } else {
+        ExtractError::Download(error.to_string())
+    }
+}
+
+/// An entry to extract and how many blocks its content has.
+struct Planned {
+    found: Found,
+    blocks: usize,
+}
+
+/// What the fetchers hand over, by range.
+struct Fetched {
+    ranges: BTreeMap<u64, Result<Vec<Bytes>, Failure>>,
+    /// The range the extraction reads now (fetchers stay within WINDOW of it).
+    reading: u64,
+    stopped: bool,
+}
+
+struct Handover {
+    fetched: Mutex<Fetched>,
+    changed: Condvar,
+}
+
+impl Handover {
+    fn stop(&self) {
+        self.fetched.lock().expect("handover").stopped = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Decrypts restic's blocks with the repository's master key.
+struct Cipher(Aes256CtrPoly1305Aes);
+
+impl Cipher {
+    fn new(key: &MasterKey) -> Result<Cipher, String> {
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(&key.encrypt);
+        bytes.extend_from_slice(&key.mac.k);
+        bytes.extend_from_slice(&key.mac.r);
+        if bytes.len() != 64 {
+            return Err("the master key has the wrong length".into());
+        }
+        Ok(Cipher(Aes256CtrPoly1305Aes::new(
+            aes256ctr_poly1305aes::Key::from_slice(&bytes),
+        )))
+    }
+
+    /// A block's plaintext: nonce, ciphertext and MAC, then zstd if it was compressed.
+    fn open(&self, sealed: &[u8], uncompressed: Option<NonZeroU32>) -> Result<Bytes, String> {
+        if sealed.len() < 32 {
+            return Err("a block shorter than its nonce and MAC".into());
+        }
+        let nonce = aes256ctr_poly1305aes::Nonce::from_slice(&sealed[..16]);
+        let plain = self
+            .0
+            .decrypt(nonce, &sealed[16..])
+            .map_err(|_| "a block fails its MAC (altered or not this repository's)".to_string())?;
+        match uncompressed {
+            None => Ok(Bytes::from(plain)),
+            Some(length) => zstd::bulk::decompress(&plain, length.get() as usize)
+                .map(Bytes::from)
+                .map_err(|error| format!("a block does not decompress: {error}")),
+        }
+    }
+}
+
+/// Extracts the snapshot tree under `node` (a volume's `data/<volume>`) through `extraction`.
+pub fn extract_volume<M: BufRead>(
+    repository: &Repository<IndexedFullStatus>,
+    backend: &S3Backend,
+    node: &Node,
+    mut extraction: Extraction<M>,
+) -> Result<custody_proto::manifest::Totals, ExtractError> {
+    let cipher = Cipher::new(&repository.key()).map_err(ExtractError::Archive)?;
+    let handover = Arc::new(Handover {
+        fetched: Mutex::new(Fetched {
+            ranges: BTreeMap::new(),
+            reading: 0,
+            stopped: false,
+        }),
+        changed: Condvar::new(),
+    });
+    let (entries, planned) =
+        std::sync::mpsc::sync_channel::<Result<Planned, Failure>>(ENTRIES_AHEAD);
+    let (jobs, to_fetch) = crossbeam_channel::bounded::<Range>(FETCHERS * 2);
+    std::thread::scope(|scope| {
+        let planner = {
+            let handover = handover.clone();
+            scope.spawn(move || {
+                let outcome = plan(repository, backend, node, &entries, &jobs);
+                if let Err(error) = outcome {
+                    let _ = entries.send(Err(error));
+                    handover.stop();
+                }
+            })
+        };
+        for _ in 0..FETCHERS {
+            let to_fetch = to_fetch.clone();
+            let handover = handover.clone();
+            let cipher = &cipher;
+            scope.spawn(move || fetch(backend, cipher, &to_fetch, &handover));
+        }
+        drop(to_fetch);
+        let extracted = (|| {
+            let mut blocks = Blocks {
+                handover: &handover,
+                range: 0,
+                queue: std::collections::VecDeque::new(),
+            };
+            for planned in &planned {
+                let planned = planned.map_err(Failure::into_extract)?;
+                let mut content = Content {
+                    blocks: &mut blocks,
+                    left: planned.blocks,
+                    current: Bytes::new(),
+                };
+                extraction.entry(&planned.found, &mut content, &extract_error)?;
+            }
+            extraction.finish()
+        })();
+        // Whatever happened, the fetchers and the planner stop.
+        handover.stop();
+        drop(planned);
+        let _ = planner.join();
+        extracted
+    })
+}
+
+/// Walks the tree, sends each entry, and groups the blocks of its content into ranges.
+fn plan(
+    repository: &Repository<IndexedFullStatus>,
+    backend: &S3Backend,
+    node: &Node,
+    entries: &std::sync::mpsc::SyncSender<Result<Planned, Failure>>,
+    jobs: &crossbeam_channel::Sender<Range>,
+) -> Result<(), Failure> {
+    let stopped = || Failure::Unreachable("the extraction stopped".into());
+    // A tree that does not read is damaged unless an S3 call failed meanwhile.
+    let failures = backend.failures();
+    let tree_failure = |message: String| {
+        if backend.failures() > failures {
+            Failure::Unreachable(message)
+        } else {
+            Failure::Damaged(message)
+        }
+    };
+    let mut sequence = 0u64;
+    let mut pending: Option<Range> = None;
+    let flush = |pending: &mut Option<Range>, sequence: &mut u64| -> Result<(), Failure> {
+        if let Some(mut range) = pending.take() {
+            range.sequence = *sequence;
+            *sequence += 1;
+            jobs.send(range).map_err(|_| stopped())?;
+        }
+        Ok(())
+    };
+    let listing = repository
+        .ls(node, &LsOptions::default())
+        .map_err(|error| tree_failure(format!("listing the snapshot: {}", error.display_log())))?;
+    for item in listing {
+        let (path, child) = item.map_err(|error| {
+            tree_failure(format!(
+                "reading the snapshot's tree: {}",
+                error.display_log()
+            ))
+        })?;
+        let path = path
+            .to_str()
+            .ok_or_else(|| {
+                Failure::Damaged(format!("a path in the snapshot is not UTF-8: {path:?}"))
+            })?
+            .to_string();
+        let (kind, link) = match &child.node_type {
+            NodeType::File => ("file".to_string(), None),
+            NodeType::Dir => ("dir".to_string(), None),
+            NodeType::Symlink { .. } => (
+                "symlink".to_string(),
+                Some(child.node_type.to_link().to_string_lossy().into_owned()),
+            ),
+            other => (other.to_string(), None),
+        };
+        let content: &[DataId] = child.content.as_deref().unwrap_or_default();
+        // The entry goes before its blocks: the extraction never waits for blocks of an
+        // entry it has not been given, so the fetchers' window always moves.
+        let planned = Planned {
+            found: Found {
+                path: path.clone(),
+                kind,
+                size: child.meta.size,
+                link,
+            },
+            blocks: content.len(),
+        };
+        // Never wait for the extraction while it may wait for a block still held here.
+        match entries.try_send(Ok(planned)) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(planned)) => {
+                flush(&mut pending, &mut sequence)?;
+                entries.send(planned).map_err(|_| stopped())?;
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return Err(stopped()),
+        }
+        for id in content {
+            let entry = repository.get_index_entry(id).map_err(|error| {
+                Failure::Damaged(format!(
+                    "{path}: a block of its content is not in the repository's index: {}",
+                    error.display_log()
+                ))
+            })?;
+            let block = Block {
+                offset: entry.location.offset,
+                length: entry.location.length,
+                uncompressed: entry.location.uncompressed_length,
+            };
+            let joins = pending.as_ref().is_some_and(|range| {
+                range.pack == entry.pack
+                    && range.offset + range.length == block.offset
+                    && range.length + block.length <= RANGE_BYTES
+            });
+            if joins {
+                let range = pending.as_mut().expect("checked above");
+                range.length += block.length;
+                range.blocks.push(block);
+            } else {
+                flush(&mut pending, &mut sequence)?;
+                pending = Some(Range {
+                    sequence: 0,
+                    pack: entry.pack,
+                    offset: block.offset,
+                    length: block.length,
+                    blocks: vec![block],
+                });
+            }
+        }
+    }
+    flush(&mut pending, &mut sequence)
+}
+
+/// Takes ranges in order, reads and opens their blocks, hands them over.
+fn fetch(
+    backend: &S3Backend,
+    cipher: &Cipher,
+    to_fetch: &crossbeam_channel::Receiver<Range>,
+    handover: &Handover,
+) {
+    for range in to_fetch {
+        {
+            // Stay within the window: memory is bounded by what is fetched ahead.
+            let mut fetched = handover.fetched.lock().expect("handover");
+            while !fetched.stopped && range.sequence >= fetched.reading + WINDOW {
+                fetched = handover.changed.wait(fetched).expect("handover");
+            }
+            if fetched.stopped {
+                return;
+            }
+        }
+        let outcome = backend
+            .read_partial(
+                FileType::Pack,
+                &range.pack,
+                false,
+                range.offset,
+                range.length,
+            )
+            .map_err(|error| Failure::Unreachable(error.display_log()))
+            .and_then(|bytes| {
+                let mut at = 0usize;
+                range
+                    .blocks
+                    .iter()
+                    .map(|block| {
+                        let sealed = &bytes[at..at + block.length as usize];
+                        at += block.length as usize;
+                        cipher.open(sealed, block.uncompressed).map_err(|error| {
+                            Failure::Damaged(format!("pack {}: {error}", range.pack))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        let mut fetched = handover.fetched.lock().expect("handover");
+        fetched.ranges.insert(range.sequence, outcome);
+        drop(fetched);
+        handover.changed.notify_all();
+    }
+}
+
+/// The blocks in order, as the fetchers hand them over.
+struct Blocks<'a> {
+    handover: &'a Handover,
+    range: u64,
+    queue: std::collections::VecDeque<Bytes>,
+}
+
+impl Blocks<'_> {
+    fn next(&mut self) -> io::Result<Bytes> {
+        loop {
+            if let Some(block) = self.queue.pop_front() {
+                return Ok(block);
+            }
+            let mut fetched = self.handover.fetched.lock().expect("handover");
+            loop {
+                if let Some(outcome) = fetched.ranges.remove(&self.range) {
+                    self.range += 1;
+                    fetched.reading = self.range;
+                    drop(fetched);
+                    self.handover.changed.notify_all();
+                    self.queue = outcome.map_err(Failure::into_io)?.into();
+                    break;
+                }
+                if fetched.stopped {
+                    return Err(io::Error::other("the snapshot's reading stopped"));
+                }
+                fetched = self.handover.changed.wait(fetched).expect("handover");
+            }
+        }
+    }
+}
+
+/// One file's content: its blocks, read through.
+struct Content<'a, 'b> {
+    blocks: &'a mut Blocks<'b>,
+    left: usize,
+    current: Bytes,
+}
+
+impl Read for Content<'_, '_> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            if self.left == 0 {
+                return Ok(0);
+            }
+            self.left -= 1;
+            self.current = self.blocks.next()?;
+        }
+        let taken = buffer.len().min(self.current.len());
+        buffer[..taken].copy_from_slice(&self.current[..taken]);
+        bytes::Buf::advance(&mut self.current, taken);
+        Ok(taken)
+    }
+}

@@ -1,0 +1,923 @@
+//! Reads volumes into a snapshot: custody's walk (canonical order, never following a
+//! symlink, never leaving the volume), each file read once for both its blocks and its
+//! manifest entry, the snapshot's trees built as the walk closes each directory.
+//!
+//! A file the parent snapshot holds unchanged (same size, mtime, ctime and inode, every block
+//! still in the repository) is not read: its blocks and its manifest hash are the parent's.
+//! Whatever the walk cannot back up (a symlink leading out of the volume, a device, a mount
+//! inside the volume, a file that changed while it was read) fails the backup, as a format 1
+//! backup does.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use custody_proto::manifest::{
+    self, Entry, Header, Kind, ManifestReader, ManifestSummary, ManifestWriter,
+};
+use custody_proto::volume::IGNORED_AT_ROOT;
+use custody_repository::chunker::Chunker;
+use custody_repository::writer::{self, BlockId, Writer, WriterStats};
+use rustic_core::repofile::{BlobType, Metadata as NodeMetadata, Node, NodeType, Tree};
+use rustic_core::{DataId, IndexedFullStatus, Repository, TreeId};
+use rustix::fs::{FileType, OFlags, Stat};
+
+use crate::manifest_builder::BuildError;
+use crate::tree::{self, Metadata, OnDisk, Walk};
+
+/// One volume to read into the snapshot.
+pub struct VolumeToRead {
+    /// The Cluster's volume claim template: `data/<name>` in the snapshot.
+    pub name: String,
+    /// Where the volume (or the tool's output) is mounted.
+    pub root: PathBuf,
+    /// The same volume in the parent snapshot: its tree and its manifest.
+    pub parent: Option<(TreeId, File)>,
+}
+
+/// A volume read into the snapshot.
+pub struct ReadVolume {
+    /// Its directory node (`data/<name>`), with its tree.
+    pub node: Node,
+    pub manifest: File,
+    pub summary: ManifestSummary,
+}
+
+/// What reading the volumes counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadCounts {
+    pub files_read: u64,
+    pub files_unchanged: u64,
+}
+
+/// Reads volumes and custody's files into the repository through a [`Writer`].
+///
+/// A volume is read in two stages on two threads: the walk (reading, chunk boundaries,
+/// BLAKE3, the manifest, which files are unchanged) and the trees (each chunk's SHA-256, the
+/// blocks handed to the writer, the directories' trees), joined by a short queue of
+/// [`Event`]s in walk order.
+pub struct Archiver<'a> {
+    repository: &'a Repository<IndexedFullStatus>,
+    writer: Option<Writer>,
+    chunker: Chunker,
+    stop: &'a AtomicBool,
+    pub counts: ReadCounts,
+}
+
+/// What the walk hands the tree stage, in walk order.
+enum Event {
+    /// A directory starts (its node).
+    Enter(Node),
+    /// The innermost directory ends.
+    Leave,
+    /// A symlink, or a file whose content is known (unchanged since the parent).
+    Leaf(Node),
+    /// A file whose content follows in chunks.
+    File(Node),
+    Chunk(Bytes),
+    /// The file's last chunk was sent.
+    FileEnd,
+    /// A file read by a chunking thread: its chunks come on their own queue, which ends with
+    /// the file (or its failure, which the walk reports).
+    ChunkedFile(Node, crossbeam_channel::Receiver<Bytes>),
+}
+
+/// Files at least this large are read and chunked on a chunking thread, several at a time
+/// (the rolling fingerprint is the slowest step); smaller ones on the walk.
+const CHUNK_THREAD_FILES: u64 = 4 << 20;
+/// Chunking threads.
+const CHUNKERS: usize = 2;
+/// Files whose manifest entry waits for their hash, at most.
+const PENDING_HASHES: usize = 16;
+
+/// A file for a chunking thread.
+struct ChunkJob {
+    file: File,
+    size: u64,
+    path: String,
+    chunks: crossbeam_channel::Sender<Bytes>,
+    hash: crossbeam_channel::Sender<Result<blake3::Hash, BuildError>>,
+}
+
+/// A manifest entry waiting for its file's hash (from a chunking thread).
+struct Pending {
+    entry: Entry,
+    hash: Option<crossbeam_channel::Receiver<Result<blake3::Hash, BuildError>>>,
+}
+
+/// The manifest, written in walk order as the entries' hashes arrive.
+struct Manifest {
+    writer: ManifestWriter<BufWriter<File>>,
+    pending: std::collections::VecDeque<Pending>,
+}
+
+impl Manifest {
+    fn push(&mut self, pending: Pending) -> Result<(), BuildError> {
+        self.pending.push_back(pending);
+        self.write_ready(self.pending.len() > PENDING_HASHES)
+    }
+
+    /// Writes the entries at the head whose hashes are in; with `wait`, waits for the first.
+    fn write_ready(&mut self, mut wait: bool) -> Result<(), BuildError> {
+        while let Some(head) = self.pending.front_mut() {
+            if let Some(receiver) = &head.hash {
+                let outcome = if wait {
+                    receiver.recv().map_err(|_| ())
+                } else {
+                    match receiver.try_recv() {
+                        Ok(outcome) => Ok(outcome),
+                        Err(crossbeam_channel::TryRecvError::Empty) => return Ok(()),
+                        Err(crossbeam_channel::TryRecvError::Disconnected) => Err(()),
+                    }
+                };
+                let hash = outcome.map_err(|()| BuildError::Archive {
+                    path: head.entry.path.clone(),
+                    source: io::Error::other("its chunking thread stopped"),
+                })??;
+                if let Kind::File { blake3, .. } = &mut head.entry.kind {
+                    *blake3 = hash.to_hex().to_string();
+                }
+            }
+            let head = self.pending.pop_front().expect("a head");
+            self.writer.push(&head.entry).map_err(BuildError::Write)?;
+            wait = false;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(File, ManifestSummary), BuildError> {
+        while !self.pending.is_empty() {
+            self.write_ready(true)?;
+        }
+        let (out, summary) = self.writer.finish().map_err(BuildError::Write)?;
+        let mut file = out
+            .into_inner()
+            .map_err(|error| BuildError::Write(error.into_error()))?;
+        file.rewind().map_err(BuildError::Write)?;
+        Ok((file, summary))
+    }
+}
+
+/// Batches of events in flight between the two stages. A batch ends with a chunk (at most
+/// 8 MiB) or after [`BATCH`] events.
+const EVENTS_AHEAD: usize = 4;
+const BATCH: usize = 256;
+
+/// The walk's side of the queue to the tree stage: events go in batches.
+struct Events<'s> {
+    sender: &'s crossbeam_channel::Sender<Vec<Event>>,
+    batch: Vec<Event>,
+}
+
+impl Events<'_> {
+    fn send(&mut self, event: Event) -> Result<(), BuildError> {
+        // A chunk (data waits behind it) and a chunked file (its thread waits for the tree
+        // stage to take its chunks) go at once.
+        let flush = matches!(event, Event::Chunk(_) | Event::ChunkedFile(..));
+        self.batch.push(event);
+        if flush || self.batch.len() >= BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), BuildError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        self.sender.send(batch).map_err(|_| BuildError::Archive {
+            path: String::new(),
+            source: io::Error::other("the tree stage stopped"),
+        })
+    }
+}
+
+/// A directory the walk is in.
+struct Open {
+    path: String,
+    /// The same directory's nodes in the parent snapshot.
+    parent: Vec<Node>,
+}
+
+fn stopped() -> BuildError {
+    BuildError::Read {
+        path: String::new(),
+        source: io::Error::new(io::ErrorKind::Interrupted, "the backup was stopped"),
+    }
+}
+
+fn write_error(error: writer::WriteError) -> BuildError {
+    BuildError::Archive {
+        path: String::new(),
+        source: io::Error::other(error.0),
+    }
+}
+
+/// The walk's `stat` of an entry.
+fn walked_stat(found: &tree::Found) -> Result<Stat, BuildError> {
+    found.stat.ok_or_else(|| BuildError::Unsupported {
+        path: found.path.clone(),
+        kind: "entry without metadata",
+    })
+}
+
+fn read_error(path: &str, source: io::Error) -> BuildError {
+    BuildError::Read {
+        path: path.to_string(),
+        source,
+    }
+}
+
+impl<'a> Archiver<'a> {
+    pub fn new(
+        repository: &'a Repository<IndexedFullStatus>,
+        writer: Writer,
+        stop: &'a AtomicBool,
+    ) -> Archiver<'a> {
+        let config = repository.config();
+        let polynomial = config.poly().unwrap_or(0);
+        Archiver {
+            repository,
+            writer: Some(writer),
+            chunker: Chunker::new(
+                polynomial,
+                config.chunk_min_size(),
+                config.chunk_size(),
+                config.chunk_max_size(),
+            ),
+            stop,
+            counts: ReadCounts::default(),
+        }
+    }
+
+    fn writer(&mut self) -> &mut Writer {
+        self.writer
+            .as_mut()
+            .expect("the writer is here between volumes")
+    }
+
+    /// Stores a tree of `nodes` (already in name order).
+    pub fn tree(&mut self, nodes: Vec<Node>) -> Result<TreeId, BuildError> {
+        let repository = self.repository;
+        store_tree(repository, self.writer(), nodes)
+    }
+
+    /// A directory node of custody's own (`data`, `manifests`) holding `tree`.
+    pub fn directory(name: &str, tree: TreeId) -> Node {
+        let mut node = Node::new_node(
+            std::ffi::OsStr::new(name),
+            NodeType::Dir,
+            NodeMetadata {
+                mode: Some(go_mode(0o040_755)),
+                mtime: Some(rustic_core::jiff::Timestamp::now()),
+                ..NodeMetadata::default()
+            },
+        );
+        node.subtree = Some(tree);
+        node
+    }
+
+    /// A file of custody's own (a manifest) stored as `name`.
+    pub fn file(&mut self, name: &str, file: &File) -> Result<Node, BuildError> {
+        let mut reader = file.try_clone().map_err(BuildError::Write)?;
+        reader.rewind().map_err(BuildError::Write)?;
+        let size = reader.metadata().map_err(BuildError::Write)?.len();
+        let repository = self.repository;
+        let mut content = Vec::new();
+        let chunker = &self.chunker;
+        let writer = self
+            .writer
+            .as_mut()
+            .expect("the writer is here between volumes");
+        read_chunks(chunker, self.stop, name, &mut reader, size, &mut |chunk| {
+            content.push(store_data(repository, writer, chunk)?);
+            Ok(())
+        })?;
+        let mut node = Node::new_node(
+            std::ffi::OsStr::new(name),
+            NodeType::File,
+            NodeMetadata {
+                mode: Some(go_mode(0o100_444)),
+                mtime: Some(rustic_core::jiff::Timestamp::now()),
+                size,
+                ..NodeMetadata::default()
+            },
+        );
+        node.content = Some(content);
+        Ok(node)
+    }
+
+    /// Reads a volume: its tree (as the node `data/<name>`) and its manifest.
+    pub fn volume(
+        &mut self,
+        volume: VolumeToRead,
+        header: &Header,
+    ) -> Result<ReadVolume, BuildError> {
+        let root = tree::open_root(&volume.root)?;
+        let root_stat = rustix::fs::fstat(&root)
+            .map_err(|errno| read_error(&volume.root.display().to_string(), errno.into()))?;
+        let root_node = Node::new_node(
+            std::ffi::OsStr::new(&volume.name),
+            NodeType::Dir,
+            node_metadata(&root_stat),
+        );
+        let mut writer = self
+            .writer
+            .take()
+            .expect("the writer is here between volumes");
+        let repository = self.repository;
+        let (events, received) = crossbeam_channel::bounded::<Vec<Event>>(EVENTS_AHEAD);
+        let (jobs, to_chunk) = crossbeam_channel::bounded::<ChunkJob>(0);
+        let (walked, built) = std::thread::scope(|scope| {
+            for _ in 0..CHUNKERS {
+                let to_chunk = to_chunk.clone();
+                let (chunker, stop) = (self.chunker.clone(), self.stop);
+                std::thread::Builder::new()
+                    .name("chunk".into())
+                    .spawn_scoped(scope, move || {
+                        for job in to_chunk {
+                            let hash = read_chunks(
+                                &chunker,
+                                stop,
+                                &job.path,
+                                &mut { job.file },
+                                job.size,
+                                &mut |chunk| {
+                                    job.chunks.send(chunk).map_err(|_| BuildError::Archive {
+                                        path: job.path.clone(),
+                                        source: io::Error::other("the tree stage stopped"),
+                                    })
+                                },
+                            );
+                            drop(job.chunks);
+                            let _ = job.hash.send(hash);
+                        }
+                    })
+                    .expect("a thread starts");
+            }
+            drop(to_chunk);
+            let trees = std::thread::Builder::new()
+                .name("trees".into())
+                .spawn_scoped(scope, || {
+                    let built = build_trees(repository, &mut writer, root_node, received);
+                    (built, writer)
+                })
+                .expect("a thread starts");
+            let mut batches = Events {
+                sender: &events,
+                batch: Vec::with_capacity(BATCH),
+            };
+            let walked = self
+                .walk(&root, volume.parent, header, &mut batches, &jobs)
+                .and_then(|walked| batches.flush().map(|()| walked));
+            drop(jobs);
+            drop(batches);
+            drop(events);
+            let (built, writer) = trees.join().expect("the tree stage does not panic");
+            self.writer = Some(writer);
+            (walked, built)
+        });
+        // A failed tree stage stops the walk (its queue closes): its error is the cause.
+        let node = match (walked, built) {
+            (Ok(_), Err(error)) | (Err(_), Err(error)) => return Err(error),
+            (Err(error), Ok(_)) => return Err(error),
+            (Ok(manifest), Ok(node)) => (manifest, node),
+        };
+        let ((file, summary), node) = node;
+        Ok(ReadVolume {
+            node,
+            manifest: file,
+            summary,
+        })
+    }
+
+    /// The walk stage: reads the volume in canonical order, writes its manifest, sends the
+    /// tree stage what it needs.
+    fn walk(
+        &mut self,
+        root: &std::os::fd::OwnedFd,
+        parent: Option<(TreeId, File)>,
+        header: &Header,
+        events: &mut Events<'_>,
+        jobs: &crossbeam_channel::Sender<ChunkJob>,
+    ) -> Result<(File, ManifestSummary), BuildError> {
+        let (parent_tree, mut parent_manifest) = match parent {
+            Some((tree, manifest)) => (Some(tree), Some(ParentManifest::open(manifest)?)),
+            None => (None, None),
+        };
+        let out =
+            BufWriter::with_capacity(256 << 10, tempfile::tempfile().map_err(BuildError::Write)?);
+        let mut manifest = Manifest {
+            writer: ManifestWriter::new(out, header).map_err(BuildError::Write)?,
+            pending: std::collections::VecDeque::new(),
+        };
+        let mut stack = vec![Open {
+            path: String::new(),
+            parent: self.parent_nodes(parent_tree),
+        }];
+        for found in Walk::new(root, IGNORED_AT_ROOT)?.stat_files() {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
+            let found = found?;
+            if found.other_filesystem {
+                return Err(BuildError::OtherFilesystem { path: found.path });
+            }
+            // Leave the directories this entry is not in.
+            while stack.len() > 1 {
+                let top = &stack.last().expect("a directory is open").path;
+                if found.path.len() > top.len()
+                    && found.path.starts_with(top.as_str())
+                    && found.path.as_bytes()[top.len()] == b'/'
+                {
+                    break;
+                }
+                stack.pop();
+                events.send(Event::Leave)?;
+            }
+            let name = found
+                .path
+                .rsplit('/')
+                .next()
+                .unwrap_or(&found.path)
+                .to_string();
+            match found.kind {
+                OnDisk::Dir => {
+                    let stat = walked_stat(&found)?;
+                    let metadata = Metadata::of(&stat);
+                    manifest.push(Pending {
+                        entry: Entry {
+                            path: found.path.clone(),
+                            kind: Kind::Dir,
+                            mode: metadata.mode,
+                            uid: metadata.uid,
+                            gid: metadata.gid,
+                        },
+                        hash: None,
+                    })?;
+                    let node = Node::new_node(
+                        std::ffi::OsStr::new(&name),
+                        NodeType::Dir,
+                        node_metadata(&stat),
+                    );
+                    let parent_tree = find(&stack.last().expect("open").parent, &node.name)
+                        .filter(|parent| parent.is_dir())
+                        .and_then(|parent| parent.subtree);
+                    stack.push(Open {
+                        path: found.path,
+                        parent: self.parent_nodes(parent_tree),
+                    });
+                    events.send(Event::Enter(node))?;
+                }
+                OnDisk::Symlink => {
+                    let stat = walked_stat(&found)?;
+                    let target = crate::manifest_builder::symlink_target(&found)?;
+                    let metadata = Metadata::of(&stat);
+                    manifest.push(Pending {
+                        entry: Entry {
+                            path: found.path.clone(),
+                            kind: Kind::Symlink {
+                                target: target.clone(),
+                            },
+                            mode: metadata.mode,
+                            uid: metadata.uid,
+                            gid: metadata.gid,
+                        },
+                        hash: None,
+                    })?;
+                    events.send(Event::Leaf(Node::new_node(
+                        std::ffi::OsStr::new(&name),
+                        NodeType::from_link(std::path::Path::new(&target)),
+                        node_metadata(&stat),
+                    )))?;
+                }
+                OnDisk::File => {
+                    let walked = walked_stat(&found)?;
+                    let mut node = Node::new_node(
+                        std::ffi::OsStr::new(&name),
+                        NodeType::File,
+                        node_metadata(&walked),
+                    );
+                    let unchanged = self.unchanged(
+                        find(&stack.last().expect("open").parent, &node.name),
+                        &node,
+                        parent_manifest.as_mut(),
+                        &found.path,
+                    )?;
+                    let (metadata, hash, pending) = match unchanged {
+                        Some((content, hash)) => {
+                            self.counts.files_unchanged += 1;
+                            node.content = Some(content);
+                            events.send(Event::Leaf(node))?;
+                            (Metadata::of(&walked), hash, None)
+                        }
+                        None => {
+                            // Read through a descriptor opened beneath the root; its metadata
+                            // is what the entry records.
+                            let fd = tree::open_beneath(root, &found.path, OFlags::RDONLY)
+                                .map_err(|errno| read_error(&found.path, errno.into()))?;
+                            let stat = rustix::fs::fstat(&fd)
+                                .map_err(|errno| read_error(&found.path, errno.into()))?;
+                            if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+                                return Err(BuildError::Unsupported {
+                                    path: found.path,
+                                    kind: "special file",
+                                });
+                            }
+                            self.counts.files_read += 1;
+                            node.meta = node_metadata(&stat);
+                            let metadata = Metadata::of(&stat);
+                            if metadata.size >= CHUNK_THREAD_FILES {
+                                let (chunks, chunks_received) = crossbeam_channel::bounded(2);
+                                let (hash, hash_received) = crossbeam_channel::bounded(1);
+                                events.send(Event::ChunkedFile(node, chunks_received))?;
+                                jobs.send(ChunkJob {
+                                    file: File::from(fd),
+                                    size: metadata.size,
+                                    path: found.path.clone(),
+                                    chunks,
+                                    hash,
+                                })
+                                .map_err(|_| {
+                                    BuildError::Archive {
+                                        path: found.path.clone(),
+                                        source: io::Error::other("the chunking threads stopped"),
+                                    }
+                                })?;
+                                (metadata, String::new(), Some(hash_received))
+                            } else {
+                                events.send(Event::File(node))?;
+                                let hash = read_chunks(
+                                    &self.chunker,
+                                    self.stop,
+                                    &found.path,
+                                    &mut File::from(fd),
+                                    metadata.size,
+                                    &mut |chunk| events.send(Event::Chunk(chunk)),
+                                )?;
+                                events.send(Event::FileEnd)?;
+                                (metadata, hash.to_hex().to_string(), None)
+                            }
+                        }
+                    };
+                    manifest.push(Pending {
+                        entry: Entry {
+                            path: found.path.clone(),
+                            kind: Kind::File {
+                                size: metadata.size,
+                                blake3: hash,
+                            },
+                            mode: metadata.mode,
+                            uid: metadata.uid,
+                            gid: metadata.gid,
+                        },
+                        hash: pending,
+                    })?;
+                }
+                OnDisk::Special => {
+                    return Err(BuildError::Unsupported {
+                        path: found.path,
+                        kind: found.kind.name(),
+                    });
+                }
+            }
+        }
+        // The last chunked files go to the tree stage before their hashes are awaited.
+        events.flush()?;
+        manifest.finish()
+    }
+
+    /// The nodes of a parent tree (none without one, or when it cannot be read: then every
+    /// file is read, slower and never wrong).
+    fn parent_nodes(&self, tree: Option<TreeId>) -> Vec<Node> {
+        tree.and_then(|tree| self.repository.get_tree(&tree).ok())
+            .map(|tree| tree.nodes)
+            .unwrap_or_default()
+    }
+
+    /// The parent's content and manifest hash for a file unchanged since the parent: same
+    /// size, mtime, ctime and inode, every block still in the repository, and the parent's
+    /// manifest hash for it known.
+    fn unchanged(
+        &self,
+        parent: Option<&Node>,
+        node: &Node,
+        parent_manifest: Option<&mut ParentManifest>,
+        path: &str,
+    ) -> Result<Option<(Vec<DataId>, String)>, BuildError> {
+        let (Some(parent), Some(parent_manifest)) = (parent, parent_manifest) else {
+            return Ok(None);
+        };
+        let same = parent.node_type == NodeType::File
+            && parent.meta.size == node.meta.size
+            && parent.meta.mtime == node.meta.mtime
+            && parent.meta.ctime == node.meta.ctime
+            && parent.meta.inode == node.meta.inode
+            && node.meta.mtime.is_some()
+            && node.meta.ctime.is_some();
+        let Some(content) = parent.content.as_ref().filter(|_| same) else {
+            return Ok(None);
+        };
+        if !content
+            .iter()
+            .all(|id| self.repository.get_index_entry(id).is_ok())
+        {
+            return Ok(None);
+        }
+        Ok(parent_manifest
+            .hash_of(path, node.meta.size)?
+            .map(|hash| (content.clone(), hash)))
+    }
+
+    /// Uploads the last packs and index; what was stored.
+    pub fn finish(mut self) -> Result<WriterStats, BuildError> {
+        self.writer
+            .take()
+            .expect("the writer is here between volumes")
+            .finish()
+            .map_err(write_error)
+    }
+}
+
+/// Whether the repository holds a block already.
+fn known(repository: &Repository<IndexedFullStatus>, kind: BlobType, id: &BlockId) -> bool {
+    let id = writer::rustic_id(id);
+    match kind {
+        BlobType::Data => repository.get_index_entry(&DataId::from(id)).is_ok(),
+        BlobType::Tree => repository.get_index_entry(&TreeId::from(id)).is_ok(),
+    }
+}
+
+fn store_data(
+    repository: &Repository<IndexedFullStatus>,
+    writer: &mut Writer,
+    chunk: Bytes,
+) -> Result<DataId, BuildError> {
+    let id = writer::block_id(&chunk);
+    let known = known(repository, BlobType::Data, &id);
+    writer
+        .store(BlobType::Data, id, chunk, known)
+        .map_err(write_error)?;
+    Ok(DataId::from(writer::rustic_id(&id)))
+}
+
+/// Stores a tree of `nodes` (already in name order).
+fn store_tree(
+    repository: &Repository<IndexedFullStatus>,
+    writer: &mut Writer,
+    nodes: Vec<Node>,
+) -> Result<TreeId, BuildError> {
+    let mut json = serde_json::to_vec(&Tree { nodes })
+        .map_err(|error| BuildError::Write(io::Error::other(error)))?;
+    // restic ends a tree with a newline.
+    json.push(b'\n');
+    let id = writer::block_id(&json);
+    let known = known(repository, BlobType::Tree, &id);
+    writer
+        .store(BlobType::Tree, id, Bytes::from(json), known)
+        .map_err(write_error)?;
+    Ok(TreeId::from(writer::rustic_id(&id)))
+}
+
+/// The tree stage: hashes and stores each chunk, builds each directory's tree as it ends;
+/// the volume root's node with its tree.
+fn build_trees(
+    repository: &Repository<IndexedFullStatus>,
+    writer: &mut Writer,
+    root: Node,
+    batches: crossbeam_channel::Receiver<Vec<Event>>,
+) -> Result<Node, BuildError> {
+    let mut stack: Vec<(Node, Vec<Node>)> = vec![(root, Vec::new())];
+    let mut file: Option<(Node, Vec<DataId>)> = None;
+    for event in batches.into_iter().flatten() {
+        match event {
+            Event::Enter(node) => stack.push((node, Vec::new())),
+            Event::Leave => close(repository, writer, &mut stack)?,
+            Event::Leaf(node) => stack.last_mut().expect("open").1.push(node),
+            Event::File(node) => file = Some((node, Vec::new())),
+            Event::Chunk(chunk) => {
+                let id = store_data(repository, writer, chunk)?;
+                file.as_mut().expect("a file is being read").1.push(id);
+            }
+            Event::FileEnd => {
+                let (mut node, content) = file.take().expect("a file was being read");
+                node.content = Some(content);
+                stack.last_mut().expect("open").1.push(node);
+            }
+            Event::ChunkedFile(mut node, chunks) => {
+                let mut content = Vec::new();
+                // A chunking thread that failed ends the queue early; the walk reports why.
+                for chunk in chunks {
+                    content.push(store_data(repository, writer, chunk)?);
+                }
+                node.content = Some(content);
+                stack.last_mut().expect("open").1.push(node);
+            }
+        }
+    }
+    while stack.len() > 1 {
+        close(repository, writer, &mut stack)?;
+    }
+    let (mut node, nodes) = stack.pop().expect("the root is open");
+    node.subtree = Some(store_tree(repository, writer, nodes)?);
+    Ok(node)
+}
+
+/// Closes the innermost directory: its tree is stored and its node joins its parent.
+fn close(
+    repository: &Repository<IndexedFullStatus>,
+    writer: &mut Writer,
+    stack: &mut Vec<(Node, Vec<Node>)>,
+) -> Result<(), BuildError> {
+    let (mut node, nodes) = stack.pop().expect("a directory to close");
+    node.subtree = Some(store_tree(repository, writer, nodes)?);
+    stack.last_mut().expect("its parent is open").1.push(node);
+    Ok(())
+}
+
+/// Reads exactly `size` bytes of `reader` in chunks (restic's boundaries), handing each to
+/// `chunk`; their BLAKE3.
+fn read_chunks(
+    chunker: &Chunker,
+    stop: &AtomicBool,
+    path: &str,
+    reader: &mut dyn Read,
+    size: u64,
+    chunk: &mut dyn FnMut(Bytes) -> Result<(), BuildError>,
+) -> Result<blake3::Hash, BuildError> {
+    let mut hasher = blake3::Hasher::new();
+    let mut limited = reader.take(size);
+    let max = chunker.max();
+    let mut read_total = 0u64;
+    if size < max as u64 {
+        // One read into a buffer of the file's size; a file below the minimum chunk size is
+        // one chunk and passes on without a copy.
+        let mut whole = Vec::with_capacity(size as usize);
+        read_total = limited
+            .read_to_end(&mut whole)
+            .map_err(|source| read_error(path, source))? as u64;
+        let mut rest = Bytes::from(whole);
+        while !rest.is_empty() {
+            let length = chunker.boundary(&rest);
+            let piece = rest.split_to(length);
+            hasher.update(&piece);
+            chunk(piece)?;
+        }
+    } else {
+        // One buffer of the largest chunk's size, reused; each chunk is copied out of it, so
+        // that what waits to be stored is only the chunks themselves.
+        let mut buffer = vec![0u8; max];
+        let mut filled = 0usize;
+        let mut end = false;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
+            while !end && filled < max {
+                let read = limited
+                    .read(&mut buffer[filled..])
+                    .map_err(|source| read_error(path, source))?;
+                filled += read;
+                read_total += read as u64;
+                end = read == 0;
+            }
+            if filled == 0 {
+                break;
+            }
+            let length = chunker.boundary(&buffer[..filled]);
+            let piece = Bytes::copy_from_slice(&buffer[..length]);
+            buffer.copy_within(length..filled, 0);
+            filled -= length;
+            hasher.update(&piece);
+            chunk(piece)?;
+        }
+    }
+    if read_total != size {
+        return Err(BuildError::Changed {
+            path: path.to_string(),
+            expected: size,
+            found: read_total,
+        });
+    }
+    Ok(hasher.finalize())
+}
+
+/// The node named `name` among a parent directory's nodes (sorted by name).
+fn find<'n>(nodes: &'n [Node], name: &str) -> Option<&'n Node> {
+    nodes
+        .binary_search_by(|node| node.name.as_str().cmp(name))
+        .ok()
+        .map(|index| &nodes[index])
+}
+
+/// restic's mode bits (Go's `fs.FileMode`) for a Unix `st_mode`.
+pub fn go_mode(mode: u32) -> u32 {
+    const DIR: u32 = 1 << 31;
+    const SYMLINK: u32 = 1 << 27;
+    const SETUID: u32 = 1 << 23;
+    const SETGID: u32 = 1 << 22;
+    const STICKY: u32 = 1 << 20;
+    let mut go = mode & 0o777;
+    match mode & 0o170_000 {
+        0o040_000 => go |= DIR,
+        0o120_000 => go |= SYMLINK,
+        _ => {}
+    }
+    if mode & 0o4000 != 0 {
+        go |= SETUID;
+    }
+    if mode & 0o2000 != 0 {
+        go |= SETGID;
+    }
+    if mode & 0o1000 != 0 {
+        go |= STICKY;
+    }
+    go
+}
+
+fn timestamp(seconds: i64, nanoseconds: i64) -> Option<rustic_core::jiff::Timestamp> {
+    rustic_core::jiff::Timestamp::new(seconds, nanoseconds as i32).ok()
+}
+
+/// A snapshot node's metadata from `stat`: what restic records, and what tells an unchanged
+/// file (size, mtime, ctime, inode).
+// The `stat` fields' types differ between C libraries (glibc, musl).
+#[allow(clippy::unnecessary_cast)]
+fn node_metadata(stat: &Stat) -> NodeMetadata {
+    let is_file = FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile;
+    NodeMetadata {
+        mode: Some(go_mode(stat.st_mode)),
+        mtime: timestamp(stat.st_mtime, stat.st_mtime_nsec as i64),
+        atime: timestamp(stat.st_atime, stat.st_atime_nsec as i64),
+        ctime: timestamp(stat.st_ctime, stat.st_ctime_nsec as i64),
+        uid: Some(stat.st_uid),
+        gid: Some(stat.st_gid),
+        inode: stat.st_ino,
+        device_id: stat.st_dev,
+        size: if is_file { stat.st_size as u64 } else { 0 },
+        links: stat.st_nlink as u64,
+        ..NodeMetadata::default()
+    }
+}
+
+/// The parent snapshot's manifest of a volume, read along with the walk (both in canonical
+/// order).
+struct ParentManifest {
+    reader: ManifestReader<BufReader<File>>,
+    next: Option<Entry>,
+}
+
+impl ParentManifest {
+    fn open(file: File) -> Result<ParentManifest, BuildError> {
+        let (mut reader, _) = ManifestReader::new(BufReader::new(file)).map_err(|error| {
+            BuildError::Write(io::Error::other(format!("the parent manifest: {error}")))
+        })?;
+        let next = Self::read(&mut reader)?;
+        Ok(ParentManifest { reader, next })
+    }
+
+    fn read(reader: &mut ManifestReader<BufReader<File>>) -> Result<Option<Entry>, BuildError> {
+        reader.next().transpose().map_err(|error| {
+            BuildError::Write(io::Error::other(format!("the parent manifest: {error}")))
+        })
+    }
+
+    /// The hash the parent recorded for the file at `path` of `size` bytes, if it has one.
+    fn hash_of(&mut self, path: &str, size: u64) -> Result<Option<String>, BuildError> {
+        while let Some(entry) = &self.next {
+            match manifest::compare_paths(&entry.path, path) {
+                std::cmp::Ordering::Less => self.next = Self::read(&mut self.reader)?,
+                std::cmp::Ordering::Equal => {
+                    return Ok(match &entry.kind {
+                        Kind::File {
+                            size: parent_size,
+                            blake3,
+                        } if *parent_size == size => Some(blake3.clone()),
+                        _ => None,
+                    });
+                }
+                std::cmp::Ordering::Greater => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_restics() {
+        // Go's fs.FileMode bits, as restic writes them.
+        assert_eq!(go_mode(0o100_644), 0o644);
+        assert_eq!(go_mode(0o040_700), (1 << 31) | 0o700);
+        assert_eq!(go_mode(0o120_777), (1 << 27) | 0o777);
+        assert_eq!(go_mode(0o104_755), (1 << 23) | 0o755);
+        assert_eq!(go_mode(0o102_755), (1 << 22) | 0o755);
+        assert_eq!(go_mode(0o041_777), (1 << 31) | (1 << 20) | 0o777);
+    }
+}

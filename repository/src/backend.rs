@@ -1,0 +1,350 @@
+//! restic's repository layout in an S3 bucket, on custody's own S3 client: rustic_core reads
+//! and writes the format, this module only moves its files.
+//!
+//! The layout is restic's (so that `restic -r s3:…/bucket/prefix` opens it): `config`,
+//! `keys/<id>`, `snapshots/<id>`, `index/<id>` and `data/<first two hex digits>/<id>` under
+//! the repository's prefix.
+//!
+//! rustic_core calls a backend from its own threads and expects blocking calls; every call
+//! here runs on the given Tokio runtime and blocks the calling thread until it ends. Never
+//! call into a repository from a Tokio worker thread (use `spawn_blocking`).
+
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::{Bytes, BytesMut};
+use rustic_core::{
+    BytesList, ErrorKind, FileType, Id, ReadBackend, RusticError, RusticResult, WriteBackend,
+};
+use tokio::runtime::Handle;
+
+/// The directory of a BackupRepository's prefix that holds its encrypted repository (format
+/// 2). A Kubernetes namespace (the first segment of a format 1 artifact's key) cannot have
+/// this name, so the two never share a key.
+pub const REPOSITORY_DIRECTORY: &str = "custody_repository";
+
+/// The prefix of the encrypted repository under a BackupRepository's `prefix`.
+pub fn repository_prefix(base: &str) -> String {
+    let base = base.trim_matches('/');
+    if base.is_empty() {
+        REPOSITORY_DIRECTORY.to_string()
+    } else {
+        format!("{base}/{REPOSITORY_DIRECTORY}")
+    }
+}
+
+/// Where a repository is: a bucket and the prefix of its root inside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub bucket: String,
+    /// Without a trailing slash; empty for the bucket's root.
+    pub prefix: String,
+}
+
+impl Location {
+    /// The object key of a repository file.
+    pub fn key(&self, file_type: FileType, id: &Id) -> String {
+        let hex = id.to_hex();
+        let relative = match file_type {
+            FileType::Config => "config".to_string(),
+            FileType::Pack => format!("data/{}/{}", &hex[..2], &hex[..]),
+            other => format!("{}/{}", other.dirname(), &hex[..]),
+        };
+        self.join(&relative)
+    }
+
+    /// The prefix under which every file of `file_type` is listed.
+    pub fn directory(&self, file_type: FileType) -> String {
+        self.join(&format!("{}/", file_type.dirname()))
+    }
+
+    fn join(&self, relative: &str) -> String {
+        if self.prefix.is_empty() {
+            relative.to_string()
+        } else {
+            format!("{}/{relative}", self.prefix)
+        }
+    }
+}
+
+/// A restic repository in an S3 bucket.
+#[derive(Clone, Debug)]
+pub struct S3Backend {
+    client: aws_sdk_s3::Client,
+    location: Location,
+    runtime: Handle,
+    /// Snapshot files written through this backend (and its clones), in order: rustic_core
+    /// does not say under which ID it saved one.
+    snapshots_written: Arc<Mutex<Vec<Id>>>,
+    /// S3 calls that failed (the server, the network), so that a caller can tell a damaged
+    /// repository from an unreachable one whatever rustic_core makes of the error.
+    failures: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl S3Backend {
+    pub fn new(client: aws_sdk_s3::Client, location: Location, runtime: Handle) -> Self {
+        Self {
+            client,
+            location,
+            runtime,
+            snapshots_written: Arc::default(),
+            failures: Arc::default(),
+        }
+    }
+
+    /// How many S3 calls through this backend (and its clones) failed so far.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The last snapshot file written through this backend.
+    pub fn last_snapshot_written(&self) -> Option<Id> {
+        self.snapshots_written
+            .lock()
+            .expect("snapshot record")
+            .last()
+            .copied()
+    }
+
+    pub fn location_of(&self) -> &Location {
+        &self.location
+    }
+
+    /// As rustic_core takes its backends.
+    pub fn shared(self) -> Arc<dyn WriteBackend> {
+        Arc::new(self)
+    }
+
+    fn failed<E>(&self, what: &'static str, key: &str, error: E) -> Box<RusticError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        RusticError::with_source(
+            ErrorKind::Backend,
+            "S3: {what} `{key}` failed in bucket `{bucket}`",
+            error,
+        )
+        .attach_context("what", what)
+        .attach_context("key", key.to_string())
+        .attach_context("bucket", self.location.bucket.clone())
+    }
+
+    fn get(&self, key: &str, range: Option<String>) -> RusticResult<Bytes> {
+        self.runtime.block_on(async {
+            let object = self
+                .client
+                .get_object()
+                .bucket(&self.location.bucket)
+                .key(key)
+                .set_range(range)
+                .send()
+                .await
+                .map_err(|error| self.failed("reading", key, S3Error::of(&error)))?;
+            let body = object
+                .body
+                .collect()
+                .await
+                .map_err(|error| self.failed("reading", key, error))?;
+            Ok(body.into_bytes())
+        })
+    }
+}
+
+/// An S3 error as one line: the server's status and code, or the cause of a failed call.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct S3Error(String);
+
+impl S3Error {
+    fn of<E>(error: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Self
+    where
+        E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        use aws_sdk_s3::error::ProvideErrorMetadata;
+        Self(match error.raw_response() {
+            Some(response) => {
+                let mut message =
+                    format!("the server answered HTTP {}", response.status().as_u16());
+                if let Some(code) = error.code() {
+                    message.push_str(&format!(" {code}"));
+                }
+                if let Some(text) = error.message().filter(|text| !text.is_empty()) {
+                    message.push_str(&format!(": {text}"));
+                }
+                message
+            }
+            None => {
+                let mut message = error.to_string();
+                let mut source = std::error::Error::source(error);
+                while let Some(cause) = source {
+                    message.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                message
+            }
+        })
+    }
+}
+
+impl ReadBackend for S3Backend {
+    fn location(&self) -> String {
+        format!("s3:{}/{}", self.location.bucket, self.location.prefix)
+    }
+
+    fn list_with_size(&self, file_type: FileType) -> RusticResult<Vec<(Id, u32)>> {
+        if file_type == FileType::Config {
+            let key = self.location.key(FileType::Config, &Id::default());
+            return self.runtime.block_on(async {
+                match self
+                    .client
+                    .head_object()
+                    .bucket(&self.location.bucket)
+                    .key(&key)
+                    .send()
+                    .await
+                {
+                    Ok(head) => Ok(vec![(
+                        Id::default(),
+                        u32::try_from(head.content_length().unwrap_or_default())
+                            .unwrap_or_default(),
+                    )]),
+                    Err(error)
+                        if error
+                            .raw_response()
+                            .is_some_and(|response| response.status().as_u16() == 404) =>
+                    {
+                        Ok(Vec::new())
+                    }
+                    Err(error) => Err(self.failed("reading", &key, S3Error::of(&error))),
+                }
+            });
+        }
+        let directory = self.location.directory(file_type);
+        self.runtime.block_on(async {
+            let mut found = Vec::new();
+            let mut pages = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.location.bucket)
+                .prefix(&directory)
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page =
+                    page.map_err(|error| self.failed("listing", &directory, S3Error::of(&error)))?;
+                for object in page.contents() {
+                    let Some(key) = object.key() else { continue };
+                    let name = key.rsplit('/').next().unwrap_or_default();
+                    // Anything else under the directory (a restic lock, a stray upload) is not
+                    // a repository file of this type.
+                    let Ok(id) = name.parse::<Id>() else { continue };
+                    let size = u32::try_from(object.size().unwrap_or_default()).map_err(|_| {
+                        RusticError::new(
+                            ErrorKind::Backend,
+                            "S3: `{key}` is larger than a repository file can be",
+                        )
+                        .attach_context("key", key.to_string())
+                    })?;
+                    found.push((id, size));
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn read_full(&self, file_type: FileType, id: &Id) -> RusticResult<Bytes> {
+        self.get(&self.location.key(file_type, id), None)
+    }
+
+    fn read_partial(
+        &self,
+        file_type: FileType,
+        id: &Id,
+        _cacheable: bool,
+        offset: u32,
+        length: u32,
+    ) -> RusticResult<Bytes> {
+        if length == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = u64::from(offset) + u64::from(length) - 1;
+        let bytes = self.get(
+            &self.location.key(file_type, id),
+            Some(format!("bytes={offset}-{end}")),
+        )?;
+        if bytes.len() != length as usize {
+            return Err(RusticError::new(
+                ErrorKind::Backend,
+                "S3: `{key}` answered {found} bytes for a range of {length}",
+            )
+            .attach_context("key", self.location.key(file_type, id))
+            .attach_context("found", bytes.len().to_string())
+            .attach_context("length", length.to_string()));
+        }
+        Ok(bytes)
+    }
+
+    fn warmup_path(&self, file_type: FileType, id: &Id) -> String {
+        self.location.key(file_type, id)
+    }
+}
+
+impl WriteBackend for S3Backend {
+    fn write_bytes(
+        &self,
+        file_type: FileType,
+        id: &Id,
+        _cacheable: bool,
+        content: BytesList,
+    ) -> RusticResult<()> {
+        let key = self.location.key(file_type, id);
+        let parts = content.into_vec();
+        let body = if parts.len() == 1 {
+            parts.into_iter().next().unwrap_or_default()
+        } else {
+            let mut joined = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            for part in parts {
+                joined.extend_from_slice(&part);
+            }
+            joined.freeze()
+        };
+        self.runtime.block_on(async {
+            self.client
+                .put_object()
+                .bucket(&self.location.bucket)
+                .key(&key)
+                .body(ByteStream::from(body))
+                // Packs and files are sealed (AES-256-CTR + Poly1305) and named by their
+                // SHA-256: signing their payload again would cost a core for nothing.
+                .customize()
+                .disable_payload_signing()
+                .send()
+                .await
+                .map_err(|error| self.failed("writing", &key, S3Error::of(&error)))?;
+            Ok::<_, Box<RusticError>>(())
+        })?;
+        if file_type == FileType::Snapshot {
+            self.snapshots_written
+                .lock()
+                .expect("snapshot record")
+                .push(*id);
+        }
+        Ok(())
+    }
+
+    fn remove(&self, file_type: FileType, id: &Id, _cacheable: bool) -> RusticResult<()> {
+        let key = self.location.key(file_type, id);
+        self.runtime.block_on(async {
+            self.client
+                .delete_object()
+                .bucket(&self.location.bucket)
+                .key(&key)
+                .send()
+                .await
+                .map_err(|error| self.failed("deleting", &key, S3Error::of(&error)))?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! restic's content-defined chunking, with rustic_core's exact boundaries: a Rabin
+//! fingerprint over a 64-byte window with the repository's polynomial; a chunk ends where the
+//! fingerprint's low bits are zero, never before the minimum size (512 KiB) nor after the
+//! maximum (8 MiB). A file smaller than the minimum is one chunk. Data custody and rustic (or
+//! restic) store therefore deduplicates across them.
+//!
+//! The tables are computed once per chunker (rustic_core computes them for every file, which
+//! dominated its time on volumes of many small files), and the rolling loop keeps its state
+//! in locals. Each chunk's boundary depends on its own bytes only.
+
+use rustic_cdc::{Polynom, Rabin64};
+
+const WINDOW: usize = 64;
+
+/// Where chunks end.
+#[derive(Clone)]
+pub struct Chunker {
+    out_table: [u64; 256],
+    mod_table: [u64; 256],
+    shift: i32,
+    min: usize,
+    max: usize,
+    mask: u64,
+}
+
+impl Chunker {
+    /// A chunker for the repository's polynomial and sizes (`average` a power of two).
+    pub fn new(polynomial: u64, min: usize, average: usize, max: usize) -> Chunker {
+        Chunker {
+            out_table: Rabin64::calculate_out_table(WINDOW, &polynomial),
+            mod_table: Rabin64::calculate_mod_table(&polynomial),
+            shift: polynomial.degree() - 8,
+            min: min.max(WINDOW),
+            max,
+            mask: average as u64 - 1,
+        }
+    }
+
+    /// The most bytes a chunk has: give [`Chunker::boundary`] this much (or the rest of the
+    /// file) and it always finds the end.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Where the chunk that starts `data` ends. `data` holds at least [`Chunker::max`] bytes,
+    /// or all that is left of the file.
+    pub fn boundary(&self, data: &[u8]) -> usize {
+        if data.len() < self.min {
+            return data.len();
+        }
+        let (out_table, mod_table, shift, mask) =
+            (&self.out_table, &self.mod_table, self.shift, self.mask);
+        // The window starts with the 63 bytes before the minimum size and a zero (rustic_cdc's
+        // prefill).
+        let mut window = [0u8; WINDOW];
+        let mut hash = 0u64;
+        for (slot, &byte) in window
+            .iter_mut()
+            .zip(&data[self.min - WINDOW..self.min - 1])
+        {
+            *slot = byte;
+            let mod_index = (hash >> shift) & 255;
+            hash = ((hash << 8) | u64::from(byte)) ^ mod_table[mod_index as usize];
+        }
+        let mut index = WINDOW - 1;
+        let end = data.len().min(self.max);
+        let mut position = self.min;
+        while position < end && hash & mask != 0 {
+            let byte = data[position];
+            hash ^= out_table[window[index] as usize];
+            window[index] = byte;
+            let mod_index = (hash >> shift) & 255;
+            hash = ((hash << 8) | u64::from(byte)) ^ mod_table[mod_index as usize];
+            index = (index + 1) & (WINDOW - 1);
+            position += 1;
+        }
+        position
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustic_cdc::RollingHash64;
+
+    const POLYNOMIAL: u64 = 0x3DA3358B4DC173;
+    const MIN: usize = 512 << 10;
+    const MAX: usize = 8 << 20;
+
+    fn bytes(size: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed;
+        (0..size)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    fn chunks(chunker: &Chunker, data: &[u8]) -> Vec<usize> {
+        let mut at = 0;
+        let mut lengths = Vec::new();
+        while at < data.len() {
+            let end = (at + chunker.max()).min(data.len());
+            let length = chunker.boundary(&data[at..end]);
+            lengths.push(length);
+            at += length;
+        }
+        lengths
+    }
+
+    /// rustic_core's chunking (its `ChunkIter`), byte by byte with rustic_cdc's Rabin64, a new
+    /// Rabin64 for every file.
+    fn rustic_chunks(data: &[u8]) -> Vec<usize> {
+        let mut rabin = Rabin64::new_with_polynom(6, &POLYNOMIAL);
+        let mut lengths = Vec::new();
+        let mut at = 0;
+        while at < data.len() {
+            let start = at;
+            if data.len() - at < MIN {
+                lengths.push(data.len() - at);
+                break;
+            }
+            at += MIN;
+            rabin.reset_and_prefill_window(&mut data[at - 64..at].iter().copied());
+            loop {
+                if at - start >= MAX || rabin.hash & ((1 << 20) - 1) == 0 || at == data.len() {
+                    break;
+                }
+                rabin.slide(data[at]);
+                at += 1;
+            }
+            lengths.push(at - start);
+        }
+        lengths
+    }
+
+    #[test]
+    fn boundaries_are_rustic_cores() {
+        let chunker = Chunker::new(POLYNOMIAL, MIN, 1 << 20, MAX);
+        // Several files through one chunker: each as rustic_core chunks it on its own.
+        for (size, seed) in [
+            (24 << 20, 7),
+            (3 << 20, 8),
+            (100, 9),
+            (MIN, 10),
+            (9 << 20, 11),
+        ] {
+            let data = bytes(size, seed);
+            assert_eq!(
+                chunks(&chunker, &data),
+                rustic_chunks(&data),
+                "{size} {seed}"
+            );
+        }
+        // Runs of zeros (the low bits of the fingerprint stay zero): the minimum applies.
+        let zeros = vec![0u8; 3 << 20];
+        assert_eq!(chunks(&chunker, &zeros), rustic_chunks(&zeros));
+    }
+
+    #[test]
+    fn chunks_stay_within_their_bounds_and_find_content_again_after_a_shift() {
+        let chunker = Chunker::new(POLYNOMIAL, MIN, 1 << 20, MAX);
+        let data = bytes(24 << 20, 7);
+        let lengths = chunks(&chunker, &data);
+        assert_eq!(lengths.iter().sum::<usize>(), data.len());
+        let (last, rest) = lengths.split_last().unwrap();
+        assert!(rest.iter().all(|length| (MIN..=MAX).contains(length)));
+        assert!(*last <= MAX);
+        assert!(lengths.len() > 8, "{lengths:?}");
+        // Content defined: 1000 bytes inserted at the front shift the data, and after the
+        // first boundaries the same chunks come back.
+        let mut shifted = bytes(1000, 9);
+        shifted.extend_from_slice(&data);
+        let shifted_lengths = chunks(&chunker, &shifted);
+        let tail = |lengths: &[usize]| lengths[3..lengths.len() - 1].to_vec();
+        assert_eq!(tail(&shifted_lengths), tail(&lengths));
+        // A file below the minimum is one chunk; the same data chunks the same way twice.
+        assert_eq!(chunks(&chunker, &data[..1000]), [1000]);
+        assert_eq!(chunks(&chunker, &data), lengths);
+    }
+}

@@ -1,0 +1,97 @@
+//! restic's authenticated encryption of every file and block: AES-256 in counter mode with
+//! Poly1305-AES, under the repository's master key. A sealed item is its 16-byte nonce, the
+//! ciphertext and the 16-byte MAC; one byte changed anywhere fails the MAC.
+
+use aes256ctr_poly1305aes::Aes256CtrPoly1305Aes;
+use aes256ctr_poly1305aes::aead::{Aead, AeadInPlace};
+use rustic_core::repofile::MasterKey;
+
+/// Bytes a sealed item has beyond its plaintext: nonce and MAC.
+pub const OVERHEAD: usize = 32;
+
+/// Why an item does not open.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CryptoError {
+    #[error("the master key does not have restic's 64 bytes")]
+    KeyLength,
+    #[error("{0} bytes are too short for a sealed item")]
+    TooShort(usize),
+    #[error("the MAC does not match: altered, or sealed under another key")]
+    Mac,
+    #[error("no randomness for a nonce: {0}")]
+    Nonce(String),
+}
+
+/// The repository's master key, ready to seal and open.
+pub struct Cipher(Aes256CtrPoly1305Aes);
+
+impl Cipher {
+    pub fn new(key: &MasterKey) -> Result<Cipher, CryptoError> {
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(&key.encrypt);
+        bytes.extend_from_slice(&key.mac.k);
+        bytes.extend_from_slice(&key.mac.r);
+        if bytes.len() != 64 {
+            return Err(CryptoError::KeyLength);
+        }
+        Ok(Cipher(Aes256CtrPoly1305Aes::new(
+            aes256ctr_poly1305aes::Key::from_slice(&bytes),
+        )))
+    }
+
+    /// Seals `plain` under a fresh random nonce.
+    pub fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|error| CryptoError::Nonce(error.to_string()))?;
+        let mut sealed = Vec::with_capacity(plain.len() + OVERHEAD);
+        sealed.extend_from_slice(&nonce);
+        sealed.extend_from_slice(plain);
+        let tag = self
+            .0
+            .encrypt_in_place_detached(
+                aes256ctr_poly1305aes::Nonce::from_slice(&nonce),
+                &[],
+                &mut sealed[16..],
+            )
+            .map_err(|_| CryptoError::Mac)?;
+        sealed.extend_from_slice(&tag);
+        Ok(sealed)
+    }
+
+    /// The plaintext of a sealed item, if its MAC holds.
+    pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        if sealed.len() < OVERHEAD {
+            return Err(CryptoError::TooShort(sealed.len()));
+        }
+        self.0
+            .decrypt(
+                aes256ctr_poly1305aes::Nonce::from_slice(&sealed[..16]),
+                &sealed[16..],
+            )
+            .map_err(|_| CryptoError::Mac)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_items_open_and_any_change_is_refused() {
+        let cipher = Cipher::new(&MasterKey::new()).unwrap();
+        let other = Cipher::new(&MasterKey::new()).unwrap();
+        let plain = b"select * from orders".to_vec();
+        let sealed = cipher.seal(&plain).unwrap();
+        assert_eq!(sealed.len(), plain.len() + OVERHEAD);
+        assert_eq!(cipher.open(&sealed).unwrap(), plain);
+        // Two seals of the same plaintext differ (fresh nonce each time).
+        assert_ne!(cipher.seal(&plain).unwrap(), sealed);
+        for index in [0, 16, sealed.len() - 1] {
+            let mut altered = sealed.clone();
+            altered[index] ^= 1;
+            assert_eq!(cipher.open(&altered), Err(CryptoError::Mac), "byte {index}");
+        }
+        assert_eq!(other.open(&sealed), Err(CryptoError::Mac));
+        assert_eq!(cipher.open(&sealed[..31]), Err(CryptoError::TooShort(31)));
+    }
+}

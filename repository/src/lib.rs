@@ -1,0 +1,9 @@
+//! custody's repository format v2: restic's documented repository format, read and written by
+//! rustic_core, in a BackupRepository's bucket.
+
+pub mod backend;
+pub mod chunker;
+pub mod crypto;
+pub mod open;
+pub mod snapshot;
+pub mod writer;

@@ -1,0 +1,573 @@
+//! Stores blocks in the repository as restic's format lays them out: each new block
+//! compressed (zstd), sealed ([`Cipher`]) and appended to a pack of its type; a full pack
+//! gets its sealed header and is uploaded; once a pack is stored its blocks go into an index
+//! file, so that no index ever names a pack that is not there. A block the repository (or
+//! this run) already holds is not stored again.
+//!
+//! The caller hashes (SHA-256, the block's ID) and hands blocks over in order; compressing and
+//! sealing run on [`WriterOptions::sealers`] threads and uploads on
+//! [`WriterOptions::uploads`], and blocks keep their order in the packs (a restore then reads
+//! a volume's content front to back). Memory is bounded by the queues: a few blocks being
+//! sealed, one open pack of each type, and the packs being uploaded.
+//!
+//! This is the part of a backup rustic_core's archiver also does; custody does it itself
+//! because that archiver could not reach the speed asked of a backup here (see the README),
+//! writing the same files with rustic_core's own types, which `restic check` reads.
+
+use std::collections::{BTreeMap, HashSet};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use rustic_core::repofile::BlobType;
+use rustic_core::{FileType, Id, WriteBackend};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::crypto::Cipher;
+
+/// How a [`Writer`] packs and uploads.
+#[derive(Clone, Debug)]
+pub struct WriterOptions {
+    /// zstd level of compressed blocks.
+    pub compression_level: i32,
+    /// A data pack is uploaded once it holds this many bytes.
+    pub data_pack_bytes: usize,
+    /// A tree pack is uploaded once it holds this many bytes.
+    pub tree_pack_bytes: usize,
+    /// Threads compressing and sealing blocks.
+    pub sealers: usize,
+    /// Packs uploaded at a time.
+    pub uploads: usize,
+    /// An index file is written once this many stored packs wait for one.
+    pub packs_per_index: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            compression_level: 3,
+            // Smaller than restic's 16 MiB: what is held in memory is a few packs.
+            data_pack_bytes: 8 << 20,
+            tree_pack_bytes: 4 << 20,
+            sealers: 2,
+            uploads: 2,
+            packs_per_index: 64,
+        }
+    }
+}
+
+/// What a run stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Blocks stored, and their bytes before compression.
+    pub blocks_new: u64,
+    pub bytes_new: u64,
+    /// Data blocks among them, and their bytes.
+    pub data_blocks_new: u64,
+    pub data_bytes_new: u64,
+    /// Blocks the repository already held (not stored again).
+    pub blocks_known: u64,
+    /// Bytes of the packs uploaded (compressed, sealed, with their headers).
+    pub bytes_uploaded: u64,
+    pub packs: u64,
+    pub index_files: u64,
+}
+
+/// Why storing failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct WriteError(pub String);
+
+/// A block's ID: the SHA-256 of its plaintext.
+pub type BlockId = [u8; 32];
+
+/// A pack's blocks in an index file (restic's JSON).
+#[derive(Serialize)]
+struct IndexedPack {
+    id: String,
+    blobs: Vec<IndexedBlock>,
+}
+
+#[derive(Serialize)]
+struct IndexedBlock {
+    id: String,
+    #[serde(rename = "type")]
+    kind: BlobType,
+    offset: u32,
+    length: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uncompressed_length: Option<NonZeroU32>,
+}
+
+#[derive(Serialize)]
+struct IndexJson {
+    packs: Vec<IndexedPack>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(64), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
+}
+
+/// A block being sealed.
+struct Job {
+    sequence: u64,
+    kind: BlobType,
+    id: BlockId,
+    plain: Bytes,
+}
+
+/// A sealed block, ready for its pack.
+struct Sealed {
+    kind: BlobType,
+    id: BlockId,
+    bytes: Vec<u8>,
+    plain_length: u32,
+    compressed: bool,
+}
+
+/// Room kept in a pack's buffer for its header (41 bytes a block, sealed).
+const PACK_HEADER_ROOM: usize = 64 << 10;
+
+/// A pack being filled: its sealed blocks one after another, in one buffer that is uploaded
+/// as it is.
+#[derive(Default)]
+struct PackBuilder {
+    bytes: bytes::BytesMut,
+    blobs: Vec<(BlockId, u32, u32, Option<NonZeroU32>)>,
+}
+
+/// A full pack on its way to the bucket.
+struct FullPack {
+    kind: BlobType,
+    builder: PackBuilder,
+}
+
+struct State {
+    /// Sealed blocks waiting for the ones sealed before them.
+    ready: BTreeMap<u64, Sealed>,
+    next: u64,
+    data: PackBuilder,
+    tree: PackBuilder,
+    index: Vec<IndexedPack>,
+    stats: WriterStats,
+    failure: Option<String>,
+}
+
+struct Shared {
+    backend: Arc<dyn WriteBackend>,
+    cipher: Cipher,
+    options: WriterOptions,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn fail(&self, message: String) {
+        let mut state = self.state.lock().expect("writer state");
+        if state.failure.is_none() {
+            state.failure = Some(message);
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.state.lock().expect("writer state").failure.clone()
+    }
+}
+
+/// Stores blocks into the repository for one backup.
+pub struct Writer {
+    shared: Arc<Shared>,
+    /// Blocks this run stored or handed over already.
+    added: HashSet<(BlobType, BlockId)>,
+    sequence: u64,
+    jobs: Option<crossbeam_channel::Sender<Job>>,
+    sealers: Vec<JoinHandle<()>>,
+    packs: Option<crossbeam_channel::Sender<FullPack>>,
+    uploaders: Vec<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// A writer into the repository behind `backend`, sealing with `cipher`.
+    pub fn new(backend: Arc<dyn WriteBackend>, cipher: Cipher, options: WriterOptions) -> Writer {
+        let shared = Arc::new(Shared {
+            backend,
+            cipher,
+            options: options.clone(),
+            state: Mutex::new(State {
+                ready: BTreeMap::new(),
+                next: 0,
+                data: PackBuilder::default(),
+                tree: PackBuilder::default(),
+                index: Vec::new(),
+                stats: WriterStats::default(),
+                failure: None,
+            }),
+        });
+        let (jobs, to_seal) = crossbeam_channel::bounded::<Job>(options.sealers * 2);
+        // A full pack waits for an uploader: memory holds at most the open packs and those
+        // being uploaded.
+        let (packs, to_upload) = crossbeam_channel::bounded::<FullPack>(0);
+        let sealers = (0..options.sealers.max(1))
+            .map(|_| {
+                let (shared, to_seal, packs) = (shared.clone(), to_seal.clone(), packs.clone());
+                std::thread::Builder::new()
+                    .name("seal".into())
+                    .spawn(move || seal(&shared, &to_seal, &packs))
+                    .expect("a thread starts")
+            })
+            .collect();
+        let uploaders = (0..options.uploads.max(1))
+            .map(|_| {
+                let (shared, to_upload) = (shared.clone(), to_upload.clone());
+                std::thread::Builder::new()
+                    .name("upload".into())
+                    .spawn(move || upload(&shared, &to_upload))
+                    .expect("a thread starts")
+            })
+            .collect();
+        Writer {
+            shared,
+            added: HashSet::new(),
+            sequence: 0,
+            jobs: Some(jobs),
+            sealers,
+            packs: Some(packs),
+            uploaders,
+        }
+    }
+
+    /// Stores a block unless `known` (the repository holds it) or this run stored it already.
+    /// `id` is the SHA-256 of `plain`.
+    pub fn store(
+        &mut self,
+        kind: BlobType,
+        id: BlockId,
+        plain: Bytes,
+        known: bool,
+    ) -> Result<(), WriteError> {
+        if let Some(failure) = self.shared.failure() {
+            return Err(WriteError(failure));
+        }
+        if known || !self.added.insert((kind, id)) {
+            self.shared
+                .state
+                .lock()
+                .expect("writer state")
+                .stats
+                .blocks_known += 1;
+            return Ok(());
+        }
+        let job = Job {
+            sequence: self.sequence,
+            kind,
+            id,
+            plain,
+        };
+        self.sequence += 1;
+        self.jobs
+            .as_ref()
+            .expect("the writer is open")
+            .send(job)
+            .map_err(|_| {
+                WriteError(
+                    self.shared
+                        .failure()
+                        .unwrap_or_else(|| "the writer stopped".into()),
+                )
+            })
+    }
+
+    /// Stores the last blocks, uploads the last packs and writes the last index file.
+    pub fn finish(mut self) -> Result<WriterStats, WriteError> {
+        drop(self.jobs.take());
+        for sealer in self.sealers.drain(..) {
+            let _ = sealer.join();
+        }
+        {
+            let mut state = self.shared.state.lock().expect("writer state");
+            let packs = self.packs.as_ref().expect("the writer is open");
+            for kind in [BlobType::Data, BlobType::Tree] {
+                let builder = std::mem::take(match kind {
+                    BlobType::Data => &mut state.data,
+                    BlobType::Tree => &mut state.tree,
+                });
+                if !builder.blobs.is_empty() {
+                    drop(state);
+                    let _ = packs.send(FullPack { kind, builder });
+                    state = self.shared.state.lock().expect("writer state");
+                }
+            }
+        }
+        drop(self.packs.take());
+        for uploader in self.uploaders.drain(..) {
+            let _ = uploader.join();
+        }
+        if let Some(failure) = self.shared.failure() {
+            return Err(WriteError(failure));
+        }
+        let packs = std::mem::take(&mut self.shared.state.lock().expect("writer state").index);
+        if !packs.is_empty() {
+            write_index(&self.shared, packs).map_err(WriteError)?;
+        }
+        Ok(self.shared.state.lock().expect("writer state").stats)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Abandoned (the backup failed): stop the threads; what was uploaded stays for a
+        // prune to find unused.
+        self.shared.fail("the backup stopped".into());
+        drop(self.jobs.take());
+        drop(self.packs.take());
+        for thread in self.sealers.drain(..).chain(self.uploaders.drain(..)) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A sealer's compressors (a zstd context is costly to make: one per thread, reused).
+struct Compressors {
+    block: zstd::bulk::Compressor<'static>,
+    sample: zstd::bulk::Compressor<'static>,
+}
+
+impl Compressors {
+    fn new(level: i32) -> std::io::Result<Compressors> {
+        Ok(Compressors {
+            block: zstd::bulk::Compressor::new(level)?,
+            sample: zstd::bulk::Compressor::new(1)?,
+        })
+    }
+
+    /// A block compressed when that makes it smaller: trees always, data unless a sample of
+    /// it does not compress (already compressed or encrypted data is stored as it is).
+    fn compress(&mut self, kind: BlobType, plain: &[u8]) -> Option<Vec<u8>> {
+        const SAMPLE: usize = 64 << 10;
+        if kind == BlobType::Data && plain.len() > SAMPLE {
+            let sample = self.sample.compress(&plain[..SAMPLE]).ok()?;
+            if sample.len() * 100 > SAMPLE * 95 {
+                return None;
+            }
+        }
+        let compressed = self.block.compress(plain).ok()?;
+        (compressed.len() < plain.len()).then_some(compressed)
+    }
+}
+
+fn seal(
+    shared: &Shared,
+    to_seal: &crossbeam_channel::Receiver<Job>,
+    packs: &crossbeam_channel::Sender<FullPack>,
+) {
+    let mut compressors = match Compressors::new(shared.options.compression_level) {
+        Ok(compressors) => compressors,
+        Err(error) => {
+            shared.fail(format!("starting zstd: {error}"));
+            return;
+        }
+    };
+    for job in to_seal {
+        if shared.failure().is_some() {
+            continue;
+        }
+        let compressed = compressors.compress(job.kind, &job.plain);
+        let sealed = match shared
+            .cipher
+            .seal(compressed.as_deref().unwrap_or(&job.plain))
+        {
+            Ok(sealed) => sealed,
+            Err(error) => {
+                shared.fail(format!("sealing a block: {error}"));
+                continue;
+            }
+        };
+        let mut full = Vec::new();
+        {
+            let mut guard = shared.state.lock().expect("writer state");
+            let state = &mut *guard;
+            state.ready.insert(
+                job.sequence,
+                Sealed {
+                    kind: job.kind,
+                    id: job.id,
+                    bytes: sealed,
+                    plain_length: job.plain.len() as u32,
+                    compressed: compressed.is_some(),
+                },
+            );
+            // In order: a volume's blocks lie in its packs as its files do.
+            loop {
+                let next = state.next;
+                let Some(sealed) = state.ready.remove(&next) else {
+                    break;
+                };
+                state.next += 1;
+                state.stats.blocks_new += 1;
+                state.stats.bytes_new += u64::from(sealed.plain_length);
+                if sealed.kind == BlobType::Data {
+                    state.stats.data_blocks_new += 1;
+                    state.stats.data_bytes_new += u64::from(sealed.plain_length);
+                }
+                let (builder, limit) = match sealed.kind {
+                    BlobType::Data => (&mut state.data, shared.options.data_pack_bytes),
+                    BlobType::Tree => (&mut state.tree, shared.options.tree_pack_bytes),
+                };
+                let length = sealed.bytes.len() as u32;
+                // A pack never grows past its size by more than one block: a block that does
+                // not fit starts the next pack.
+                if !builder.blobs.is_empty() && builder.bytes.len() + sealed.bytes.len() > limit {
+                    full.push(FullPack {
+                        kind: sealed.kind,
+                        builder: std::mem::take(builder),
+                    });
+                }
+                if builder.bytes.capacity() == 0 {
+                    builder
+                        .bytes
+                        .reserve(limit.max(sealed.bytes.len()) + PACK_HEADER_ROOM);
+                }
+                builder.blobs.push((
+                    sealed.id,
+                    builder.bytes.len() as u32,
+                    length,
+                    sealed
+                        .compressed
+                        .then(|| NonZeroU32::new(sealed.plain_length))
+                        .flatten(),
+                ));
+                builder.bytes.extend_from_slice(&sealed.bytes);
+                if builder.bytes.len() >= limit {
+                    full.push(FullPack {
+                        kind: sealed.kind,
+                        builder: std::mem::take(builder),
+                    });
+                }
+            }
+        }
+        for pack in full {
+            if packs.send(pack).is_err() {
+                shared.fail("the uploads stopped".into());
+            }
+        }
+    }
+}
+
+/// restic's pack header entry type: data or tree, compressed or not.
+fn entry_type(kind: BlobType, compressed: bool) -> u8 {
+    match (kind, compressed) {
+        (BlobType::Data, false) => 0,
+        (BlobType::Tree, false) => 1,
+        (BlobType::Data, true) => 2,
+        (BlobType::Tree, true) => 3,
+    }
+}
+
+fn upload(shared: &Shared, to_upload: &crossbeam_channel::Receiver<FullPack>) {
+    for pack in to_upload {
+        if shared.failure().is_some() {
+            continue;
+        }
+        if let Err(message) = upload_pack(shared, pack) {
+            shared.fail(message);
+        }
+    }
+}
+
+fn upload_pack(shared: &Shared, pack: FullPack) -> Result<(), String> {
+    let FullPack { kind, builder } = pack;
+    let mut header = Vec::with_capacity(builder.blobs.len() * 41);
+    for (id, _, length, uncompressed) in &builder.blobs {
+        header.push(entry_type(kind, uncompressed.is_some()));
+        header.extend_from_slice(&length.to_le_bytes());
+        if let Some(uncompressed) = uncompressed {
+            header.extend_from_slice(&uncompressed.get().to_le_bytes());
+        }
+        header.extend_from_slice(id);
+    }
+    let header = shared
+        .cipher
+        .seal(&header)
+        .map_err(|error| format!("sealing a pack header: {error}"))?;
+    let mut bytes = builder.bytes;
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    let bytes = bytes.freeze();
+    let size = bytes.len();
+    let pack_id: [u8; 32] = Sha256::digest(&bytes).into();
+    let id = Id::new(pack_id);
+    shared
+        .backend
+        .write_bytes(FileType::Pack, &id, false, bytes.into())
+        .map_err(|error| error.display_log())?;
+    let blobs = builder
+        .blobs
+        .into_iter()
+        .map(|(blob, offset, length, uncompressed_length)| IndexedBlock {
+            id: hex(&blob),
+            kind,
+            offset,
+            length,
+            uncompressed_length,
+        })
+        .collect();
+    let ready = {
+        let mut state = shared.state.lock().expect("writer state");
+        state.stats.packs += 1;
+        state.stats.bytes_uploaded += size as u64;
+        state.index.push(IndexedPack {
+            id: hex(&pack_id),
+            blobs,
+        });
+        if state.index.len() >= shared.options.packs_per_index {
+            std::mem::take(&mut state.index)
+        } else {
+            Vec::new()
+        }
+    };
+    if !ready.is_empty() {
+        write_index(shared, ready)?;
+    }
+    Ok(())
+}
+
+/// Writes an index file naming `packs` (all stored): JSON, compressed as repository format 2
+/// stores its files (a version byte 2, then zstd), sealed; its ID is the SHA-256 of what is
+/// stored.
+fn write_index(shared: &Shared, packs: Vec<IndexedPack>) -> Result<(), String> {
+    let index = IndexJson { packs };
+    let json = serde_json::to_vec(&index).map_err(|error| format!("an index file: {error}"))?;
+    let mut plain = vec![2u8];
+    plain.extend(
+        zstd::bulk::compress(&json, shared.options.compression_level)
+            .map_err(|error| format!("compressing an index file: {error}"))?,
+    );
+    let sealed = shared
+        .cipher
+        .seal(&plain)
+        .map_err(|error| format!("sealing an index file: {error}"))?;
+    let id = Id::new(Sha256::digest(&sealed).into());
+    shared
+        .backend
+        .write_bytes(FileType::Index, &id, true, Bytes::from(sealed).into())
+        .map_err(|error| error.display_log())?;
+    shared.state.lock().expect("writer state").stats.index_files += 1;
+    Ok(())
+}
+
+/// The SHA-256 of `plain`: its block ID.
+pub fn block_id(plain: &[u8]) -> BlockId {
+    Sha256::digest(plain).into()
+}
+
+/// A block ID as rustic_core names it.
+pub fn rustic_id(id: &BlockId) -> Id {
+    Id::new(*id)
+}

@@ -1,0 +1,72 @@
+//! Repositories of format 2 (restic's layout) in the test S3 server, made and opened the way
+//! the controller does, and read with restic itself.
+
+use std::process::{Command, Output};
+
+use custody_repository::backend::{Location, S3Backend};
+use custody_repository::open::{self, Password};
+use rustic_core::RepositoryBackends;
+
+use crate::s3;
+
+/// Where test repositories live in their bucket (the controller's sub-prefix).
+pub const PREFIX: &str = "custody_repository";
+
+/// A password the tests create repositories with.
+pub const PASSWORD: &str = "correct horse battery staple";
+
+/// A repository's backends in `bucket` of the server at `url`. Blocks on the current Tokio
+/// runtime: call it from a blocking thread.
+pub fn backends(url: &str, bucket: &str) -> RepositoryBackends {
+    let backend = S3Backend::new(
+        s3::client(url),
+        Location {
+            bucket: bucket.into(),
+            prefix: PREFIX.into(),
+        },
+        tokio::runtime::Handle::current(),
+    );
+    RepositoryBackends::new(backend.shared(), None)
+}
+
+/// A new repository in `bucket` with [`PASSWORD`]: its ID and its master key (restic's JSON).
+pub async fn create(url: &str, bucket: &str) -> (String, String) {
+    let (url, bucket) = (url.to_string(), bucket.to_string());
+    tokio::task::spawn_blocking(move || {
+        let (opened, _) = open::open_or_init(
+            &backends(&url, &bucket),
+            &[Password {
+                name: "password".into(),
+                value: PASSWORD.into(),
+            }],
+        )
+        .expect("a repository is created");
+        let key = serde_json::to_string(&opened.repository.key()).expect("a key serialises");
+        (opened.repository_id, key)
+    })
+    .await
+    .expect("the creating thread")
+}
+
+/// restic on the repository in `bucket`, with [`PASSWORD`].
+pub fn restic(url: &str, bucket: &str, args: &[&str]) -> Output {
+    restic_at(url, bucket, PREFIX, PASSWORD, args)
+}
+
+/// restic on the repository at `prefix` in `bucket`, with `password`.
+pub fn restic_at(url: &str, bucket: &str, prefix: &str, password: &str, args: &[&str]) -> Output {
+    let output = Command::new("restic")
+        .args(["-r", &format!("s3:{url}/{bucket}/{prefix}"), "--no-cache"])
+        .args(args)
+        .env("RESTIC_PASSWORD", password)
+        .env("AWS_ACCESS_KEY_ID", s3::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3::SECRET_KEY)
+        .output()
+        .expect("restic runs (hack/prerequisites.sh installs it)");
+    eprintln!(
+        "restic {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}

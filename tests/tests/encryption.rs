@@ -1,0 +1,335 @@
+//! Encrypted repositories (format 2) through the real controller, API server, S3 server,
+//! agent and mover: a BackupRepository opens (or creates) its repository with the passwords
+//! of its key Secret, keeps its key files in step with that Secret and its master key for the
+//! movers; Backups write snapshots there (only what changed), restores read them verified, and
+//! deleting a Backup forgets exactly its own snapshot. restic reads what custody wrote.
+
+use std::time::Duration;
+
+use custody_kube::api::{
+    Backup, BackupPhase, BackupRepository, HasConditions, Restore, RestorePhase,
+};
+use custody_tests::agent::ControllerProcess;
+use custody_tests::pki::Pki;
+use custody_tests::repository::{PASSWORD, restic_at};
+use custody_tests::scenario::{
+    artifact_of, create, encrypted_repository, restore_into, setup_encrypted,
+};
+use custody_tests::volumes::{LoopVolume, tree};
+use custody_tests::workloads::WorkloadRunner;
+use custody_tests::{TestNamespace, await_condition, eventually, s3};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const REPOSITORY: &str = "custody/custody_repository";
+
+fn ready(repository: &BackupRepository) -> Option<(String, String)> {
+    repository
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .map(|condition| (condition.status.clone(), condition.reason.clone()))
+}
+
+async fn repository_ready(namespace: &TestNamespace, name: &str) -> BackupRepository {
+    await_condition(
+        &namespace.api::<BackupRepository>(),
+        name,
+        "Ready with its repository open",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready(repository).is_some_and(|(status, _)| status == "True")
+                && repository
+                    .status
+                    .as_ref()
+                    .is_some_and(|status| status.repository.is_some())
+        },
+    )
+    .await
+}
+
+fn key_names(repository: &BackupRepository) -> Vec<String> {
+    repository
+        .status
+        .as_ref()
+        .and_then(|status| status.repository.as_ref())
+        .map(|repository| repository.keys.iter().map(|key| key.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+async fn completed(namespace: &TestNamespace, name: &str) -> Backup {
+    await_condition(
+        &namespace.api::<Backup>(),
+        name,
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
+    )
+    .await
+}
+
+/// The snapshot files in the repository.
+async fn snapshots(url: &str, bucket: &str) -> Vec<String> {
+    s3::keys(url, bucket, &format!("{REPOSITORY}/snapshots/")).await
+}
+
+#[tokio::test]
+async fn an_encrypted_backup_restores_verified_reads_only_changes_and_its_deletion_forgets_only_its_snapshot()
+ {
+    let setup = setup_encrypted("encrypted").await;
+    let namespace = &setup.namespace;
+    let url = s3::shared();
+    let repository = repository_ready(namespace, "store").await;
+    let bucket = repository.spec.bucket.clone();
+    let opened = repository.status.clone().unwrap().repository.unwrap();
+    assert_eq!(opened.prefix, REPOSITORY);
+    assert_eq!(key_names(&repository), ["password"]);
+    // The master key for the movers: custody's Secret, owned by the BackupRepository.
+    let master = namespace
+        .api::<Secret>()
+        .get(&opened.master_key_secret)
+        .await
+        .unwrap();
+    assert_eq!(master.owner_references()[0].kind, "BackupRepository");
+    assert_eq!(
+        master.owner_references()[0].uid,
+        repository.metadata.uid.clone().unwrap()
+    );
+
+    // The scenario's Backup `nightly` is a snapshot, not an archive: nothing outside the
+    // repository's prefix.
+    let artifact = artifact_of(namespace, "nightly").await;
+    let snapshot = artifact.snapshot.clone().expect("a snapshot was recorded");
+    let first_id = snapshot.id.clone().expect("its ID");
+    assert_eq!(snapshot.repository_id, opened.id);
+    assert_eq!(artifact.key, "");
+    let keys = s3::keys(url, &bucket, "").await;
+    assert!(
+        keys.iter()
+            .all(|key| key.starts_with(&format!("{REPOSITORY}/"))),
+        "{keys:?}"
+    );
+    assert_eq!(
+        snapshots(url, &bucket).await,
+        [format!("{REPOSITORY}/snapshots/{first_id}")]
+    );
+
+    // Restored into another Cluster, verified by the agent, the pod released.
+    let target = LoopVolume::new(64);
+    restore_into(&setup, target.path(), json!({})).await;
+    let _workloads =
+        WorkloadRunner::start(&namespace.client, &namespace.name, setup.kubelet.clone());
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let mut restored = tree(target.path());
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(restored, tree(setup.source.path()));
+
+    // A second Backup of unchanged data names the first as its parent and adds little.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+               "metadata": {"name": "second"}, "spec": {"clusterRef": {"name": "orders"}}}),
+    )
+    .await;
+    let second = completed(namespace, "second").await;
+    let second_artifact = second.status.unwrap().artifact.unwrap();
+    let second_id = second_artifact.snapshot.unwrap().id.unwrap();
+    assert_ne!(second_id, first_id);
+    let jobs: Api<Job> = namespace.api();
+    let args = jobs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|job| job.name_any().starts_with("second-backup-"))
+        .flat_map(|job| {
+            job.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap()
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        args.windows(2)
+            .any(|pair| pair == ["--parent", first_id.as_str()]),
+        "{args:?}"
+    );
+    let volume_bytes = setup_bytes(setup.source.path());
+    assert!(
+        second_artifact.size_bytes.unwrap_or(i64::MAX) * 100 < volume_bytes as i64 * 50,
+        "uploaded {:?} of {volume_bytes}",
+        second_artifact.size_bytes
+    );
+
+    // Deleting the first Backup forgets its snapshot only; the second stays whole.
+    let packs_before = s3::keys(url, &bucket, &format!("{REPOSITORY}/data/")).await;
+    namespace
+        .api::<Backup>()
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the first snapshot forgotten", TIMEOUT, || async {
+        let left = snapshots(url, &bucket).await;
+        if left == [format!("{REPOSITORY}/snapshots/{second_id}")] {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        s3::keys(url, &bucket, &format!("{REPOSITORY}/data/")).await,
+        packs_before,
+        "no pack is deleted by forgetting (a prune frees space)"
+    );
+    let check = restic_at(
+        url,
+        &bucket,
+        REPOSITORY,
+        PASSWORD,
+        &["check", "--read-data"],
+    );
+    assert!(check.status.success(), "restic check --read-data failed");
+    setup.finish().await;
+}
+
+fn setup_bytes(root: &std::path::Path) -> u64 {
+    tree(root)
+        .values()
+        .map(|content| content.len() as u64)
+        .sum()
+}
+
+#[tokio::test]
+async fn passwords_rotate_through_the_key_secret_and_a_wrong_one_writes_nothing() {
+    let namespace = TestNamespace::create("rotate").await;
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "rotate").await;
+    let pki = Pki::new(&["custody-controller"]);
+    let _controller = ControllerProcess::start(&namespace.name, &pki, &[]);
+    encrypted_repository(&namespace, url, &bucket).await;
+    let repository = repository_ready(&namespace, "store").await;
+    let keys_of = || async { s3::keys(url, &bucket, &format!("{REPOSITORY}/keys/")).await };
+    assert_eq!(keys_of().await.len(), 1);
+
+    // The new password added: it gets a key file and opens the repository.
+    let secrets: Api<Secret> = namespace.api();
+    let patch = |data: serde_json::Value| Patch::Merge(json!({ "stringData": data }));
+    secrets
+        .patch(
+            "repository-keys",
+            &PatchParams::default(),
+            &patch(json!({"next": "a new password"})),
+        )
+        .await
+        .unwrap();
+    let rotated = await_condition(
+        &namespace.api::<BackupRepository>(),
+        "store",
+        "both passwords have key files",
+        TIMEOUT,
+        |repository: &BackupRepository| key_names(repository) == ["next", "password"],
+    )
+    .await;
+    assert_eq!(keys_of().await.len(), 2);
+    assert!(
+        restic_at(url, &bucket, REPOSITORY, "a new password", &["snapshots"])
+            .status
+            .success()
+    );
+    assert_eq!(
+        rotated.status.unwrap().repository.unwrap().id,
+        repository.status.clone().unwrap().repository.unwrap().id,
+        "the same repository"
+    );
+
+    // The old password removed: its key file goes, the new one opens, the old no longer.
+    secrets
+        .patch(
+            "repository-keys",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"password": null}})),
+        )
+        .await
+        .unwrap();
+    await_condition(
+        &namespace.api::<BackupRepository>(),
+        "store",
+        "only the new password",
+        TIMEOUT,
+        |repository: &BackupRepository| key_names(repository) == ["next"],
+    )
+    .await;
+    assert_eq!(keys_of().await.len(), 1);
+    assert!(
+        restic_at(url, &bucket, REPOSITORY, "a new password", &["snapshots"])
+            .status
+            .success()
+    );
+    assert!(
+        !restic_at(url, &bucket, REPOSITORY, PASSWORD, &["snapshots"])
+            .status
+            .success()
+    );
+
+    // Another BackupRepository at the same place with a password of nobody's: refused, named,
+    // and nothing written.
+    let before = s3::keys(url, &bucket, "").await;
+    create::<Secret>(
+        &namespace.api(),
+        json!({"metadata": {"name": "wrong-keys"}, "stringData": {"guess": "not a password of it"}}),
+    )
+    .await;
+    create::<BackupRepository>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+               "metadata": {"name": "intruder"},
+               "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                        "credentialsSecretRef": {"name": "s3"},
+                        "encryption": {"keySecretRef": {"name": "wrong-keys"}}}}),
+    )
+    .await;
+    let refused = await_condition(
+        &namespace.api::<BackupRepository>(),
+        "intruder",
+        "KeyRejected",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready(repository) == Some(("False".into(), "KeyRejected".into()))
+        },
+    )
+    .await;
+    let message = refused
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("wrong-keys") && message.contains("nothing was read or written"),
+        "{message}"
+    );
+    assert_eq!(
+        s3::keys(url, &bucket, "").await,
+        before,
+        "nothing was written"
+    );
+    namespace.delete().await;
+}

@@ -1,0 +1,418 @@
+//! The real `custody-mover` writing and reading repository format 2 (restic's layout,
+//! encrypted and deduplicated) in the real S3 server, on real ext4 volumes; and restic itself
+//! reading what custody wrote.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use custody_proto::mover::BackupResult;
+use custody_tests::binary;
+use custody_tests::repository::{self, PREFIX};
+use custody_tests::s3;
+use custody_tests::volumes::{self, LoopVolume, fill, tree};
+
+const BACKUP_UID: &str = "5a9a0b2e-2222-4000-8000-0000000000b1";
+const CLUSTER_UID: &str = "5a9a0b2e-2222-4000-8000-0000000000c1";
+const RESTORE_UID: &str = "5a9a0b2e-2222-4000-8000-0000000000e1";
+
+/// The mover on the repository in `bucket`, opened with `key` (the master key's JSON).
+fn mover(url: &str, bucket: &str, key: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(binary("custody-mover"));
+    command
+        .args(args)
+        .args(["--endpoint", url, "--bucket", bucket, "--path-style"])
+        .args(["--repository-prefix", PREFIX])
+        .env("AWS_ACCESS_KEY_ID", s3::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3::SECRET_KEY)
+        .env("CUSTODY_REPOSITORY_KEY", key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn run(mut command: Command) -> Output {
+    let output = command.output().expect("running custody-mover");
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// A failed mover's reason and message, as it reports them (what its termination message
+/// carries).
+fn failure(output: &Output) -> serde_json::Value {
+    assert!(!output.status.success(), "the mover succeeded");
+    let line = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .find_map(|line| line.strip_prefix("custody-mover: ").map(str::to_string))
+        .expect("the mover says why it failed");
+    let (reason, message) = line.split_once(": ").expect("reason: message");
+    serde_json::json!({"reason": reason, "message": message})
+}
+
+fn backup_args<'a>(source: &'a Path, backup_uid: &'a str, parent: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec![
+        "backup",
+        "--source",
+        source.to_str().unwrap(),
+        "--backup-uid",
+        backup_uid,
+        "--cluster-uid",
+        CLUSTER_UID,
+        "--volume",
+        "data",
+        "--claim",
+        "data-orders-0",
+        "--backup-name",
+        "nightly",
+        "--namespace",
+        "shop",
+        "--cluster",
+        "orders",
+        "--origin-cluster",
+        "0c0ffee0-0000-4000-8000-000000000001",
+        "--consistency",
+        "Stopped",
+    ];
+    if let Some(parent) = parent {
+        args.extend(["--parent", parent]);
+    }
+    args
+}
+
+fn backup(
+    url: &str,
+    bucket: &str,
+    key: &str,
+    source: &Path,
+    backup_uid: &str,
+    parent: Option<&str>,
+) -> BackupResult {
+    let output = run(mover(
+        url,
+        bucket,
+        key,
+        &backup_args(source, backup_uid, parent),
+    ));
+    assert!(output.status.success(), "backup failed");
+    serde_json::from_slice(&output.stdout).expect("backup result")
+}
+
+fn snapshot_id(result: &BackupResult) -> String {
+    result
+        .snapshot
+        .as_ref()
+        .expect("a snapshot was written")
+        .id
+        .clone()
+}
+
+fn restore(
+    url: &str,
+    bucket: &str,
+    key: &str,
+    target: &Path,
+    result: &BackupResult,
+    backup_uid: &str,
+) -> Output {
+    let snapshot = snapshot_id(result);
+    run(mover(
+        url,
+        bucket,
+        key,
+        &[
+            "restore",
+            "--target",
+            target.to_str().unwrap(),
+            "--snapshot",
+            &snapshot,
+            "--volume",
+            "data",
+            "--manifest-hash",
+            &result.manifest_hash,
+            "--backup-uid",
+            backup_uid,
+            "--restore-uid",
+            RESTORE_UID,
+        ],
+    ))
+}
+
+#[tokio::test]
+async fn a_snapshot_restores_verified_and_restic_reads_what_custody_wrote() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "snapshot").await;
+    let (repository_id, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(256);
+    fill(source.path());
+
+    let result = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let written = result.snapshot.clone().unwrap();
+    assert_eq!(written.repository_id, repository_id);
+    assert_eq!(result.files, 10_003);
+    assert_eq!(written.files_read, 10_003);
+    // Everything is under the repository's prefix, in restic's layout.
+    let keys = s3::keys(url, &bucket, "").await;
+    assert!(
+        keys.iter()
+            .all(|key| key.starts_with(&format!("{PREFIX}/"))),
+        "{keys:?}"
+    );
+    for directory in ["config", "keys/", "snapshots/", "index/", "data/"] {
+        assert!(
+            keys.iter()
+                .any(|key| key.starts_with(&format!("{PREFIX}/{directory}"))),
+            "{directory}"
+        );
+    }
+
+    let target = LoopVolume::new(256);
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    assert!(output.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        10_003
+    );
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(target.path().join("base/000/00001")).unwrap(),
+    );
+    assert_eq!(owner, 999);
+    let mut restored = tree(target.path());
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(restored, tree(source.path()));
+
+    // restic opens custody's repository with the password, finds every pack intact, and
+    // restores the same volume from it.
+    let check = repository::restic(url, &bucket, &["check", "--read-data"]);
+    assert!(check.status.success(), "restic check --read-data failed");
+    let listed = repository::restic(url, &bucket, &["snapshots", "--json"]);
+    assert!(listed.status.success());
+    let snapshots: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(snapshots.as_array().unwrap().len(), 1);
+    assert_eq!(snapshots[0]["id"], written.id);
+    let tags: Vec<&str> = snapshots[0]["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tag| tag.as_str().unwrap())
+        .collect();
+    assert!(
+        tags.contains(&"custody") && tags.contains(&"cluster=orders"),
+        "{tags:?}"
+    );
+    let by_restic = tempfile::tempdir().unwrap();
+    let restored = repository::restic(
+        url,
+        &bucket,
+        &[
+            "restore",
+            &written.id,
+            "--target",
+            by_restic.path().to_str().unwrap(),
+        ],
+    );
+    assert!(restored.status.success(), "restic restore failed");
+    assert_eq!(
+        tree(&by_restic.path().join("data/data")),
+        tree(source.path())
+    );
+    // The manifest is in the snapshot too, and hashes to what the Backup records.
+    let manifest = std::fs::read(by_restic.path().join("manifests/data.jsonl")).unwrap();
+    assert_eq!(
+        blake3::hash(&manifest).to_hex().to_string(),
+        result.manifest_hash
+    );
+}
+
+#[tokio::test]
+async fn a_second_backup_reads_and_uploads_only_what_changed() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "incremental").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(256);
+    fill(source.path());
+    let first = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let volume_bytes = first.total_bytes;
+    eprintln!("first: {first:?}");
+
+    // Unchanged: nothing is read again, almost nothing is uploaded.
+    let second_uid = "5a9a0b2e-2222-4000-8000-0000000000b2";
+    let second = backup(
+        url,
+        &bucket,
+        &key,
+        source.path(),
+        second_uid,
+        Some(&snapshot_id(&first)),
+    );
+    eprintln!("unchanged: {second:?}");
+    assert_eq!(second.snapshot.as_ref().unwrap().files_read, 0);
+    assert!(
+        second.size_bytes * 100 < volume_bytes,
+        "uploaded {} of {volume_bytes}",
+        second.size_bytes
+    );
+
+    // 1% of the files rewritten (100 of 10,003, one of them large): only they are read, and
+    // the upload stays within 3% of the volume.
+    for index in (0..10_000).step_by(100) {
+        let path = source
+            .path()
+            .join(format!("base/{:03}/{index:05}", index / 100));
+        std::fs::write(&path, format!("changed {index}")).unwrap();
+    }
+    let mut segment = std::fs::read(source.path().join("pg_wal/segment-1")).unwrap();
+    segment[1 << 20] ^= 0xff;
+    std::fs::write(source.path().join("pg_wal/segment-1"), &segment).unwrap();
+    let third_uid = "5a9a0b2e-2222-4000-8000-0000000000b3";
+    let third = backup(
+        url,
+        &bucket,
+        &key,
+        source.path(),
+        third_uid,
+        Some(&snapshot_id(&second)),
+    );
+    eprintln!("1% changed: {third:?}");
+    assert_eq!(third.snapshot.as_ref().unwrap().files_read, 101);
+    assert!(
+        third.size_bytes * 100 < volume_bytes * 3,
+        "uploaded {} of {volume_bytes}",
+        third.size_bytes
+    );
+
+    // What was not read is restored as it was, what was is restored as it is now.
+    let target = LoopVolume::new(256);
+    let output = restore(url, &bucket, &key, target.path(), &third, third_uid);
+    assert!(output.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(target.path(), &third.manifest_hash, third_uid, RESTORE_UID),
+        10_003
+    );
+    let mut restored = tree(target.path());
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(restored, tree(source.path()));
+}
+
+#[tokio::test]
+async fn a_wrong_key_reads_and_writes_nothing() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "wrong-key").await;
+    let (_, _key) = repository::create(url, &bucket).await;
+    let (_, other_key) = repository::create(url, &s3::bucket(url, "other-key").await).await;
+    let source = LoopVolume::new(64);
+    std::fs::write(source.path().join("file"), b"data").unwrap();
+    let before = s3::keys(url, &bucket, "").await;
+
+    let output = run(mover(
+        url,
+        &bucket,
+        &other_key,
+        &backup_args(source.path(), BACKUP_UID, None),
+    ));
+    assert_eq!(output.status.code(), Some(3), "refused for good");
+    let error = failure(&output);
+    assert_eq!(error["reason"], "RepositoryKeyRejected");
+    assert_eq!(
+        s3::keys(url, &bucket, "").await,
+        before,
+        "nothing was written"
+    );
+
+    // A password that opens no key file is refused the same way.
+    let mut command = mover(
+        url,
+        &bucket,
+        "",
+        &backup_args(source.path(), BACKUP_UID, None),
+    );
+    command
+        .env_remove("CUSTODY_REPOSITORY_KEY")
+        .env("CUSTODY_REPOSITORY_PASSWORD", "not the password");
+    let output = run(command);
+    assert_eq!(failure(&output)["reason"], "RepositoryKeyRejected");
+    assert_eq!(
+        s3::keys(url, &bucket, "").await,
+        before,
+        "nothing was written"
+    );
+}
+
+#[tokio::test]
+async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "tampered").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(64);
+    let mut state = 7u64;
+    let orders: Vec<u8> = (0..300_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(source.path().join("orders"), orders).unwrap();
+    std::fs::write(source.path().join("customers"), b"alice bob").unwrap();
+    let result = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+
+    // The manifest hash the Backup recorded must be the snapshot's own.
+    let target = LoopVolume::new(64);
+    let mut wrong = result.clone();
+    wrong.manifest_hash = "0".repeat(64);
+    let output = restore(url, &bucket, &key, target.path(), &wrong, BACKUP_UID);
+    assert_eq!(failure(&output)["reason"], "ManifestTampered");
+    // And the snapshot must be the Backup's.
+    let output = restore(
+        url,
+        &bucket,
+        &key,
+        target.path(),
+        &result,
+        "5a9a0b2e-2222-4000-8000-00000000dead",
+    );
+    assert_eq!(failure(&output)["reason"], "ManifestOfAnotherBackup");
+
+    // One byte of the data pack (the largest: 300 kB that do not compress) changed: its
+    // block fails its MAC, the pack is named.
+    let mut packs = Vec::new();
+    for pack in s3::keys(url, &bucket, &format!("{PREFIX}/data/")).await {
+        let bytes = s3::get(url, &bucket, &pack).await;
+        packs.push((bytes.len(), pack, bytes));
+    }
+    packs.sort();
+    let (_, data_pack, mut bytes) = packs.pop().expect("a data pack");
+    bytes[40] ^= 1;
+    s3::put(url, &bucket, &data_pack, bytes).await;
+    let target = LoopVolume::new(64);
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    assert_eq!(output.status.code(), Some(3), "refused for good");
+    let error = failure(&output);
+    assert_eq!(error["reason"], "ArchiveUnreadable", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("fails its MAC"), "{error}");
+    let pack_id = data_pack.rsplit('/').next().unwrap();
+    assert!(message.contains(&pack_id[..8]), "names the pack: {error}");
+
+    // One byte of a tree pack changed: the snapshot's tree does not read, for good.
+    let (_, tree_pack, mut bytes) = packs.remove(0);
+    bytes[20] ^= 1;
+    s3::put(url, &bucket, &tree_pack, bytes).await;
+    let target = LoopVolume::new(64);
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    assert_eq!(output.status.code(), Some(3), "refused for good");
+
+    // One byte of the snapshot file changed: it does not open.
+    let snapshot = format!("{PREFIX}/snapshots/{}", snapshot_id(&result));
+    let mut bytes = s3::get(url, &bucket, &snapshot).await;
+    bytes[20] ^= 1;
+    s3::put(url, &bucket, &snapshot, bytes).await;
+    let target = LoopVolume::new(64);
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    let error = failure(&output);
+    assert_eq!(error["reason"], "SnapshotInvalid", "{error}");
+}
