@@ -208,7 +208,7 @@ impl Agent {
         })?;
         Ok(Expected {
             manifest_hash,
-            backup_uid: backup.metadata.uid.clone().unwrap_or_default(),
+            backup_uid: backup.writer_uid(),
             restore_uid: volume.restore_uid.clone(),
         })
     }

@@ -15,6 +15,7 @@ pub mod events;
 pub mod finalizers;
 pub mod gate_ca;
 pub mod holds;
+pub mod imports;
 pub mod inject;
 pub mod metrics;
 pub mod mover_job;

@@ -406,6 +406,16 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
                 .await?;
         }
     }
+    if repository.spec.import_snapshots
+        && let Some(Ok(opened)) = &opened
+    {
+        let mut current = (*repository).clone();
+        current.status.get_or_insert_default().repository = Some(opened.status.clone());
+        crate::imports::sync(&context, &current).await?;
+        return Ok(Action::requeue(
+            recheck_after(&probe).min(crate::imports::LIST_EVERY),
+        ));
+    }
     Ok(Action::requeue(recheck_after(&probe)))
 }
 

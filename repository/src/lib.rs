@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod chunker;
 pub mod crypto;
+pub mod listing;
 pub mod open;
 pub mod snapshot;
 pub mod writer;

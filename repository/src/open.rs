@@ -49,7 +49,7 @@ pub enum OpenError {
 }
 
 impl OpenError {
-    fn unreadable(location: &str, error: &RusticError) -> OpenError {
+    pub(crate) fn unreadable(location: &str, error: &RusticError) -> OpenError {
         OpenError::Unreadable {
             location: location.to_string(),
             message: error.display_log(),

@@ -250,42 +250,69 @@ pub async fn deployed_identities(
 
 /// The scenario, with `populate` writing the source volume.
 pub async fn setup_with(prefix: &str, megabytes: u64, populate: impl FnOnce(&Path)) -> Setup {
-    setup_full(prefix, megabytes, false, false, populate).await
+    setup_full(prefix, megabytes, false, Store::Plain, populate).await
 }
 
 /// [`setup`] with an encrypted repository: BackupRepository `store` names the key Secret
 /// `repository-keys` (one password, [`crate::repository::PASSWORD`] under `password`), so
 /// Backups write snapshots (format 2).
 pub async fn setup_encrypted(prefix: &str) -> Setup {
-    setup_full(prefix, 64, false, true, small_database).await
+    setup_full(prefix, 64, false, Store::Encrypted, small_database).await
 }
 
 /// The scenario with the controller and the agent running as the ServiceAccounts of
 /// `deploy/`, with exactly the RBAC the manifests grant them (and the webhook configuration
 /// and Secret names the manifests use).
 pub async fn setup_as_deployed(prefix: &str) -> Setup {
-    setup_full(prefix, 64, true, false, small_database).await
+    setup_full(prefix, 64, true, Store::Plain, small_database).await
+}
+
+/// [`setup_encrypted`] with the source volume written by `populate` and BackupRepository
+/// `store` in `bucket` (an encrypted repository other scenarios may share), importing the
+/// snapshots it finds there that no Backup of this namespace wrote.
+pub async fn setup_importing(prefix: &str, bucket: &str, populate: impl FnOnce(&Path)) -> Setup {
+    setup_full(
+        prefix,
+        64,
+        false,
+        Store::Importing(bucket.to_string()),
+        populate,
+    )
+    .await
+}
+
+/// The BackupRepository `store` of a scenario.
+enum Store {
+    /// Format 1, in a bucket of its own.
+    Plain,
+    /// Encrypted, in a bucket of its own.
+    Encrypted,
+    /// Encrypted, in this bucket, with `importSnapshots`.
+    Importing(String),
 }
 
 async fn setup_full(
     prefix: &str,
     megabytes: u64,
     deployed: bool,
-    encrypted: bool,
+    store: Store,
     populate: impl FnOnce(&Path),
 ) -> Setup {
     let namespace = TestNamespace::create(prefix).await;
     let client = namespace.client.clone();
     let ns = namespace.name.clone();
     let url = s3::shared();
-    let bucket = s3::bucket(url, prefix).await;
+    let bucket = match &store {
+        Store::Importing(bucket) => bucket.clone(),
+        _ => s3::bucket(url, prefix).await,
+    };
     let ip = node_address(&ns);
     let kubelet = Arc::new(FakeKubelet::with_address(&client, &format!("{ns}-a"), &ip).await);
 
-    if encrypted {
-        encrypted_repository(&namespace, url, &bucket).await;
-    } else {
-        repository(&namespace, url, &bucket).await;
+    match store {
+        Store::Plain => repository(&namespace, url, &bucket).await,
+        Store::Encrypted => encrypted_repository(&namespace, url, &bucket).await,
+        Store::Importing(_) => importing_repository(&namespace, url, &bucket).await,
     }
 
     // The source: Cluster orders, its claim mounted by a running pod on the node.
@@ -461,6 +488,16 @@ pub async fn shop_restored_from_nightly(setup: &Setup, annotations: serde_json::
     shop_of_replicas_restored_from_nightly(setup, annotations, 1).await
 }
 
+/// [`restore_into`] from Backup `backup` instead of `nightly`.
+pub async fn restore_into_from(setup: &Setup, target: &Path, backup: &str) {
+    let ns = &setup.namespace.name;
+    setup
+        .kubelet
+        .local_persistent_volume(ns, "data-shop-0", target)
+        .await;
+    shop_restored_from(setup, json!({}), 1, backup).await;
+}
+
 /// [`shop_restored_from_nightly`] with `replicas` pods, started in parallel (claims
 /// `data-shop-<ordinal>`).
 pub async fn shop_of_replicas_restored_from_nightly(
@@ -468,13 +505,22 @@ pub async fn shop_of_replicas_restored_from_nightly(
     annotations: serde_json::Value,
     replicas: i32,
 ) {
+    shop_restored_from(setup, annotations, replicas, "nightly").await
+}
+
+async fn shop_restored_from(
+    setup: &Setup,
+    annotations: serde_json::Value,
+    replicas: i32,
+    backup: &str,
+) {
     create::<Cluster>(
         &setup.namespace.api(),
         json!({
             "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
             "metadata": {"name": "shop", "annotations": annotations},
             "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
-                     "restore": {"backupRef": {"name": "nightly"}}},
+                     "restore": {"backupRef": {"name": backup}}},
         }),
     )
     .await;
@@ -514,12 +560,21 @@ pub async fn shop_of_replicas_restored_from_nightly(
 /// Secret `s3` with the test S3 server's credentials, and BackupRepository `store` at
 /// `endpoint`, bucket `bucket`, prefix `custody` (repository format 1: unencrypted).
 pub async fn repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
-    store(namespace, endpoint, bucket, None).await;
+    store(namespace, endpoint, bucket, None, false).await;
 }
 
 /// [`repository`] with encryption (format 2): the key Secret `repository-keys` holds one
 /// password, [`crate::repository::PASSWORD`], under `password`.
 pub async fn encrypted_repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
+    encrypted_store(namespace, endpoint, bucket, false).await;
+}
+
+/// [`encrypted_repository`] with `importSnapshots`.
+pub async fn importing_repository(namespace: &TestNamespace, endpoint: &str, bucket: &str) {
+    encrypted_store(namespace, endpoint, bucket, true).await;
+}
+
+async fn encrypted_store(namespace: &TestNamespace, endpoint: &str, bucket: &str, import: bool) {
     create::<Secret>(
         &namespace.api(),
         json!({
@@ -529,7 +584,7 @@ pub async fn encrypted_repository(namespace: &TestNamespace, endpoint: &str, buc
     )
     .await;
     let encryption = json!({"keySecretRef": {"name": "repository-keys"}});
-    store(namespace, endpoint, bucket, Some(encryption)).await;
+    store(namespace, endpoint, bucket, Some(encryption), import).await;
 }
 
 async fn store(
@@ -537,6 +592,7 @@ async fn store(
     endpoint: &str,
     bucket: &str,
     encryption: Option<serde_json::Value>,
+    import: bool,
 ) {
     create::<Secret>(&namespace.api(), json!({
         "metadata": {"name": "s3"},
@@ -547,6 +603,9 @@ async fn store(
                           "forcePathStyle": true, "credentialsSecretRef": {"name": "s3"}});
     if let Some(encryption) = encryption {
         spec["encryption"] = encryption;
+    }
+    if import {
+        spec["importSnapshots"] = json!(true);
     }
     create::<BackupRepository>(
         &namespace.api(),

@@ -13,7 +13,8 @@ use custody_tests::agent::ControllerProcess;
 use custody_tests::pki::Pki;
 use custody_tests::repository::{PASSWORD, restic_at};
 use custody_tests::scenario::{
-    artifact_of, create, encrypted_repository, restore_into, setup_encrypted,
+    artifact_of, create, encrypted_repository, restore_into, restore_into_from, setup_encrypted,
+    setup_importing, small_database,
 };
 use custody_tests::volumes::{LoopVolume, tree};
 use custody_tests::workloads::WorkloadRunner;
@@ -332,4 +333,247 @@ async fn passwords_rotate_through_the_key_secret_and_a_wrong_one_writes_nothing(
         "nothing was written"
     );
     namespace.delete().await;
+}
+
+fn reason_of(backup: &Backup) -> Option<String> {
+    backup
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .map(|condition| condition.reason.clone())
+}
+
+/// An imported Backup the test creates by hand, naming `snapshot`.
+fn imported_backup(name: &str, snapshot: &str, policy: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name},
+        "spec": {"clusterRef": {"name": "orders"}, "repositoryRef": {"name": "store"},
+                 "deletionPolicy": policy, "importedSnapshot": snapshot},
+    })
+}
+
+async fn reason_becomes(namespace: &TestNamespace, name: &str, reason: &str) -> Backup {
+    await_condition(
+        &namespace.api::<Backup>(),
+        name,
+        reason,
+        TIMEOUT,
+        |backup: &Backup| reason_of(backup).as_deref() == Some(reason),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_snapshot_restores_verified_in_a_namespace_that_never_saw_its_backup_and_a_changed_or_unknown_snapshot_is_refused()
+ {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "disaster").await;
+    // The source namespace backs up into the shared repository, then loses its Backup and
+    // its BackupRepository (the snapshot kept): only the bucket and the password remain.
+    let source = setup_importing("dr-source", &bucket, |root| {
+        small_database(root);
+        std::fs::write(root.join("written-in"), "the source namespace").unwrap();
+    })
+    .await;
+    let original = completed(&source.namespace, "nightly").await;
+    let original_uid = original.metadata.uid.clone().unwrap();
+    let snapshot_id = original
+        .status
+        .clone()
+        .unwrap()
+        .artifact
+        .unwrap()
+        .snapshot
+        .unwrap()
+        .id
+        .unwrap();
+    let source_tree = tree(source.source.path());
+    let backups = source.namespace.api::<Backup>();
+    backups
+        .patch(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"custody.io/skip-artifact-cleanup": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    source
+        .namespace
+        .api::<BackupRepository>()
+        .delete("store", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("Backup nightly gone", TIMEOUT, || {
+        let backups = backups.clone();
+        async move {
+            match backups.get_opt("nightly").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let snapshot_key = format!("{REPOSITORY}/snapshots/{snapshot_id}");
+    assert!(snapshots(url, &bucket).await.contains(&snapshot_key));
+
+    // Another namespace attaches the bucket with the password: the snapshot is imported as
+    // a read-only Backup that records who wrote it, and restores verified.
+    let recovery = setup_importing("dr-target", &bucket, small_database).await;
+    let namespace = &recovery.namespace;
+    let name = format!("nightly-{}", &snapshot_id[..8]);
+    let imported = completed(namespace, &name).await;
+    assert_eq!(reason_of(&imported).as_deref(), Some("Imported"));
+    assert_eq!(
+        imported.spec.imported_snapshot.as_deref(),
+        Some(snapshot_id.as_str())
+    );
+    assert_eq!(imported.labels()["custody.io/imported-from"], "store");
+    let written_by = imported
+        .status
+        .clone()
+        .unwrap()
+        .artifact
+        .unwrap()
+        .snapshot
+        .unwrap()
+        .written_by
+        .unwrap();
+    assert_eq!(
+        (
+            written_by.uid.as_str(),
+            written_by.namespace.as_str(),
+            written_by.name.as_str()
+        ),
+        (
+            original_uid.as_str(),
+            source.namespace.name.as_str(),
+            "nightly"
+        )
+    );
+    let target = LoopVolume::new(64);
+    restore_into_from(&recovery, target.path(), &name).await;
+    let _workloads =
+        WorkloadRunner::start(&namespace.client, &namespace.name, recovery.kubelet.clone());
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let mut restored = tree(target.path());
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(
+        restored, source_tree,
+        "the source namespace's data, not this one's"
+    );
+
+    // The import is a view: the schema refuses one that could delete, and deleting it
+    // leaves the snapshot.
+    let refused = namespace
+        .api::<Backup>()
+        .create(
+            &Default::default(),
+            &serde_json::from_value(imported_backup("deleting", &snapshot_id, "Delete")).unwrap(),
+        )
+        .await
+        .expect_err("an imported Backup that would delete its snapshot");
+    assert!(
+        refused.to_string().contains("deletionPolicy: Retain"),
+        "{refused}"
+    );
+    namespace
+        .api::<Backup>()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the imported Backup gone", TIMEOUT, || {
+        let backups = namespace.api::<Backup>();
+        let name = name.clone();
+        async move {
+            match backups.get_opt(&name).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert!(snapshots(url, &bucket).await.contains(&snapshot_key));
+
+    // One byte changed in a snapshot file, or a snapshot that is not there: refused, named.
+    let own = completed(namespace, "nightly").await;
+    let own_id = own
+        .status
+        .clone()
+        .unwrap()
+        .artifact
+        .unwrap()
+        .snapshot
+        .unwrap()
+        .id
+        .unwrap();
+    let own_key = format!("{REPOSITORY}/snapshots/{own_id}");
+    let mut sealed = s3::get(url, &bucket, &own_key).await;
+    let middle = sealed.len() / 2;
+    sealed[middle] ^= 0x01;
+    s3::put(url, &bucket, &own_key, sealed).await;
+    create::<Backup>(
+        &namespace.api(),
+        imported_backup("changed", &own_id, "Retain"),
+    )
+    .await;
+    let changed = reason_becomes(namespace, "changed", "SnapshotInvalid").await;
+    assert_eq!(changed.status.unwrap().phase, Some(BackupPhase::Failed));
+    create::<Backup>(
+        &namespace.api(),
+        imported_backup("unknown", &"0".repeat(64), "Retain"),
+    )
+    .await;
+    reason_becomes(namespace, "unknown", "SnapshotNotFound").await;
+
+    // A wrong password opens nothing and imports nothing.
+    create::<Secret>(
+        &namespace.api(),
+        json!({"metadata": {"name": "other-keys"}, "stringData": {"password": "not the password"}}),
+    )
+    .await;
+    create::<BackupRepository>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "guess"},
+            "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                     "credentialsSecretRef": {"name": "s3"}, "importSnapshots": true,
+                     "encryption": {"keySecretRef": {"name": "other-keys"}}},
+        }),
+    )
+    .await;
+    await_condition(
+        &namespace.api::<BackupRepository>(),
+        "guess",
+        "KeyRejected",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready(repository) == Some(("False".into(), "KeyRejected".into()))
+        },
+    )
+    .await;
+    let guessed = namespace
+        .api::<Backup>()
+        .list(&ListParams::default().labels("custody.io/imported-from=guess"))
+        .await
+        .unwrap();
+    assert!(guessed.items.is_empty());
+    recovery.finish().await;
+    source.finish().await;
 }

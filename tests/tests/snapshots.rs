@@ -250,8 +250,10 @@ async fn a_second_backup_reads_and_uploads_only_what_changed() {
     );
     eprintln!("unchanged: {second:?}");
     assert_eq!(second.snapshot.as_ref().unwrap().files_read, 0);
+    // (Not even its trees: below 0.1%, where the 1% target leaves room for a regression
+    // that uploads every tree again, as recording access times did.)
     assert!(
-        second.size_bytes * 100 < volume_bytes,
+        second.size_bytes * 1000 < volume_bytes,
         "uploaded {} of {volume_bytes}",
         second.size_bytes
     );

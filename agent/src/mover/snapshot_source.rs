@@ -292,7 +292,24 @@ impl<'a> Archiver<'a> {
             .writer
             .as_mut()
             .expect("the writer is here between volumes");
-        read_chunks(chunker, self.stop, name, &mut reader, size, &mut |chunk| {
+        // The first line alone is the first blob, the rest chunked as usual: a manifest's
+        // header names its Backup, so it differs every time, and would otherwise change (and
+        // upload again) the whole first chunk, up to megabytes of unchanged entries.
+        let mut first_line = Vec::new();
+        std::io::BufRead::read_until(
+            &mut std::io::BufReader::new(&mut reader).take(size),
+            b'\n',
+            &mut first_line,
+        )
+        .map_err(BuildError::Write)?;
+        let rest = size - first_line.len() as u64;
+        reader
+            .seek(std::io::SeekFrom::Start(first_line.len() as u64))
+            .map_err(BuildError::Write)?;
+        if !first_line.is_empty() {
+            content.push(store_data(repository, writer, Bytes::from(first_line))?);
+        }
+        read_chunks(chunker, self.stop, name, &mut reader, rest, &mut |chunk| {
             content.push(store_data(repository, writer, chunk)?);
             Ok(())
         })?;
@@ -851,7 +868,10 @@ fn node_metadata(stat: &Stat) -> NodeMetadata {
     NodeMetadata {
         mode: Some(go_mode(stat.st_mode)),
         mtime: timestamp(stat.st_mtime, stat.st_mtime_nsec as i64),
-        atime: timestamp(stat.st_atime, stat.st_atime_nsec as i64),
+        // No access time: reading a file for the first backup changes it, which would change
+        // every tree of an unchanged volume in the next snapshot (and upload them again).
+        // Restores set no access time either (the manifest does not record one).
+        atime: None,
         ctime: timestamp(stat.st_ctime, stat.st_ctime_nsec as i64),
         uid: Some(stat.st_uid),
         gid: Some(stat.st_gid),

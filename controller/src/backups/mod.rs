@@ -66,6 +66,10 @@ pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Resu
         if backup.metadata.deletion_timestamp.is_some() {
             return cleanup::run(&backup, context).await;
         }
+        if backup.spec.imported_snapshot.is_some() {
+            // Nothing runs: the snapshot is opened and its record cached in the status.
+            return crate::imports::complete(&backup, context).await;
+        }
         let facts = gather::facts(backup, context).await?;
         apply::apply(&facts, plan::plan(&facts), context).await
     })

@@ -518,6 +518,7 @@ fn start(
                         .cloned()
                         .into_iter()
                         .collect(),
+                    written_by: None,
                 }),
                 ..Artifact::located_in(repository)
             });

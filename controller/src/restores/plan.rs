@@ -370,6 +370,7 @@ pub fn plan(facts: &Facts) -> Plan {
 
     let mut events = Vec::new();
     let mut jobs = Vec::new();
+    let writer_uid = backup.writer_uid();
     for step in &steps {
         let Some(create) = &step.create else {
             continue;
@@ -379,7 +380,7 @@ pub fn plan(facts: &Facts) -> Plan {
             cluster_uid: &cluster_uid,
             create,
             artifact: &artifact,
-            backup_uid: backup.metadata.uid.as_deref().unwrap_or_default(),
+            backup_uid: &writer_uid,
             repository,
             mover: &facts.mover,
         }));

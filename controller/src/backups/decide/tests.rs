@@ -239,6 +239,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
         let mut backup = custody_kube::api::Backup::new(
             name,
             custody_kube::api::BackupSpec {
+                imported_snapshot: None,
                 cluster_ref: custody_kube::api::LocalObjectReference { name: "db".into() },
                 repository_ref: None,
                 deletion_policy: Default::default(),

@@ -814,6 +814,7 @@ fn a_snapshot_backup_completes_with_its_snapshot() {
             id: None,
             origin_cluster: ORIGIN.into(),
             volumes: vec!["data".into()],
+            written_by: None,
         });
         finished.report = Some(
             json!({"sizeBytes": 42, "manifestHash": "m", "files": 1, "entries": 1, "totalBytes": 5,

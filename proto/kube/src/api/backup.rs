@@ -27,6 +27,9 @@ use super::{Condition, LocalObjectReference, conditions_schema};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("a Backup's spec is immutable: create a new Backup instead"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.importedSnapshot) || self.deletionPolicy == 'Retain'").message("an imported Backup never deletes its snapshot (it belongs to the Backup that wrote it): set deletionPolicy: Retain"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.importedSnapshot) || has(self.repositoryRef)").message("an imported Backup names the BackupRepository that holds its snapshot (repositoryRef)"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.importedSnapshot) || (!has(self.command) && !has(self.consistency))").message("an imported Backup runs nothing: command and consistency do not apply"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
     /// The Cluster, in this namespace, whose volumes are backed up.
@@ -56,6 +59,18 @@ pub struct BackupSpec {
     /// database may not start from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Consistency>,
+
+    /// Makes this Backup a read-only view of a snapshot that already is in the (encrypted)
+    /// repository `repositoryRef`, written by a Backup this cluster or namespace may never
+    /// have seen: the snapshot's ID (64 hex digits). Nothing runs: custody opens the snapshot
+    /// under the repository's key, and what it records (the Backup that wrote it, its
+    /// volumes and their manifest hashes, consistency, times) becomes this Backup's status;
+    /// a Restore then restores it like any Backup. It never deletes the snapshot (the
+    /// Backup that wrote it owns it): `deletionPolicy` must be `Retain`. A BackupRepository
+    /// with `importSnapshots` creates such Backups for every snapshot it finds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[0-9a-f]{64}$')").message("importedSnapshot is a snapshot ID: 64 lowercase hex digits"))]
+    pub imported_snapshot: Option<String>,
 }
 
 /// How a volume backup of a running application is made consistent.
@@ -439,6 +454,21 @@ pub struct SnapshotRef {
     /// The volumes in the snapshot (the Cluster's volume claim templates), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// An imported Backup: the Backup that wrote the snapshot, as the snapshot records it.
+    /// Its UID is the one the restored volume's manifest and identity carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<WrittenBy>,
+}
+
+/// The Backup that wrote an imported snapshot, and where it ran.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WrittenBy {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The Cluster it backed up.
+    pub cluster: String,
 }
 
 /// The evidence that a dump in a shared prefix was written by one Backup.
@@ -491,5 +521,19 @@ impl Artifact {
             bucket: repository.spec.bucket.clone(),
             ..Artifact::default()
         }
+    }
+}
+
+impl Backup {
+    /// The UID of the Backup that wrote this Backup's data: its own, or for an imported
+    /// Backup the original's, which the restored volume's manifest and identity carry.
+    pub fn writer_uid(&self) -> String {
+        self.status
+            .as_ref()
+            .and_then(|status| status.artifact.as_ref())
+            .and_then(|artifact| artifact.snapshot.as_ref())
+            .and_then(|snapshot| snapshot.written_by.as_ref())
+            .map(|written_by| written_by.uid.clone())
+            .unwrap_or_else(|| self.metadata.uid.clone().unwrap_or_default())
     }
 }

@@ -23,6 +23,7 @@ use super::{Condition, SecretReference, conditions_schema};
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = kube::core::Rule::new("!has(self.importSnapshots) || !self.importSnapshots || has(self.encryption)").message("importSnapshots lists the snapshots of an encrypted repository: set encryption.keySecretRef"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRepositorySpec {
     /// URL of the S3 endpoint, `http://` or `https://`, e.g. `https://s3.eu-west-1.amazonaws.com`.
@@ -61,11 +62,22 @@ pub struct BackupRepositorySpec {
     /// The passwords of the encrypted repository new Backups are written to: restic's
     /// repository format (content-defined chunks, deduplicated, compressed, sealed with
     /// AES-256 and Poly1305) under `<prefix>/custody_repository`, which restic and rustic
-    /// open with the same password. Required for new Backups; without it only restores of
-    /// format 1 artifacts work. **Losing every password loses every backup in the repository:
+    /// open with the same password. Without it, Backups are written in format 1 (one tar +
+    /// zstd object per Backup, unencrypted, not deduplicated). **Losing every password loses every backup in the repository:
     /// nothing else decrypts it.** Keep a copy of one outside the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<RepositoryEncryption>,
+
+    /// Disaster recovery: list the encrypted repository's snapshots (every minute) and make
+    /// each restorable here by creating a read-only Backup (`spec.importedSnapshot`,
+    /// `deletionPolicy: Retain`, label `custody.io/imported-from: <this repository>`) for
+    /// every finished custody snapshot that no Backup in this namespace already records or
+    /// wrote. Holding the repository's key is what entitles one to its snapshots: give a
+    /// tenant the key of a repository only if it may read every snapshot in it. Imported
+    /// Backups never delete a snapshot; the Backup that wrote it does, in the Kubernetes
+    /// cluster that wrote it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub import_snapshots: bool,
 }
 
 /// Where the repository's passwords are.
