@@ -266,11 +266,14 @@ async fn snapshot_backup_run(
         let mut lost = held.as_ref().map(|held| held.lost.clone());
         tokio::spawn(async move {
             let lost_freeze = async {
-                match lost.as_mut() {
-                    Some(lost) => {
-                        let _ = lost.wait_for(Option::is_some).await;
-                    }
-                    None => std::future::pending::<()>().await,
+                // Released (the sender dropped without a reason, once every file was read):
+                // nothing is lost, and only a signal stops the rest of the backup.
+                let lost = match lost.as_mut() {
+                    Some(lost) => lost.wait_for(Option::is_some).await.is_ok(),
+                    None => false,
+                };
+                if !lost {
+                    std::future::pending::<()>().await;
                 }
             };
             tokio::select! {
