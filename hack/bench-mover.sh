@@ -56,6 +56,8 @@ total_mib=$(du -sm "$work/data" | cut -f1)
 log "data set: $total_mib MiB"
 
 run=$(date +%s)
+# This run's buckets (about 3 GB each) go with it.
+trap 'rm -rf "$work"; "$here/s3.py" sweep "$endpoint" "bench-(custody|kopia|restic)-$run" >&2' EXIT
 "$here/s3.py" mb "$endpoint" "bench-custody-$run"
 "$here/s3.py" mb "$endpoint" "bench-restic-$run"
 "$here/s3.py" mb "$endpoint" "bench-kopia-$run"
@@ -80,7 +82,10 @@ CUSTODY_REPOSITORY_KEY=$(CUSTODY_REPOSITORY_PASSWORD=custody-bench \
   "$CARGO_TARGET_DIR/image/repository-key" "$endpoint" "bench-custody-$run" custody_repository)
 export CUSTODY_REPOSITORY_KEY
 common=(--endpoint "$endpoint" --bucket "bench-custody-$run" --path-style --repository-prefix custody_repository)
+# Arrays are not exported: the functions below run in `bash -c` and rebuild it.
+export common_flat="${common[*]}"
 snapshot_backup() { # snapshot_backup BACKUP_UID [PARENT]
+  local common=($common_flat)
   "$mover" backup "${common[@]}" --source "$work/data" --backup-uid "$1" --cluster-uid bench \
     --volume data --claim data-bench-0 --backup-name "$1" --namespace bench --cluster bench \
     --origin-cluster bench --consistency Stopped ${2:+--parent "$2"}
@@ -96,7 +101,6 @@ restore_and_verify() {
     --restore-uid bench-restore
 }
 export -f restore_and_verify; export work snapshot hash uid endpoint run mover
-export common_flat="${common[*]}"
 restore_and_verify_flat() { common=($common_flat); restore_and_verify; }
 export -f restore_and_verify_flat
 results+=("$(timed custody-restore-verify bash -c restore_and_verify_flat)")
