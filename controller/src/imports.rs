@@ -491,26 +491,36 @@ pub async fn complete(backup: &Backup, context: &crate::backups::BackupContext) 
     })
 }
 
+/// Not yet: the repository is missing or cannot be read now; looked at again in 10 s.
 fn pending(reason: &'static str, message: String) -> (BackupStatus, Desired, Option<Duration>) {
-    (
-        BackupStatus {
-            phase: Some(BackupPhase::Pending),
-            ..BackupStatus::default()
-        },
-        Desired {
-            type_: types::READY,
-            status: Status::False,
-            reason,
-            message,
-        },
-        Some(Duration::from_secs(10)),
+    not_ready(
+        BackupPhase::Pending,
+        reason,
+        message,
+        Duration::from_secs(10),
     )
 }
 
+/// The snapshot cannot be restored. Looked for again each minute: it may appear later
+/// (another cluster still writing).
 fn failed(reason: &'static str, message: String) -> (BackupStatus, Desired, Option<Duration>) {
+    not_ready(
+        BackupPhase::Failed,
+        reason,
+        message,
+        Duration::from_secs(60),
+    )
+}
+
+fn not_ready(
+    phase: BackupPhase,
+    reason: &'static str,
+    message: String,
+    retry: Duration,
+) -> (BackupStatus, Desired, Option<Duration>) {
     (
         BackupStatus {
-            phase: Some(BackupPhase::Failed),
+            phase: Some(phase),
             ..BackupStatus::default()
         },
         Desired {
@@ -519,8 +529,7 @@ fn failed(reason: &'static str, message: String) -> (BackupStatus, Desired, Opti
             reason,
             message,
         },
-        // A snapshot may appear later (another cluster still writing): looked for again.
-        Some(Duration::from_secs(60)),
+        Some(retry),
     )
 }
 

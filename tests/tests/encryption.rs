@@ -4,6 +4,8 @@
 //! movers; Backups write snapshots there (only what changed), restores read them verified, and
 //! deleting a Backup forgets exactly its own snapshot. restic reads what custody wrote.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use custody_kube::api::{
@@ -13,8 +15,8 @@ use custody_tests::agent::ControllerProcess;
 use custody_tests::pki::Pki;
 use custody_tests::repository::{PASSWORD, restic_at};
 use custody_tests::scenario::{
-    artifact_of, create, encrypted_repository, restore_into, restore_into_from, setup_encrypted,
-    setup_importing, small_database,
+    Setup, artifact_of, create, encrypted_repository, restore_into, restore_into_from,
+    setup_encrypted, setup_importing, small_database,
 };
 use custody_tests::volumes::{LoopVolume, tree};
 use custody_tests::workloads::WorkloadRunner;
@@ -124,20 +126,7 @@ async fn an_encrypted_backup_restores_verified_reads_only_changes_and_its_deleti
     // Restored into another Cluster, verified by the agent, the pod released.
     let target = LoopVolume::new(64);
     restore_into(&setup, target.path(), json!({})).await;
-    let _workloads =
-        WorkloadRunner::start(&namespace.client, &namespace.name, setup.kubelet.clone());
-    await_condition(
-        &namespace.api::<Restore>(),
-        "shop",
-        "Completed",
-        TIMEOUT,
-        |restore: &Restore| {
-            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
-        },
-    )
-    .await;
-    let mut restored = tree(target.path());
-    restored.retain(|path, _| !path.starts_with(".custody"));
+    let (_workloads, restored) = restore_completed(&setup, target.path()).await;
     assert_eq!(restored, tree(setup.source.path()));
 
     // A second Backup of unchanged data names the first as its parent and adds little.
@@ -335,6 +324,45 @@ async fn passwords_rotate_through_the_key_secret_and_a_wrong_one_writes_nothing(
     namespace.delete().await;
 }
 
+/// Once the pods of the scenario's restored Cluster `shop` run (started here, kept by the
+/// caller) and its Restore completed: the restored volume at `target`, custody's own files
+/// left out.
+async fn restore_completed(
+    setup: &Setup,
+    target: &Path,
+) -> (WorkloadRunner, BTreeMap<String, Vec<u8>>) {
+    let namespace = &setup.namespace;
+    let workloads =
+        WorkloadRunner::start(&namespace.client, &namespace.name, setup.kubelet.clone());
+    await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let mut restored = tree(target);
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    (workloads, restored)
+}
+
+/// Waits until Backup `name` no longer exists.
+async fn gone(backups: &Api<Backup>, name: &str) {
+    eventually(&format!("Backup {name} gone"), TIMEOUT, || {
+        let backups = backups.clone();
+        async move {
+            match backups.get_opt(name).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
 fn reason_of(backup: &Backup) -> Option<String> {
     backup
         .conditions()
@@ -410,16 +438,7 @@ async fn a_snapshot_restores_verified_in_a_namespace_that_never_saw_its_backup_a
         .delete("store", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("Backup nightly gone", TIMEOUT, || {
-        let backups = backups.clone();
-        async move {
-            match backups.get_opt("nightly").await {
-                Ok(None) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    gone(&backups, "nightly").await;
     let snapshot_key = format!("{REPOSITORY}/snapshots/{snapshot_id}");
     assert!(snapshots(url, &bucket).await.contains(&snapshot_key));
 
@@ -459,20 +478,7 @@ async fn a_snapshot_restores_verified_in_a_namespace_that_never_saw_its_backup_a
     );
     let target = LoopVolume::new(64);
     restore_into_from(&recovery, target.path(), &name).await;
-    let _workloads =
-        WorkloadRunner::start(&namespace.client, &namespace.name, recovery.kubelet.clone());
-    await_condition(
-        &namespace.api::<Restore>(),
-        "shop",
-        "Completed",
-        TIMEOUT,
-        |restore: &Restore| {
-            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
-        },
-    )
-    .await;
-    let mut restored = tree(target.path());
-    restored.retain(|path, _| !path.starts_with(".custody"));
+    let (_workloads, restored) = restore_completed(&recovery, target.path()).await;
     assert_eq!(
         restored, source_tree,
         "the source namespace's data, not this one's"
@@ -497,17 +503,7 @@ async fn a_snapshot_restores_verified_in_a_namespace_that_never_saw_its_backup_a
         .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the imported Backup gone", TIMEOUT, || {
-        let backups = namespace.api::<Backup>();
-        let name = name.clone();
-        async move {
-            match backups.get_opt(&name).await {
-                Ok(None) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    gone(&namespace.api(), &name).await;
     assert!(snapshots(url, &bucket).await.contains(&snapshot_key));
 
     // One byte changed in a snapshot file, or a snapshot that is not there: refused, named.
