@@ -283,6 +283,17 @@ pub enum MoverCommand {
         #[arg(long = flags::OVERWRITE)]
         overwrite: bool,
     },
+    /// Prunes the repository (with `--repository-prefix`): packs no snapshot needs are marked,
+    /// and deleted by a later prune once marked for the grace (23 h). Prints what it did.
+    #[command(name = flags::PRUNE)]
+    Prune,
+    /// Checks the repository (with `--repository-prefix`) as `restic check` does, reading
+    /// `--read-data-percent` % of its packs whole. Prints what it found.
+    #[command(name = flags::CHECK)]
+    Check {
+        #[arg(long = flags::READ_DATA_PERCENT, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+        read_data_percent: u8,
+    },
     /// Verifies a restored directory the way the agent does (without the mount check): the
     /// manifest in `.custody/` must hash to `--manifest-hash` and the content must match it.
     #[command(name = flags::VERIFY)]
@@ -386,6 +397,45 @@ mod tests {
             }
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn maintenance_invocations_parse_as_the_mover_reads_them() {
+        use custody_proto::mover::RepositoryArgs;
+        let repository = RepositoryArgs {
+            prefix: "custody/custody_repository".into(),
+            id: Some("r1".into()),
+        };
+        let parse = |invocation: Invocation| {
+            MoverOptions::try_parse_from(
+                std::iter::once("custody-mover".to_string()).chain(invocation.args()),
+            )
+            .expect("maintenance flags")
+        };
+        let prune = parse(Invocation::Prune {
+            repository: repository.clone(),
+        });
+        assert!(matches!(prune.command, MoverCommand::Prune));
+        assert_eq!(
+            prune.repository_prefix.as_deref(),
+            Some("custody/custody_repository")
+        );
+        assert_eq!(prune.repository_id.as_deref(), Some("r1"));
+        let check = parse(Invocation::Check {
+            repository,
+            read_data_percent: 25,
+        });
+        assert!(matches!(
+            check.command,
+            MoverCommand::Check {
+                read_data_percent: 25
+            }
+        ));
+        assert!(
+            MoverOptions::try_parse_from(["custody-mover", "check", "--read-data-percent", "101"])
+                .is_err(),
+            "more than all of the data"
+        );
     }
 
     #[test]

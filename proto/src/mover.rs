@@ -87,6 +87,9 @@ pub mod flags {
     pub const ORIGIN_CLUSTER: &str = "origin-cluster";
     pub const CONSISTENCY: &str = "consistency";
     pub const PARENT: &str = "parent";
+    pub const PRUNE: &str = "prune";
+    pub const CHECK: &str = "check";
+    pub const READ_DATA_PERCENT: &str = "read-data-percent";
 }
 
 /// A frozen copy: the node agent freezes the filesystem of `claim` while the mover reads it,
@@ -144,6 +147,14 @@ pub enum Invocation {
     },
     /// Back the volume at `source` up into one snapshot of the repository (format 2).
     SnapshotBackup(SnapshotBackupArgs),
+    /// Prune the repository (format 2): what no snapshot needs is marked, and deleted once
+    /// marked for the grace.
+    Prune { repository: RepositoryArgs },
+    /// Check the repository (format 2), reading `read_data_percent` % of its packs whole.
+    Check {
+        repository: RepositoryArgs,
+        read_data_percent: u8,
+    },
     /// Restore one volume of a snapshot (format 2) into the volume at `target`.
     SnapshotRestore {
         target: String,
@@ -217,6 +228,19 @@ impl Invocation {
                 }
                 args
             }
+            Invocation::Prune { repository } => std::iter::once(flags::PRUNE.to_string())
+                .chain(repository_flags(repository))
+                .collect(),
+            Invocation::Check {
+                repository,
+                read_data_percent,
+            } => std::iter::once(flags::CHECK.to_string())
+                .chain(repository_flags(repository))
+                .chain(flag(
+                    flags::READ_DATA_PERCENT,
+                    &read_data_percent.to_string(),
+                ))
+                .collect(),
             Invocation::SnapshotRestore {
                 target,
                 repository,

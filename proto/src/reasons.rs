@@ -175,6 +175,10 @@ reasons! {
         RepositoryUnreadable,
         /// The snapshot is gone, unfinished, not custody's, or not the one recorded.
         SnapshotInvalid,
+        /// The backup was not saved: it ran past the deadline a prune's grace allows, or a
+        /// prune removed blocks it reused (the message says which). Trying again reads the
+        /// repository's index anew.
+        SnapshotNotSecured,
     }
     fallback
     /// A reason this build does not know.
@@ -213,7 +217,8 @@ impl MoverFailure {
             | MoverFailure::WriteFailed
             | MoverFailure::Interrupted
             | MoverFailure::FreezeLost
-            | MoverFailure::RepositoryUnreadable => false,
+            | MoverFailure::RepositoryUnreadable
+            | MoverFailure::SnapshotNotSecured => false,
         }
     }
 }
@@ -239,7 +244,8 @@ mod tests {
                 "WriteFailed",
                 "Interrupted",
                 "FreezeLost",
-                "RepositoryUnreadable"
+                "RepositoryUnreadable",
+                "SnapshotNotSecured"
             ]
         );
         assert!(MoverFailure::parse("SomethingNew").permanent());

@@ -23,6 +23,7 @@ pub enum CryptoError {
 }
 
 /// The repository's master key, ready to seal and open.
+#[derive(Clone)]
 pub struct Cipher(Aes256CtrPoly1305Aes);
 
 impl Cipher {

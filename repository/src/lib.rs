@@ -2,9 +2,12 @@
 //! rustic_core, in a BackupRepository's bucket.
 
 pub mod backend;
+pub mod check;
 pub mod chunker;
 pub mod crypto;
 pub mod listing;
+pub mod memory;
 pub mod open;
+pub mod prune;
 pub mod snapshot;
 pub mod writer;

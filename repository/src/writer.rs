@@ -26,6 +26,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::crypto::Cipher;
+use crate::prune::Referenced;
 
 /// How a [`Writer`] packs and uploads.
 #[derive(Clone, Debug)]
@@ -186,6 +187,8 @@ pub struct Writer {
     shared: Arc<Shared>,
     /// Blocks this run stored or handed over already.
     added: HashSet<(BlobType, BlockId)>,
+    /// Blocks this run referenced because the repository held them.
+    reused: Referenced,
     sequence: u64,
     jobs: Option<crossbeam_channel::Sender<Job>>,
     sealers: Vec<JoinHandle<()>>,
@@ -235,6 +238,7 @@ impl Writer {
         Writer {
             shared,
             added: HashSet::new(),
+            reused: Referenced::default(),
             sequence: 0,
             jobs: Some(jobs),
             sealers,
@@ -254,6 +258,9 @@ impl Writer {
     ) -> Result<(), WriteError> {
         if let Some(failure) = self.shared.failure() {
             return Err(WriteError(failure));
+        }
+        if known {
+            self.reused.insert(kind, rustic_id(&id));
         }
         if known || !self.added.insert((kind, id)) {
             self.shared
@@ -282,6 +289,23 @@ impl Writer {
                         .unwrap_or_else(|| "the writer stopped".into()),
                 )
             })
+    }
+
+    /// Records blocks referenced as they are (a parent's content for an unchanged file).
+    pub fn reuse(&mut self, kind: BlobType, ids: impl IntoIterator<Item = Id>) {
+        for id in ids {
+            self.reused.insert(kind, id);
+        }
+    }
+
+    /// Every block this run referenced so far, stored by it or found in the repository: each
+    /// must be in a listed pack when the snapshot is saved ([`crate::prune::secure`]).
+    pub fn take_referenced(&mut self) -> Referenced {
+        let mut referenced = std::mem::take(&mut self.reused);
+        for (kind, id) in self.added.drain() {
+            referenced.insert(kind, rustic_id(&id));
+        }
+        referenced
     }
 
     /// Stores the last blocks, uploads the last packs and writes the last index file.
@@ -538,28 +562,40 @@ fn upload_pack(shared: &Shared, pack: FullPack) -> Result<(), String> {
     Ok(())
 }
 
-/// Writes an index file naming `packs` (all stored): JSON, compressed as repository format 2
-/// stores its files (a version byte 2, then zstd), sealed; its ID is the SHA-256 of what is
-/// stored.
+/// Writes an index file naming `packs` (all stored).
 fn write_index(shared: &Shared, packs: Vec<IndexedPack>) -> Result<(), String> {
-    let index = IndexJson { packs };
-    let json = serde_json::to_vec(&index).map_err(|error| format!("an index file: {error}"))?;
+    save_index(
+        shared.backend.as_ref(),
+        &shared.cipher,
+        &IndexJson { packs },
+        shared.options.compression_level,
+    )?;
+    shared.state.lock().expect("writer state").stats.index_files += 1;
+    Ok(())
+}
+
+/// Writes an index file (restic's JSON): compressed as repository format 2 stores its files (a
+/// version byte 2, then zstd), sealed; its ID is the SHA-256 of what is stored.
+pub fn save_index(
+    backend: &dyn WriteBackend,
+    cipher: &Cipher,
+    index: &impl Serialize,
+    compression_level: i32,
+) -> Result<Id, String> {
+    let json = serde_json::to_vec(index).map_err(|error| format!("an index file: {error}"))?;
     let mut plain = vec![2u8];
     plain.extend(
-        zstd::bulk::compress(&json, shared.options.compression_level)
+        zstd::bulk::compress(&json, compression_level)
             .map_err(|error| format!("compressing an index file: {error}"))?,
     );
-    let sealed = shared
-        .cipher
+    let sealed = cipher
         .seal(&plain)
         .map_err(|error| format!("sealing an index file: {error}"))?;
     let id = Id::new(Sha256::digest(&sealed).into());
-    shared
-        .backend
+    backend
         .write_bytes(FileType::Index, &id, true, Bytes::from(sealed).into())
         .map_err(|error| error.display_log())?;
-    shared.state.lock().expect("writer state").stats.index_files += 1;
-    Ok(())
+    Ok(id)
 }
 
 /// The SHA-256 of `plain`: its block ID.

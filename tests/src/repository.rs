@@ -48,6 +48,25 @@ pub async fn create(url: &str, bucket: &str) -> (String, String) {
     .expect("the creating thread")
 }
 
+/// Moves the times in the repository's index back by `hours`: a prune then sees its marks as
+/// that much older (the grace is 23 h; a test cannot wait it out).
+pub async fn backdate(url: &str, bucket: &str, key: &str, hours: u64) {
+    let (url, bucket, key) = (url.to_string(), bucket.to_string(), key.to_string());
+    tokio::task::spawn_blocking(move || {
+        let backends = backends(&url, &bucket);
+        let (repository, _) =
+            open::open_with_master_key(&backends, &key).expect("the repository opens");
+        custody_repository::prune::backdate_index(
+            &repository,
+            backends.repository().as_ref(),
+            std::time::Duration::from_secs(hours * 3600),
+        )
+        .expect("the index is backdated");
+    })
+    .await
+    .expect("the backdating thread")
+}
+
 /// restic on the repository in `bucket`, with [`PASSWORD`].
 pub fn restic(url: &str, bucket: &str, args: &[&str]) -> Output {
     restic_at(url, bucket, PREFIX, PASSWORD, args)

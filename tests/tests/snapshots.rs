@@ -418,3 +418,131 @@ async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
     let error = failure(&output);
     assert_eq!(error["reason"], "SnapshotInvalid", "{error}");
 }
+
+/// The mover's prune on the repository in `bucket`: what it reports.
+fn prune(url: &str, bucket: &str, key: &str) -> custody_repository::prune::PruneReport {
+    let output = run(mover(url, bucket, key, &["prune"]));
+    assert!(output.status.success(), "prune failed");
+    let report = serde_json::from_slice(&output.stdout).expect("a prune report");
+    eprintln!("prune: {report:?}");
+    report
+}
+
+fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "SIG{name} to {pid}");
+}
+
+/// Whether the process holds a descriptor of `path` (or anything beneath it) open.
+fn holds_open(pid: u32, path: &Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .any(|link| link.starts_with(path))
+}
+
+#[tokio::test]
+async fn a_backup_reusing_data_while_a_prune_runs_keeps_every_block_and_forgotten_space_comes_back()
+{
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "prune-race").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let data_keys = |bucket: String| async move {
+        s3::keys(url, &bucket, &format!("{PREFIX}/data/"))
+            .await
+            .len()
+    };
+    let source = LoopVolume::new(256);
+    fill(source.path());
+    let first = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let packs_of_first = data_keys(bucket.clone()).await;
+    assert!(packs_of_first > 0);
+
+    // The first snapshot is forgotten (by restic: the repository is restic's); a second
+    // backup of the same data starts, loads the index (every block listed) and is stopped
+    // once it reads the volume: everything it names, a prune now finds unused.
+    let forgotten = repository::restic(url, &bucket, &["forget", &snapshot_id(&first)]);
+    assert!(forgotten.status.success(), "restic forget failed");
+    let second_uid = "5a9a0b2e-2222-4000-8000-0000000000b2";
+    let second = mover(
+        url,
+        &bucket,
+        &key,
+        &backup_args(source.path(), second_uid, None),
+    )
+    .spawn()
+    .expect("the second backup starts");
+    let pid = second.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !holds_open(pid, source.path()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second backup never opened the volume"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    signal(pid, "STOP");
+    let marked = prune(url, &bucket, &key);
+    assert!(
+        marked.packs_marked > 0,
+        "the prune marked nothing: {marked:?}"
+    );
+    assert_eq!(marked.packs_deleted, 0, "a prune deleted at once");
+    signal(pid, "CONT");
+    let output = second.wait_with_output().expect("the second backup ends");
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "the second backup failed");
+    // It found the packs it reuses marked, and listed them again before saving its snapshot.
+    assert!(
+        stderr.contains("pack(s) a prune marked while this backup ran are listed again"),
+        "the second backup never met the prune's marks"
+    );
+    let second: BackupResult = serde_json::from_slice(&output.stdout).expect("backup result");
+
+    // A day later (the index backdated past the grace) a prune deletes nothing the second
+    // snapshot needs; it restores verified, and restic finds every pack intact.
+    repository::backdate(url, &bucket, &key, 24).await;
+    let later = prune(url, &bucket, &key);
+    assert_eq!(later.packs_deleted, 0, "{later:?}");
+    let target = LoopVolume::new(256);
+    let restored = restore(url, &bucket, &key, target.path(), &second, second_uid);
+    assert!(restored.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &second.manifest_hash,
+            second_uid,
+            RESTORE_UID
+        ),
+        10_003
+    );
+    let mut files = tree(target.path());
+    files.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(files, tree(source.path()));
+    let check = repository::restic(url, &bucket, &["check", "--read-data"]);
+    assert!(check.status.success(), "restic check --read-data failed");
+
+    // Forgotten too: one prune marks everything, the next after the grace deletes it all.
+    let forgotten = repository::restic(url, &bucket, &["forget", &snapshot_id(&second)]);
+    assert!(forgotten.status.success(), "restic forget failed");
+    let marking = prune(url, &bucket, &key);
+    assert!(marking.packs_marked > 0, "{marking:?}");
+    assert!(
+        data_keys(bucket.clone()).await > 0,
+        "deleted before the grace"
+    );
+    repository::backdate(url, &bucket, &key, 24).await;
+    let deleting = prune(url, &bucket, &key);
+    assert!(deleting.packs_deleted > 0, "{deleting:?}");
+    assert_eq!(
+        data_keys(bucket.clone()).await,
+        0,
+        "space did not come back"
+    );
+}

@@ -167,11 +167,44 @@ pub async fn run(
                 };
                 Ok(serde_json::to_string(&result).unwrap_or_default())
             }
+            MoverCommand::Prune => {
+                let repo = maintained(options, &endpoint, &secret)?;
+                let report = tokio::task::spawn_blocking(move || super::snapshot::prune(&repo))
+                    .await
+                    .map_err(|error| MoverError::Local(format!("the prune thread: {error}")))??;
+                Ok(serde_json::to_string(&report).unwrap_or_default())
+            }
+            MoverCommand::Check { read_data_percent } => {
+                let repo = maintained(options, &endpoint, &secret)?;
+                let percent = *read_data_percent;
+                let report =
+                    tokio::task::spawn_blocking(move || super::snapshot::check(&repo, percent))
+                        .await
+                        .map_err(|error| {
+                            MoverError::Local(format!("the check thread: {error}"))
+                        })??;
+                Ok(serde_json::to_string(&report).unwrap_or_default())
+            }
             MoverCommand::Verify { .. } => unreachable!("handled above"),
         }
     }
     .await;
     outcome.map_err(|error: MoverError| (error.reason(), error.to_string()))
+}
+
+/// The repository a prune or check works on.
+fn maintained(
+    options: &MoverOptions,
+    endpoint: &Endpoint,
+    secret: &custody_kube::s3::Secret,
+) -> Result<super::snapshot::Repo, MoverError> {
+    let Some(prefix) = &options.repository_prefix else {
+        return Err(MoverError::Local(
+            "--repository-prefix is required: only a repository (format 2) is pruned or checked"
+                .into(),
+        ));
+    };
+    repository(options, endpoint, secret, prefix)
 }
 
 /// The repository a format 2 command works on, its password from the environment.

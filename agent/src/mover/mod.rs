@@ -66,6 +66,8 @@ pub enum MoverError {
     RepositoryWrite(String),
     #[error("{0}")]
     Snapshot(String),
+    #[error("the snapshot was not saved: {0}")]
+    NotSecured(#[from] custody_repository::prune::Refused),
     #[error("the node agent did not freeze the volume: {0}")]
     FreezeRefused(String),
     #[error(
@@ -108,6 +110,10 @@ impl MoverError {
             },
             MoverError::RepositoryWrite(_) => MoverFailure::UploadFailed,
             MoverError::Snapshot(_) => MoverFailure::SnapshotInvalid,
+            MoverError::NotSecured(custody_repository::prune::Refused::Unreadable(_)) => {
+                MoverFailure::RepositoryUnreadable
+            }
+            MoverError::NotSecured(_) => MoverFailure::SnapshotNotSecured,
             MoverError::FreezeRefused(_) => MoverFailure::FreezeRefused,
             MoverError::FreezeLost { .. } => MoverFailure::FreezeLost,
         }

@@ -17,6 +17,7 @@ use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use custody_kube::s3::{self, Endpoint, Secret};
 use custody_proto::manifest::{self, Header};
@@ -24,6 +25,7 @@ use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
 use custody_repository::backend::{Location, S3Backend};
 use custody_repository::crypto::Cipher;
 use custody_repository::open::{self, OpenError, Opened, Password};
+use custody_repository::prune;
 use custody_repository::snapshot::{self, ManifestMeta, MetaError, SnapshotMeta};
 use custody_repository::writer::{Writer, WriterOptions};
 use rustic_core::repofile::{BlobType, SnapshotFile};
@@ -138,6 +140,8 @@ pub fn backup(
     on_read: Option<Box<dyn FnOnce() + Send>>,
 ) -> Result<BackupResult, MoverError> {
     let (repository, repository_id) = repo.open()?;
+    // From here to the snapshot's saving, a prune's grace bounds the time (`prune::secure`).
+    let index_loaded = Instant::now();
     let repository = repository
         .to_indexed()
         .map_err(|error| unreadable(&repo.backend, &error))?;
@@ -156,7 +160,7 @@ pub fn backup(
 
     let writer = Writer::new(
         repo.backend.clone().shared(),
-        cipher,
+        cipher.clone(),
         WriterOptions::default(),
     );
     let mut archiver = Archiver::new(&repository, writer, &stop);
@@ -200,7 +204,7 @@ pub fn backup(
         Archiver::directory("manifests", manifests),
     ])?;
     let counts = archiver.counts;
-    let stats = archiver.finish()?;
+    let (stats, referenced) = archiver.finish()?;
     if stop.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(MoverError::Upload(
             super::upload::UploadError::Interrupted {
@@ -230,6 +234,21 @@ pub fn backup(
         file.tags.add(tag);
     }
     file.description = Some(meta.to_description());
+    // Every block the snapshot names is in a listed pack (a prune may have marked some while
+    // this ran) and the run is within its deadline: then it is saved at once.
+    let secured = prune::secure(
+        &repository,
+        repo.backend.clone().shared().as_ref(),
+        &cipher,
+        &referenced,
+        &|| index_loaded.elapsed(),
+    )?;
+    if secured.relisted > 0 {
+        eprintln!(
+            "custody-mover: {} pack(s) a prune marked while this backup ran are listed again",
+            secured.relisted
+        );
+    }
     repository
         .save_snapshots(vec![file])
         .map_err(|error| MoverError::RepositoryWrite(error.display_log()))?;
@@ -420,5 +439,28 @@ pub fn restore(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResul
         files: totals.files,
         entries: totals.entries,
         total_bytes: totals.total_bytes,
+    })
+}
+
+/// Prunes the repository ([`prune::prune`]).
+pub fn prune(repo: &Repo) -> Result<prune::PruneReport, MoverError> {
+    let (repository, _) = repo.open()?;
+    prune::prune(&repository, repo.backend.clone().shared().as_ref()).map_err(|error| match error {
+        prune::PruneError::PlanningTooLong { .. } => MoverError::Local(error.to_string()),
+        prune::PruneError::Repository(message) => MoverError::RepositoryWrite(message),
+    })
+}
+
+/// Checks the repository, reading `read_data_percent` % of its packs whole.
+pub fn check(
+    repo: &Repo,
+    read_data_percent: u8,
+) -> Result<custody_repository::check::CheckReport, MoverError> {
+    let (repository, _) = repo.open()?;
+    custody_repository::check::check(&repository, read_data_percent).map_err(|message| {
+        MoverError::Repository(OpenError::Unreadable {
+            location: repo.backend.location(),
+            message,
+        })
     })
 }

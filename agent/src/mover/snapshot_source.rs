@@ -19,6 +19,7 @@ use custody_proto::manifest::{
 };
 use custody_proto::volume::IGNORED_AT_ROOT;
 use custody_repository::chunker::Chunker;
+use custody_repository::prune::Referenced;
 use custody_repository::writer::{self, BlockId, Writer, WriterStats};
 use rustic_core::repofile::{BlobType, Metadata as NodeMetadata, Node, NodeType, Tree};
 use rustic_core::{DataId, IndexedFullStatus, Repository, TreeId};
@@ -649,13 +650,15 @@ impl<'a> Archiver<'a> {
             .map(|hash| (content.clone(), hash)))
     }
 
-    /// Uploads the last packs and index; what was stored.
-    pub fn finish(mut self) -> Result<WriterStats, BuildError> {
-        self.writer
+    /// Uploads the last packs and index; what was stored, and every block the snapshot names.
+    pub fn finish(mut self) -> Result<(WriterStats, Referenced), BuildError> {
+        let mut writer = self
+            .writer
             .take()
-            .expect("the writer is here between volumes")
-            .finish()
-            .map_err(write_error)
+            .expect("the writer is here between volumes");
+        let referenced = writer.take_referenced();
+        let stats = writer.finish().map_err(write_error)?;
+        Ok((stats, referenced))
     }
 }
 
@@ -713,7 +716,13 @@ fn build_trees(
         match event {
             Event::Enter(node) => stack.push((node, Vec::new())),
             Event::Leave => close(repository, writer, &mut stack)?,
-            Event::Leaf(node) => stack.last_mut().expect("open").1.push(node),
+            Event::Leaf(node) => {
+                // An unchanged file names its parent's blocks: they must stay in the repository.
+                if let Some(content) = &node.content {
+                    writer.reuse(BlobType::Data, content.iter().map(|id| **id));
+                }
+                stack.last_mut().expect("open").1.push(node)
+            }
             Event::File(node) => file = Some((node, Vec::new())),
             Event::Chunk(chunk) => {
                 let id = store_data(repository, writer, chunk)?;
