@@ -22,18 +22,37 @@ pub enum Kind {
     NodeAgent,
 }
 
-/// An annotation custody understands: its key, the kinds it applies to, and its valid values.
+/// Starts a prune of a BackupRepository's encrypted repository now: any value not answered yet
+/// (`status.maintenance.prune.request`).
+pub const PRUNE_REQUESTED: &str = "custody.io/prune-requested";
+/// Starts a check now, as [`PRUNE_REQUESTED`] does a prune.
+pub const CHECK_REQUESTED: &str = "custody.io/check-requested";
+
+/// An annotation custody understands: its key, the kinds it applies to, and its valid values
+/// (none listed: any value).
 struct Known {
     key: &'static str,
     kinds: &'static [Kind],
     values: &'static [&'static str],
 }
 
-const KNOWN: &[Known] = &[Known {
-    key: SKIP_ARTIFACT_CLEANUP,
-    kinds: &[Kind::Backup],
-    values: &["true", "false"],
-}];
+const KNOWN: &[Known] = &[
+    Known {
+        key: SKIP_ARTIFACT_CLEANUP,
+        kinds: &[Kind::Backup],
+        values: &["true", "false"],
+    },
+    Known {
+        key: PRUNE_REQUESTED,
+        kinds: &[Kind::BackupRepository],
+        values: &[],
+    },
+    Known {
+        key: CHECK_REQUESTED,
+        kinds: &[Kind::BackupRepository],
+        values: &[],
+    },
+];
 
 /// Why an annotation in custody's domain is not acted on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,7 +111,9 @@ pub fn problems(kind: Kind, annotations: &BTreeMap<String, String>) -> Vec<Probl
                     key: key.clone(),
                     kind,
                 }),
-                Some(known) if !known.values.contains(&value.as_str()) => {
+                Some(known)
+                    if !known.values.is_empty() && !known.values.contains(&value.as_str()) =>
+                {
                     Some(Problem::InvalidValue {
                         key: key.clone(),
                         value: value.clone(),
@@ -181,6 +202,19 @@ mod tests {
                 vec![Problem::WrongKind {
                     key: SKIP_ARTIFACT_CLEANUP.into(),
                     kind: Kind::Cluster,
+                }],
+            ),
+            (
+                Kind::BackupRepository,
+                &[(PRUNE_REQUESTED, "2026-12-02T06:00"), (CHECK_REQUESTED, "")],
+                vec![],
+            ),
+            (
+                Kind::Backup,
+                &[(CHECK_REQUESTED, "now")],
+                vec![Problem::WrongKind {
+                    key: CHECK_REQUESTED.into(),
+                    kind: Kind::Backup,
                 }],
             ),
             (

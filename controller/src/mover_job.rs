@@ -34,7 +34,7 @@ impl MoverJob {
     }
 
     /// A Job of `owner` running `container` on its node, with its claim mounted as volume
-    /// `data`: owned by `owner` (blocking its deletion), labelled on the Job and its pod,
+    /// `data` (no node and no claim without a placement: a repository's maintenance): owned by `owner` (blocking its deletion), labelled on the Job and its pod,
     /// bounded by the deadline, the container given the resources. With `retries` 0 its pod
     /// runs once; otherwise a pod that failed is replaced up to `retries` times, except when
     /// the mover said trying again cannot help (exit code [`EXIT_PERMANENT`]: the Job fails
@@ -44,7 +44,7 @@ impl MoverJob {
         name: &str,
         owner: &K,
         labels: &std::collections::BTreeMap<String, String>,
-        on: Placement<'_>,
+        on: Option<Placement<'_>>,
         retries: i32,
         mut container: serde_json::Value,
     ) -> k8s_openapi::api::batch::v1::Job {
@@ -62,6 +62,15 @@ impl MoverJob {
             [serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH})],
         );
         let owner = crate::ownership::controller_reference(owner);
+        let mut volumes = vec![
+            serde_json::json!({"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}),
+        ];
+        if let Some(on) = on {
+            volumes.insert(
+                0,
+                serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": on.claim, "readOnly": on.read_only}}),
+            );
+        }
         serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": name,
@@ -75,13 +84,10 @@ impl MoverJob {
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "nodeName": on.node,
+                        "nodeName": on.and_then(|on| on.node),
                         "restartPolicy": "Never",
                         "containers": [container],
-                        "volumes": [
-                            {"name": "data", "persistentVolumeClaim": {"claimName": on.claim, "readOnly": on.read_only}},
-                            {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}},
-                        ],
+                        "volumes": volumes,
                     },
                 },
             },
@@ -286,11 +292,11 @@ mod tests {
             "j",
             &owner,
             &Default::default(),
-            Placement {
+            Some(Placement {
                 node: Some("node-a"),
                 claim: "data-db-0",
                 read_only: true,
-            },
+            }),
             0,
             serde_json::json!({"name": "mover", "image": "mover:1",
                 "env": [{"name": "A", "value": "1"}],
@@ -337,11 +343,11 @@ mod tests {
                     "j",
                     &owner,
                     &Default::default(),
-                    Placement {
+                    Some(Placement {
                         node: Some("node-a"),
                         claim: "data-db-0",
                         read_only: false,
-                    },
+                    }),
                     retries,
                     serde_json::json!({"name": "mover", "image": "mover:1"}),
                 )

@@ -302,8 +302,20 @@ pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
     }
 }
 
-/// Checks one repository and writes `Ready`.
-pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>) -> Result<Action> {
+/// What the repository reconciler needs besides the shared context.
+pub struct RepositoryContext {
+    pub base: Arc<Context>,
+    /// How maintenance Jobs run `custody-mover`.
+    pub mover: crate::mover_job::MoverJob,
+}
+
+/// Checks one repository and writes `Ready`; runs its maintenance.
+pub async fn reconcile(
+    repository: Arc<BackupRepository>,
+    context: Arc<RepositoryContext>,
+) -> Result<Action> {
+    let mover = &context.mover;
+    let context = &context.base;
     let _measure = reconciler::Measure::start(&context.metrics, "BackupRepository");
     let (probe, credentials) = probe(&context.client, &repository).await;
     let name = repository.name_any();
@@ -357,7 +369,7 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
                 reason: "RepositoryKeys".to_string(),
                 text: changes.join("; "),
             };
-            crate::reconciler::publish(&context, repository.as_ref(), "OpenRepository", &note)
+            crate::reconciler::publish(context, repository.as_ref(), "OpenRepository", &note)
                 .await?;
         }
     }
@@ -402,8 +414,19 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
                 reason: desired.reason.to_string(),
                 text: desired.message.clone(),
             };
-            crate::reconciler::publish(&context, repository.as_ref(), "CheckRepository", &note)
+            crate::reconciler::publish(context, repository.as_ref(), "CheckRepository", &note)
                 .await?;
+        }
+    }
+    let mut after = recheck_after(&probe);
+    // Prune and check: a run recorded as going is followed even while the repository cannot
+    // be opened; a new one starts only when it can.
+    if let Some(encrypted) = &encrypted {
+        let ready = matches!(&opened, Some(Ok(_)));
+        if let Some(next) =
+            crate::maintenance::maintain(context, mover, &repository, encrypted, ready).await?
+        {
+            after = after.min(next);
         }
     }
     if repository.spec.import_snapshots
@@ -411,32 +434,40 @@ pub async fn reconcile(repository: Arc<BackupRepository>, context: Arc<Context>)
     {
         let mut current = (*repository).clone();
         current.status.get_or_insert_default().repository = Some(opened.status.clone());
-        crate::imports::sync(&context, &current).await?;
-        return Ok(Action::requeue(
-            recheck_after(&probe).min(crate::imports::LIST_EVERY),
-        ));
+        crate::imports::sync(context, &current).await?;
+        after = after.min(crate::imports::LIST_EVERY);
     }
-    Ok(Action::requeue(recheck_after(&probe)))
+    Ok(Action::requeue(after))
 }
 
 /// Retries a failed reconciliation after a few seconds.
 pub fn error_policy(
     repository: Arc<BackupRepository>,
     error: &Error,
-    context: Arc<Context>,
+    context: Arc<RepositoryContext>,
 ) -> Action {
-    reconciler::error_policy(&*repository, error, &context)
+    reconciler::error_policy(&*repository, error, &context.base)
 }
 
 /// The controller: repositories, re-checked when their credentials or key Secret changes.
 pub fn controller(
-    context: Arc<Context>,
+    context: Arc<RepositoryContext>,
     namespace: Option<&str>,
     stopped: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> futures::future::BoxFuture<'static, ()> {
-    let repositories: Api<BackupRepository> = reconciler::scoped(context.client.clone(), namespace);
-    let secrets: Api<Secret> = reconciler::scoped(context.client.clone(), namespace);
-    let controller = Controller::new(repositories, watcher::Config::default());
+    let client = context.base.client.clone();
+    let repositories: Api<BackupRepository> = reconciler::scoped(client.clone(), namespace);
+    let secrets: Api<Secret> = reconciler::scoped(client.clone(), namespace);
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = reconciler::scoped(client, namespace);
+    // A maintenance Job's end reaches its repository at once.
+    let controller = Controller::new(repositories, watcher::Config::default()).owns(
+        jobs,
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            custody_proto::names::LABEL_ROLE,
+            crate::maintenance::ROLE_MAINTENANCE
+        )),
+    );
     let store = controller.store();
     let controller = controller.watches(secrets, watcher::Config::default(), move |secret| {
         let namespace = secret.namespace();

@@ -81,7 +81,14 @@ pub async fn run(options: RunOptions) -> Result<()> {
         annotation_controller::<BackupPlan>(&context, namespace, stopped()),
         annotation_controller::<Restore>(&context, namespace, stopped()),
         annotation_controller::<NodeAgent>(&context, namespace, stopped()),
-        crate::repositories::controller(context.clone(), namespace, stopped()),
+        crate::repositories::controller(
+            Arc::new(crate::repositories::RepositoryContext {
+                base: context.clone(),
+                mover: mover.clone(),
+            }),
+            namespace,
+            stopped(),
+        ),
         crate::plans::controller(context.clone(), namespace, stopped()),
         crate::backups::controller(
             Arc::new(crate::backups::BackupContext {

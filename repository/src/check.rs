@@ -44,6 +44,12 @@ pub fn check<S: Open>(
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     for (level, finding) in results.0 {
+        // On one line: rustic_core's messages span several.
+        let finding = finding
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         // rustic_core does not export the level's type: its name tells.
         if format!("{level:?}") == "Warn" {
             warnings.push(format!("warning: {finding}"));

@@ -276,6 +276,30 @@ where
     }
 }
 
+/// The first Event in `namespace` that `wanted` accepts, waited for.
+pub async fn event_where(
+    namespace: &TestNamespace,
+    what: &str,
+    wanted: impl Fn(&k8s_openapi::api::core::v1::Event) -> bool,
+) -> k8s_openapi::api::core::v1::Event {
+    let events = namespace.api::<k8s_openapi::api::core::v1::Event>();
+    let wanted = &wanted;
+    eventually(what, Duration::from_secs(90), || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .map_err(|error| error.to_string())?
+                .items
+                .into_iter()
+                .find(|event| wanted(event))
+                .ok_or_else(|| "none yet".to_string())
+        }
+    })
+    .await
+}
+
 /// Polls an async check until it returns `Some`, or fails after `timeout` with the last
 /// description it gave.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T

@@ -51,9 +51,24 @@ pub async fn create(url: &str, bucket: &str) -> (String, String) {
 /// Moves the times in the repository's index back by `hours`: a prune then sees its marks as
 /// that much older (the grace is 23 h; a test cannot wait it out).
 pub async fn backdate(url: &str, bucket: &str, key: &str, hours: u64) {
-    let (url, bucket, key) = (url.to_string(), bucket.to_string(), key.to_string());
+    backdate_at(url, bucket, PREFIX, key, hours).await;
+}
+
+/// [`backdate`] for the repository at `prefix`.
+pub async fn backdate_at(url: &str, bucket: &str, prefix: &str, key: &str, hours: u64) {
+    let (url, bucket, prefix, key) = (
+        url.to_string(),
+        bucket.to_string(),
+        prefix.to_string(),
+        key.to_string(),
+    );
     tokio::task::spawn_blocking(move || {
-        let backends = backends(&url, &bucket);
+        let backend = S3Backend::new(
+            s3::client(&url),
+            Location { bucket, prefix },
+            tokio::runtime::Handle::current(),
+        );
+        let backends = RepositoryBackends::new(backend.shared(), None);
         let (repository, _) =
             open::open_with_master_key(&backends, &key).expect("the repository opens");
         custody_repository::prune::backdate_index(

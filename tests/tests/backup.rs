@@ -350,22 +350,9 @@ async fn a_backup_of_a_running_application_without_a_method_is_refused_naming_th
     let status = refused.status.unwrap();
     assert_eq!(status.artifact, None, "no key recorded");
     assert_eq!(status.consistency, None);
-    let events = eventually("the Warning", TIMEOUT, || {
-        let events = namespace.api::<k8s_openapi::api::core::v1::Event>();
-        async move {
-            let listed = events
-                .list(&Default::default())
-                .await
-                .map_err(|error| error.to_string())?
-                .items;
-            listed
-                .into_iter()
-                .find(|event| {
-                    event.reason.as_deref() == Some("ConsistencyMethodRequired")
-                        && event.type_.as_deref() == Some("Warning")
-                })
-                .ok_or_else(|| "no Warning yet".to_string())
-        }
+    let events = custody_tests::event_where(namespace, "the Warning", |event| {
+        event.reason.as_deref() == Some("ConsistencyMethodRequired")
+            && event.type_.as_deref() == Some("Warning")
     })
     .await;
     assert!(

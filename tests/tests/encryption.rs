@@ -573,3 +573,212 @@ async fn a_snapshot_restores_verified_in_a_namespace_that_never_saw_its_backup_a
     recovery.finish().await;
     source.finish().await;
 }
+
+/// Asks for a prune or check (`task`) of `store` by setting its request annotation to
+/// `value`, then waits until the run answering it is recorded.
+async fn maintained(
+    namespace: &TestNamespace,
+    task: &str,
+    value: &str,
+) -> custody_kube::api::MaintenanceRun {
+    let repositories = namespace.api::<BackupRepository>();
+    repositories
+        .patch(
+            "store",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                format!("custody.io/{task}-requested"): value}}})),
+        )
+        .await
+        .unwrap();
+    let repository = await_condition(
+        &repositories,
+        "store",
+        &format!("the {task} asked for as {value:?} recorded"),
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            let run = repository
+                .status
+                .as_ref()
+                .and_then(|status| status.maintenance.as_ref())
+                .and_then(|maintenance| match task {
+                    "prune" => maintenance.prune.as_ref(),
+                    _ => maintenance.check.as_ref(),
+                });
+            run.is_some_and(|run| {
+                run.request.as_deref() == Some(value)
+                    && run.job.is_none()
+                    && run.completion_time.is_some()
+            })
+        },
+    )
+    .await;
+    let maintenance = repository.status.unwrap().maintenance.unwrap();
+    let run = match task {
+        "prune" => maintenance.prune,
+        _ => maintenance.check,
+    }
+    .unwrap();
+    eprintln!("{task} {value}: {run:?}");
+    run
+}
+
+fn checked(repository: &BackupRepository) -> Option<(String, String, String)> {
+    repository
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Checked")
+        .map(|condition| {
+            (
+                condition.status.clone(),
+                condition.reason.clone(),
+                condition.message.clone(),
+            )
+        })
+}
+
+async fn event_with(namespace: &TestNamespace, reason: &str, kind: &str) -> String {
+    custody_tests::event_where(namespace, &format!("a {kind} Event {reason}"), |event| {
+        event.reason.as_deref() == Some(reason) && event.type_.as_deref() == Some(kind)
+    })
+    .await
+    .message
+    .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_check_finds_a_damaged_pack_and_prunes_give_a_deleted_backups_space_back() {
+    let setup = setup_encrypted("maintained").await;
+    let namespace = &setup.namespace;
+    let url = s3::shared();
+    let repository = repository_ready(namespace, "store").await;
+    let bucket = repository.spec.bucket.clone();
+    let repositories = namespace.api::<BackupRepository>();
+
+    // On request, a check of the whole data: it passes, in status, condition and Event.
+    repositories
+        .patch(
+            "store",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maintenance": {"checkReadDataPercent": 100}}})),
+        )
+        .await
+        .unwrap();
+    let run = maintained(namespace, "check", "first").await;
+    assert_eq!(run.succeeded, Some(true), "{run:?}");
+    let result = run.check.unwrap();
+    assert!(result.passed, "{result:?}");
+    assert_eq!(result.read_data_percent, 100);
+    let repository = repositories.get("store").await.unwrap();
+    let (status, reason, _) = checked(&repository).unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CheckPassed"));
+    event_with(namespace, "CheckPassed", "Normal").await;
+    // Its Job is gone once recorded; the Ready condition is untouched.
+    assert_eq!(ready(&repository).unwrap().0, "True");
+    let jobs: Api<Job> = namespace.api();
+    eventually("the check's Job deleted", TIMEOUT, || async {
+        let left: Vec<String> = jobs
+            .list(&ListParams::default().labels("custody.io/role=maintenance"))
+            .await
+            .map_err(|error| error.to_string())?
+            .items
+            .iter()
+            .filter(|job| job.metadata.deletion_timestamp.is_none())
+            .map(|job| job.name_any())
+            .collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+
+    // One byte of a data pack changed: the next check names it and the condition turns False
+    // with a Warning.
+    let packs = s3::keys(url, &bucket, &format!("{REPOSITORY}/data/")).await;
+    let pack = packs.last().expect("a pack").clone();
+    let original = s3::get(url, &bucket, &pack).await;
+    let mut damaged = original.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x01;
+    s3::put(url, &bucket, &pack, damaged).await;
+    let run = maintained(namespace, "check", "second").await;
+    let result = run.check.unwrap();
+    assert!(!result.passed && result.errors > 0, "{result:?}");
+    let id = pack.rsplit('/').next().unwrap();
+    let repository = repositories.get("store").await.unwrap();
+    let (status, reason, message) = checked(&repository).unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "CheckFoundErrors")
+    );
+    assert!(message.contains(&id[..8]), "the pack is named: {message}");
+    let warning = event_with(namespace, "CheckFoundErrors", "Warning").await;
+    assert!(warning.contains(&id[..8]), "{warning}");
+    s3::put(url, &bucket, &pack, original).await;
+
+    // The Backup deleted (its snapshot forgotten): a prune marks its packs, deletes nothing;
+    // a day later (the index backdated past the 23 h grace) a prune deletes them all.
+    namespace
+        .api::<Backup>()
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&namespace.api::<Backup>(), "nightly").await;
+    let run = maintained(namespace, "prune", "first").await;
+    assert_eq!(run.succeeded, Some(true), "{run:?}");
+    let marking = run.prune.unwrap();
+    assert!(marking.packs_marked > 0, "{marking:?}");
+    assert_eq!(marking.packs_deleted, 0, "{marking:?}");
+    assert_eq!(
+        s3::keys(url, &bucket, &format!("{REPOSITORY}/data/"))
+            .await
+            .len(),
+        packs.len(),
+        "nothing deleted within the grace"
+    );
+    event_with(namespace, "Pruned", "Normal").await;
+    custody_tests::repository::backdate_at(
+        url,
+        &bucket,
+        REPOSITORY,
+        &master_key(namespace).await,
+        24,
+    )
+    .await;
+    let run = maintained(namespace, "prune", "second").await;
+    let deleting = run.prune.unwrap();
+    assert_eq!(deleting.packs_deleted as usize, packs.len(), "{deleting:?}");
+    assert!(
+        s3::keys(url, &bucket, &format!("{REPOSITORY}/data/"))
+            .await
+            .is_empty(),
+        "space came back"
+    );
+    setup.finish().await;
+}
+
+/// The master key custody keeps for the movers of `store`.
+async fn master_key(namespace: &TestNamespace) -> String {
+    let repository = namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap();
+    let secret = repository
+        .status
+        .unwrap()
+        .repository
+        .unwrap()
+        .master_key_secret;
+    let secret = namespace.api::<Secret>().get(&secret).await.unwrap();
+    let bytes = secret
+        .data
+        .unwrap()
+        .get(custody_proto::mover::env::REPOSITORY_KEY)
+        .unwrap()
+        .0
+        .clone();
+    String::from_utf8(bytes).unwrap()
+}

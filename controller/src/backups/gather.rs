@@ -260,7 +260,7 @@ async fn clock(client: &Client, node: &str) -> Option<ClockMeasurement> {
 }
 
 /// The mover's report: the termination message of the Job's pod.
-fn report(pods: &[Pod]) -> Option<String> {
+pub(crate) fn report(pods: &[Pod]) -> Option<String> {
     pods.iter()
         .flat_map(|pod| pod.status.iter())
         .flat_map(|status| status.container_statuses.iter().flatten())

@@ -260,11 +260,11 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         inputs.name,
         inputs.backup,
         &labels,
-        crate::mover_job::Placement {
+        Some(crate::mover_job::Placement {
             node: inputs.node,
             claim: inputs.claim,
             read_only: true,
-        },
+        }),
         0,
         container,
     );

@@ -96,11 +96,11 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         &inputs.create.name,
         inputs.restore,
         &labels,
-        crate::mover_job::Placement {
+        Some(crate::mover_job::Placement {
             node: Some(&inputs.create.node),
             claim: &inputs.create.claim,
             read_only: false,
-        },
+        }),
         inputs.mover.restore_retries,
         container,
     )

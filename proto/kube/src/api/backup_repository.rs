@@ -21,6 +21,9 @@ use super::{Condition, SecretReference, conditions_schema};
     printcolumn = r#"{"name":"Repository","type":"string","jsonPath":".status.repository.id","priority":1}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Checked","type":"string","jsonPath":".status.conditions[?(@.type==\"Checked\")].status"}"#,
+    printcolumn = r#"{"name":"Last Check","type":"date","jsonPath":".status.maintenance.check.completionTime","priority":1}"#,
+    printcolumn = r#"{"name":"Last Prune","type":"date","jsonPath":".status.maintenance.prune.completionTime","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = kube::core::Rule::new("!has(self.importSnapshots) || !self.importSnapshots || has(self.encryption)").message("importSnapshots lists the snapshots of an encrypted repository: set encryption.keySecretRef"))]
@@ -78,6 +81,37 @@ pub struct BackupRepositorySpec {
     /// cluster that wrote it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub import_snapshots: bool,
+
+    /// Prune and check of the encrypted repository, each a Job of custody's mover, one at a
+    /// time. Without this field they run with the defaults below; a run is also started at
+    /// once by setting the annotation `custody.io/prune-requested` or
+    /// `custody.io/check-requested` to a new value (any text, such as the time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<RepositoryMaintenance>,
+}
+
+/// When custody prunes and checks an encrypted repository.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryMaintenance {
+    /// Hours between prunes (default 24; 0: only on request). A prune marks the packs no
+    /// snapshot needs and deletes those a prune marked at least 23 hours before: space freed
+    /// by deleting Backups comes back a prune or two later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 8760))]
+    pub prune_interval_hours: Option<i32>,
+
+    /// Hours between checks (default 168, weekly; 0: only on request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 8760))]
+    pub check_interval_hours: Option<i32>,
+
+    /// The share of the packs a check reads whole, decrypting and hashing every blob (default
+    /// 10; chosen at random each time, so that checks cover all data in time). 0 checks the
+    /// structure only: index, pack headers and every snapshot's trees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub check_read_data_percent: Option<i32>,
 }
 
 /// Where the repository's passwords are.
@@ -100,8 +134,12 @@ pub struct BackupRepositoryStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repository: Option<EncryptedRepository>,
 
+    /// The latest prune and check, and the one running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceStatus>,
+
     /// `Ready` says whether the endpoint, bucket and credentials work, with a reason a user
-    /// can act on.
+    /// can act on; `Checked` what the latest check found.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -136,4 +174,86 @@ pub struct RepositoryKey {
     pub name: String,
     /// The key file's ID in the repository (`keys/<id>`).
     pub key_id: String,
+}
+
+/// The latest prune and check of a repository.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<MaintenanceRun>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<MaintenanceRun>,
+}
+
+/// One kind of maintenance: the run going on, or the latest one.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceRun {
+    /// The Job running now (none between runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// The request annotation's value the latest run answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Whether the latest run finished its work (a check that found errors did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeded: Option<bool>,
+    /// What it did or found, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// A prune's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<PruneResult>,
+    /// A check's findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckResult>,
+}
+
+/// What a prune did (custody-mover's report).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneResult {
+    /// Packs deleted (marked for at least 23 hours and still unneeded).
+    #[serde(default)]
+    pub packs_deleted: u64,
+    /// Packs marked for deletion.
+    #[serde(default)]
+    pub packs_marked: u64,
+    /// Marked packs a snapshot needed again.
+    #[serde(default)]
+    pub packs_recovered: u64,
+    /// Partly used packs whose needed blobs were copied into new packs.
+    #[serde(default)]
+    pub packs_repacked: u64,
+    #[serde(default)]
+    pub bytes_deleted: u64,
+    /// Bytes to be deleted by a prune once their grace has passed.
+    #[serde(default)]
+    pub bytes_marked: u64,
+    /// Bytes of blobs the snapshots need.
+    #[serde(default)]
+    pub bytes_used: u64,
+}
+
+/// What a check found (custody-mover's report).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckResult {
+    /// No error found.
+    pub passed: bool,
+    #[serde(default)]
+    pub errors: u64,
+    #[serde(default)]
+    pub warnings: u64,
+    /// The first findings, errors first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<String>,
+    /// The share of the packs read whole.
+    #[serde(default)]
+    pub read_data_percent: u8,
 }
