@@ -356,6 +356,8 @@ pub struct PodRunner {
     tamper: Tamper,
     /// The pods started so far.
     pub started: std::sync::Arc<Mutex<Vec<Started>>>,
+    /// Whether it also runs its namespace's maintenance pods bound to other nodes.
+    unpinned: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -372,6 +374,7 @@ impl PodRunner {
         let run = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let tamper: Tamper = std::sync::Arc::new(Mutex::new(None));
         let started = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let unpinned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = tokio::spawn(run_pods(
             client.clone(),
             namespace.to_string(),
@@ -382,6 +385,7 @@ impl PodRunner {
                 run: run.clone(),
                 tamper: tamper.clone(),
                 started: started.clone(),
+                unpinned: unpinned.clone(),
             },
         ));
         PodRunner {
@@ -389,8 +393,17 @@ impl PodRunner {
             run,
             tamper,
             started,
+            unpinned,
             task: Some(task),
         }
+    }
+
+    /// Also runs this namespace's maintenance pods (a BackupRepository's prune and check: no
+    /// node of their own) wherever the scheduler bound them: with the fake nodes of tests
+    /// running in parallel, it may pick another test's node, whose runner ignores them.
+    pub fn run_maintenance_anywhere(&self) {
+        self.unpinned
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Holds new pods (`false`) or runs them (`true`).
@@ -425,6 +438,7 @@ struct Shared {
     run: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tamper: Tamper,
     started: std::sync::Arc<Mutex<Vec<Started>>>,
+    unpinned: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn run_pods(
@@ -439,6 +453,7 @@ async fn run_pods(
         run,
         tamper,
         started,
+        unpinned,
     } = shared;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let mut seen = std::collections::BTreeSet::new();
@@ -450,9 +465,17 @@ async fn run_pods(
             .await;
         for pod in listed.map(|list| list.items).unwrap_or_default() {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let on_node =
-                pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(&node);
-            if !on_node {
+            let node_name = pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref());
+            let on_node = node_name == Some(&node);
+            let maintenance = pod
+                .labels()
+                .get(custody_proto::names::LABEL_ROLE)
+                .map(String::as_str)
+                == Some("maintenance");
+            let anywhere = maintenance
+                && node_name.is_some()
+                && unpinned.load(std::sync::atomic::Ordering::Relaxed);
+            if !on_node && !anywhere {
                 continue;
             }
             if pod.metadata.deletion_timestamp.is_some() {

@@ -451,7 +451,9 @@ async fn kubectl_get_shows_the_printer_columns() {
     let expected: [(&str, &[&str]); 5] = [
         (
             "backuprepositories",
-            &["NAME", "ENDPOINT", "BUCKET", "READY", "REASON", "AGE"],
+            &[
+                "NAME", "ENDPOINT", "BUCKET", "READY", "REASON", "CHECKED", "AGE",
+            ],
         ),
         (
             "clusters",

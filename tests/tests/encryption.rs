@@ -649,6 +649,7 @@ async fn event_with(namespace: &TestNamespace, reason: &str, kind: &str) -> Stri
 #[tokio::test]
 async fn a_check_finds_a_damaged_pack_and_prunes_give_a_deleted_backups_space_back() {
     let setup = setup_encrypted("maintained").await;
+    setup.jobs.run_maintenance_anywhere();
     let namespace = &setup.namespace;
     let url = s3::shared();
     let repository = repository_ready(namespace, "store").await;

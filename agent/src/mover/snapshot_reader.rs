@@ -27,10 +27,16 @@ use super::extract::{ExtractError, Extraction, Found};
 
 /// Most bytes one ranged read fetches.
 pub const RANGE_BYTES: u32 = 4 << 20;
+/// Most plaintext one ranged read holds once its blocks are opened (compressed blocks grow
+/// back: a 4 MiB read of text can hold ten times that).
+pub const RANGE_PLAIN_BYTES: u64 = 8 << 20;
 /// Ranged reads at a time.
 pub const FETCHERS: usize = 4;
 /// Most ranges fetched ahead of the one the extraction reads.
 pub const WINDOW: u64 = 6;
+/// Most plaintext fetched ahead of (and including) the range the extraction reads; the range
+/// it reads is always fetched, whatever its size.
+pub const AHEAD_PLAIN_BYTES: u64 = 16 << 20;
 /// Entries planned ahead of the extraction.
 const ENTRIES_AHEAD: usize = 4096;
 
@@ -42,12 +48,24 @@ struct Block {
     uncompressed: Option<NonZeroU32>,
 }
 
+impl Block {
+    /// Its size once opened.
+    fn plain(&self) -> u64 {
+        match self.uncompressed {
+            Some(length) => u64::from(length.get()),
+            None => u64::from(self.length.saturating_sub(32)),
+        }
+    }
+}
+
 /// One ranged read of a pack, and the blocks in it, in the order they are needed.
 struct Range {
     sequence: u64,
     pack: PackId,
     offset: u32,
     length: u32,
+    /// The blocks' plaintext bytes.
+    plain: u64,
     blocks: Vec<Block>,
 }
 
@@ -91,10 +109,24 @@ struct Planned {
 
 /// What the fetchers hand over, by range.
 struct Fetched {
-    ranges: BTreeMap<u64, Result<Vec<Bytes>, Failure>>,
+    ranges: BTreeMap<u64, (u64, Result<Vec<Bytes>, Failure>)>,
     /// The range the extraction reads now (fetchers stay within WINDOW of it).
     reading: u64,
+    /// The next range a fetcher may start: ranges start in order.
+    admitted: u64,
+    /// Plaintext of the ranges started and not yet taken by the extraction.
+    ahead: u64,
     stopped: bool,
+}
+
+impl Fetched {
+    /// Whether range `sequence` of `plain` bytes may be fetched now: in order, within the
+    /// window, and within the plaintext bound unless the extraction waits for it.
+    fn may_start(&self, sequence: u64, plain: u64) -> bool {
+        sequence == self.admitted
+            && (sequence == self.reading
+                || (sequence < self.reading + WINDOW && self.ahead + plain <= AHEAD_PLAIN_BYTES))
+    }
 }
 
 struct Handover {
@@ -157,6 +189,8 @@ pub fn extract_volume<M: BufRead>(
         fetched: Mutex::new(Fetched {
             ranges: BTreeMap::new(),
             reading: 0,
+            admitted: 0,
+            ahead: 0,
             stopped: false,
         }),
         changed: Condvar::new(),
@@ -297,10 +331,12 @@ fn plan(
                 range.pack == entry.pack
                     && range.offset + range.length == block.offset
                     && range.length + block.length <= RANGE_BYTES
+                    && range.plain + block.plain() <= RANGE_PLAIN_BYTES
             });
             if joins {
                 let range = pending.as_mut().expect("checked above");
                 range.length += block.length;
+                range.plain += block.plain();
                 range.blocks.push(block);
             } else {
                 flush(&mut pending, &mut sequence)?;
@@ -309,6 +345,7 @@ fn plan(
                     pack: entry.pack,
                     offset: block.offset,
                     length: block.length,
+                    plain: block.plain(),
                     blocks: vec![block],
                 });
             }
@@ -328,12 +365,17 @@ fn fetch(
         {
             // Stay within the window: memory is bounded by what is fetched ahead.
             let mut fetched = handover.fetched.lock().expect("handover");
-            while !fetched.stopped && range.sequence >= fetched.reading + WINDOW {
+            while !fetched.stopped && !fetched.may_start(range.sequence, range.plain) {
                 fetched = handover.changed.wait(fetched).expect("handover");
             }
             if fetched.stopped {
                 return;
             }
+            fetched.admitted += 1;
+            fetched.ahead += range.plain;
+            drop(fetched);
+            // The next range may start too.
+            handover.changed.notify_all();
         }
         let outcome = backend
             .read_partial(
@@ -359,7 +401,9 @@ fn fetch(
                     .collect::<Result<Vec<_>, _>>()
             });
         let mut fetched = handover.fetched.lock().expect("handover");
-        fetched.ranges.insert(range.sequence, outcome);
+        fetched
+            .ranges
+            .insert(range.sequence, (range.plain, outcome));
         drop(fetched);
         handover.changed.notify_all();
     }
@@ -380,9 +424,10 @@ impl Blocks<'_> {
             }
             let mut fetched = self.handover.fetched.lock().expect("handover");
             loop {
-                if let Some(outcome) = fetched.ranges.remove(&self.range) {
+                if let Some((plain, outcome)) = fetched.ranges.remove(&self.range) {
                     self.range += 1;
                     fetched.reading = self.range;
+                    fetched.ahead -= plain;
                     drop(fetched);
                     self.handover.changed.notify_all();
                     self.queue = outcome.map_err(Failure::into_io)?.into();
@@ -417,5 +462,102 @@ impl Read for Content<'_, '_> {
         buffer[..taken].copy_from_slice(&self.current[..taken]);
         bytes::Buf::advance(&mut self.current, taken);
         Ok(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn ranges_start_in_order_within_the_window_and_the_plaintext_bound() {
+        // (name, reading, admitted, ahead, sequence, plain, may start)
+        type Case = (&'static str, u64, u64, u64, u64, u64, bool);
+        let cases: &[Case] = &[
+            ("the first range", 0, 0, 0, 0, MIB, true),
+            (
+                "the range being read, however large",
+                3,
+                3,
+                0,
+                3,
+                64 * MIB,
+                true,
+            ),
+            (
+                "the range being read even with the bound reached",
+                3,
+                3,
+                AHEAD_PLAIN_BYTES,
+                3,
+                MIB,
+                true,
+            ),
+            (
+                "a later range before an earlier one",
+                0,
+                1,
+                MIB,
+                2,
+                MIB,
+                false,
+            ),
+            (
+                "the next in order, within the bound",
+                0,
+                1,
+                4 * MIB,
+                1,
+                8 * MIB,
+                true,
+            ),
+            (
+                "the next in order, past the bound",
+                0,
+                1,
+                12 * MIB,
+                1,
+                8 * MIB,
+                false,
+            ),
+            (
+                "exactly at the bound",
+                0,
+                1,
+                8 * MIB,
+                1,
+                AHEAD_PLAIN_BYTES - 8 * MIB,
+                true,
+            ),
+            ("past the window", 0, WINDOW, 0, WINDOW, 1, false),
+            ("the window's last", 0, WINDOW - 1, 0, WINDOW - 1, 1, true),
+        ];
+        for &(name, reading, admitted, ahead, sequence, plain, wanted) in cases {
+            let fetched = Fetched {
+                ranges: BTreeMap::new(),
+                reading,
+                admitted,
+                ahead,
+                stopped: false,
+            };
+            assert_eq!(fetched.may_start(sequence, plain), wanted, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_blocks_plaintext_is_its_uncompressed_length_or_its_sealed_length_less_nonce_and_mac() {
+        let compressed = Block {
+            offset: 0,
+            length: 100,
+            uncompressed: NonZeroU32::new(1000),
+        };
+        let plain = Block {
+            offset: 0,
+            length: 100,
+            uncompressed: None,
+        };
+        assert_eq!((compressed.plain(), plain.plain()), (1000, 68));
     }
 }
