@@ -453,7 +453,9 @@ fn seal(
                         builder: std::mem::take(builder),
                     });
                 }
-                if builder.bytes.capacity() == 0 {
+                // A data pack's buffer is taken whole at once (it fills); a tree pack's grows
+                // as trees come (a backup's trees are often far fewer bytes than a pack).
+                if builder.bytes.capacity() == 0 && sealed.kind == BlobType::Data {
                     builder
                         .bytes
                         .reserve(limit.max(sealed.bytes.len()) + PACK_HEADER_ROOM);
