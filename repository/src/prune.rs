@@ -176,14 +176,11 @@ pub fn secure<S: Open>(
     elapsed: &dyn Fn() -> Duration,
 ) -> Result<Secured, Refused> {
     may_commit(elapsed())?;
-    let indexes = repository
-        .stream_files::<IndexFile>()
-        .and_then(|files| {
-            files
-                .map(|file| file.map(|(_, index)| index))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .map_err(|error| Refused::Unreadable(error.display_log()))?;
+    let indexes: Vec<IndexFile> = index_files(repository)
+        .map_err(Refused::Unreadable)?
+        .into_iter()
+        .map(|(_, index)| index)
+        .collect();
     let Recovery { relist, missing } = recovery(referenced, &indexes);
     if let Some(first) = missing.first() {
         return Err(Refused::Missing {
@@ -402,25 +399,20 @@ fn mark_unreferenced_packs<S: Open>(
     repository: &Repository<S>,
     backend: &dyn WriteBackend,
 ) -> Result<u64, PruneError> {
-    let failed = |error: Box<rustic_core::RusticError>| PruneError::Repository(error.display_log());
     let cipher = Cipher::new(&repository.key())
         .map_err(|error| PruneError::Repository(error.to_string()))?;
     // The index first: a pack stored after it was read is marked, and listed again by the
     // index its writer saves (a listed pack is not marked).
-    let indexed: HashSet<Id> = repository
-        .stream_files::<IndexFile>()
-        .map_err(failed)?
-        .map(|file| file.map(|(_, index)| index))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(failed)?
+    let indexed: HashSet<Id> = index_files(repository)
+        .map_err(PruneError::Repository)?
         .iter()
-        .flat_map(|index| index.packs.iter().chain(&index.packs_to_delete))
+        .flat_map(|(_, index)| index.packs.iter().chain(&index.packs_to_delete))
         .map(|pack| *pack.id)
         .collect();
     let now = rustic_core::jiff::Timestamp::now();
     let unreferenced: Vec<IndexPack> = backend
         .list_with_size(FileType::Pack)
-        .map_err(failed)?
+        .map_err(|error| PruneError::Repository(error.display_log()))?
         .into_iter()
         .filter(|(id, _)| !indexed.contains(id))
         .map(|(id, size)| IndexPack {
@@ -441,21 +433,29 @@ fn mark_unreferenced_packs<S: Open>(
     Ok(count)
 }
 
+/// Every index file of the repository, with its ID.
+fn index_files<S: Open>(repository: &Repository<S>) -> Result<Vec<(Id, IndexFile)>, String> {
+    repository
+        .stream_files::<IndexFile>()
+        .map_err(|error| error.display_log())?
+        .map(|file| file.map(|(id, index)| (*id, index)))
+        .collect::<Result<_, _>>()
+        .map_err(|error| error.display_log())
+}
+
 /// Lists again the marked packs holding blocks the `snapshots` name; how many.
 fn relist_for<S: Open>(
     repository: &Repository<S>,
     backend: &dyn WriteBackend,
     snapshots: &[Id],
 ) -> Result<u64, PruneError> {
-    let failed = |error: Box<rustic_core::RusticError>| PruneError::Repository(error.display_log());
     let cipher = Cipher::new(&repository.key())
         .map_err(|error| PruneError::Repository(error.to_string()))?;
-    let indexes: Vec<IndexFile> = repository
-        .stream_files::<IndexFile>()
-        .map_err(failed)?
-        .map(|file| file.map(|(_, index)| index))
-        .collect::<Result<_, _>>()
-        .map_err(failed)?;
+    let indexes: Vec<IndexFile> = index_files(repository)
+        .map_err(PruneError::Repository)?
+        .into_iter()
+        .map(|(_, index)| index)
+        .collect();
     let locations = Locations::of(&indexes);
     let mut referenced = Referenced::default();
     let mut trees: Vec<Id> = Vec::new();
@@ -528,12 +528,7 @@ pub fn backdate_index<S: Open>(
 ) -> Result<(), String> {
     let cipher = Cipher::new(&repository.key()).map_err(|error| error.to_string())?;
     let by = rustic_core::jiff::SignedDuration::try_from(by).map_err(|error| error.to_string())?;
-    let files: Vec<(Id, IndexFile)> = repository
-        .stream_files::<IndexFile>()
-        .map_err(|error| error.display_log())?
-        .map(|file| file.map(|(id, index)| (*id, index)))
-        .collect::<Result<_, _>>()
-        .map_err(|error| error.display_log())?;
+    let files = index_files(repository)?;
     for (id, mut index) in files {
         let mut changed = false;
         for pack in index

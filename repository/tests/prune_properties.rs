@@ -120,6 +120,24 @@ struct History {
 }
 
 impl History {
+    /// A history of `seed` on a copy of the base repository.
+    fn new(base: &Base, pool: &Arc<Vec<Bytes>>, seed: u64) -> History {
+        History {
+            rng: Rng(seed),
+            backend: base.backend.copy(),
+            master_key: base.master_key.clone(),
+            pool: pool.clone(),
+            now: Duration::ZERO,
+            backups: Vec::new(),
+            saved: Vec::new(),
+            plan: None,
+            log: Vec::new(),
+            refused_late: 0,
+            relisted: 0,
+            relisted_by_prunes: 0,
+        }
+    }
+
     fn repository(&self) -> Repository<OpenStatus> {
         let backends = RepositoryBackends::new(Arc::new(self.backend.clone()), None);
         open::open_with_master_key(&backends, &self.master_key)
@@ -489,20 +507,7 @@ struct Totals {
 }
 
 fn run(base: &Base, pool: &Arc<Vec<Bytes>>, seed: u64, steps: usize, totals: &mut Totals) {
-    let mut history = History {
-        rng: Rng(seed),
-        backend: base.backend.copy(),
-        master_key: base.master_key.clone(),
-        pool: pool.clone(),
-        now: Duration::ZERO,
-        backups: Vec::new(),
-        saved: Vec::new(),
-        plan: None,
-        log: Vec::new(),
-        refused_late: 0,
-        relisted: 0,
-        relisted_by_prunes: 0,
-    };
+    let mut history = History::new(base, pool, seed);
     for _ in 0..steps {
         history.step(seed);
         history.check(seed);
@@ -590,20 +595,7 @@ fn no_saved_snapshot_ever_loses_a_block_to_a_prune_and_forgotten_space_comes_bac
 fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
     let base = base();
     let pool = Arc::new(pool());
-    let mut history = History {
-        rng: Rng(7),
-        backend: base.backend.copy(),
-        master_key: base.master_key.clone(),
-        pool: pool.clone(),
-        now: Duration::ZERO,
-        backups: Vec::new(),
-        saved: Vec::new(),
-        plan: None,
-        log: Vec::new(),
-        refused_late: 0,
-        relisted: 0,
-        relisted_by_prunes: 0,
-    };
+    let mut history = History::new(&base, &pool, 7);
     // Snapshot A holds blocks 0..4.
     history.backups.push(Backup {
         started: Duration::ZERO,
