@@ -148,3 +148,15 @@ wait_for() {
   tail -n 20 "$CLUSTER_DIR"/logs/*.log >&2 || true
   return 1
 }
+
+# shipped_mover: builds custody-mover as the agent's image ships it (static, musl, profile
+# image; hack/build-images.sh's build and cache) and prints its path. Benchmarks time this
+# binary, not the host's build: musl's allocator and memcpy are part of its figures.
+shipped_mover() {
+  local target=x86_64-unknown-linux-musl
+  install_missing musl-gcc:musl-tools
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
+  cargo build --locked --profile image --target "$target" --target-dir "$CUSTODY_CACHE/image-target" \
+    -p custody-controller -p custody-agent --bins --quiet >&2
+  echo "$CUSTODY_CACHE/image-target/$target/image/custody-mover"
+}

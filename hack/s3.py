@@ -7,6 +7,8 @@
         changes one byte in the middle of an object (to show a damaged backup refused)
     ... hack/s3.py largest ENDPOINT BUCKET PREFIX
         prints the key of the largest object under PREFIX (a repository's biggest pack)
+    ... hack/s3.py du ENDPOINT BUCKET PREFIX
+        prints how many objects lie under PREFIX and their bytes (a repository's packs)
     ... hack/s3.py sweep ENDPOINT REGEX
         deletes every bucket whose whole name matches REGEX, with its objects (MinIO's
         force delete: the test suite's buckets of earlier runs)
@@ -60,6 +62,20 @@ def request(method, endpoint, path, body=b"", headers=(), query=None):
         return response.read()
 
 
+def objects_under(endpoint, bucket, prefix):
+    """Every (key, size) under prefix."""
+    objects, token = [], None
+    while True:
+        query = {"list-type": "2", "prefix": prefix}
+        if token:
+            query["continuation-token"] = token
+        page = request("GET", endpoint, f"/{bucket}", query=query).decode()
+        objects += re.findall(r"<Key>([^<]+)</Key>.*?<Size>(\d+)</Size>", page, re.S)
+        token = (re.findall(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", page) or [None])[0]
+        if not token:
+            return objects
+
+
 def main(command, endpoint, bucket, *rest):
     if command == "mb":
         try:
@@ -75,19 +91,14 @@ def main(command, endpoint, bucket, *rest):
         print(f"changed byte {len(data) // 2} of {len(data)} in s3://{bucket}/{key}")
     elif command == "largest":
         (prefix,) = rest
-        objects, token = [], None
-        while True:
-            query = {"list-type": "2", "prefix": prefix}
-            if token:
-                query["continuation-token"] = token
-            page = request("GET", endpoint, f"/{bucket}", query=query).decode()
-            objects += re.findall(r"<Key>([^<]+)</Key>.*?<Size>(\d+)</Size>", page, re.S)
-            token = (re.findall(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", page) or [None])[0]
-            if not token:
-                break
+        objects = objects_under(endpoint, bucket, prefix)
         if not objects:
             sys.exit(f"nothing under s3://{bucket}/{prefix}")
         print(max(objects, key=lambda entry: int(entry[1]))[0])
+    elif command == "du":
+        (prefix,) = rest
+        objects = objects_under(endpoint, bucket, prefix)
+        print(len(objects), sum(int(size) for _, size in objects))
     elif command == "sweep":
         # MinIO may list a bucket again shortly after its first delete (seen here with
         # 1,400 at once): sweep until a listing shows none.

@@ -36,6 +36,11 @@ impl Chunker {
         }
     }
 
+    /// The fewest bytes a chunk has, but for a file's last.
+    pub fn min(&self) -> usize {
+        self.min
+    }
+
     /// The most bytes a chunk has: give [`Chunker::boundary`] this much (or the rest of the
     /// file) and it always finds the end.
     pub fn max(&self) -> usize {
@@ -45,28 +50,69 @@ impl Chunker {
     /// Where the chunk that starts `data` ends. `data` holds at least [`Chunker::max`] bytes,
     /// or all that is left of the file.
     pub fn boundary(&self, data: &[u8]) -> usize {
-        if data.len() < self.min {
-            return data.len();
+        Scan::new(self)
+            .end(data, true)
+            .expect("a chunk ends within its maximum or at the end of the file")
+    }
+}
+
+/// The search for one chunk's end over bytes that arrive in pieces: a reader fills the chunk
+/// as it reads and asks again after each read, and the search goes on where it stopped. The
+/// same boundaries as [`Chunker::boundary`] on the whole.
+pub struct Scan<'c> {
+    chunker: &'c Chunker,
+    window: [u8; WINDOW],
+    hash: u64,
+    index: usize,
+    /// The next byte of the chunk to roll in; 0 until the minimum size has arrived.
+    position: usize,
+}
+
+impl<'c> Scan<'c> {
+    pub fn new(chunker: &'c Chunker) -> Scan<'c> {
+        Scan {
+            chunker,
+            window: [0u8; WINDOW],
+            hash: 0,
+            index: WINDOW - 1,
+            position: 0,
         }
-        let (out_table, mod_table, shift, mask) =
-            (&self.out_table, &self.mod_table, self.shift, self.mask);
-        // The window starts with the 63 bytes before the minimum size and a zero (rustic_cdc's
-        // prefill).
-        let mut window = [0u8; WINDOW];
-        let mut hash = 0u64;
-        for (slot, &byte) in window
-            .iter_mut()
-            .zip(&data[self.min - WINDOW..self.min - 1])
-        {
-            *slot = byte;
-            let mod_index = (hash >> shift) & 255;
-            hash = ((hash << 8) | u64::from(byte)) ^ mod_table[mod_index as usize];
+    }
+
+    /// Where the chunk ends, given its bytes so far (`chunk` starts where the chunk does, and
+    /// each call's holds the last one's): `None` while more of the file is needed; `last`
+    /// when `chunk` holds all that is left of the file.
+    pub fn end(&mut self, chunk: &[u8], last: bool) -> Option<usize> {
+        let Chunker {
+            out_table,
+            mod_table,
+            shift,
+            min,
+            max,
+            mask,
+        } = self.chunker;
+        let (shift, min, max, mask) = (*shift, *min, *max, *mask);
+        if self.position == 0 {
+            if chunk.len() < min {
+                return last.then_some(chunk.len());
+            }
+            // The window starts with the 63 bytes before the minimum size and a zero
+            // (rustic_cdc's prefill).
+            let mut hash = 0u64;
+            for (slot, &byte) in self.window.iter_mut().zip(&chunk[min - WINDOW..min - 1]) {
+                *slot = byte;
+                let mod_index = (hash >> shift) & 255;
+                hash = ((hash << 8) | u64::from(byte)) ^ mod_table[mod_index as usize];
+            }
+            self.hash = hash;
+            self.position = min;
         }
-        let mut index = WINDOW - 1;
-        let end = data.len().min(self.max);
-        let mut position = self.min;
+        // The rolling loop keeps its state in locals.
+        let (mut hash, mut index, mut position) = (self.hash, self.index, self.position);
+        let window = &mut self.window;
+        let end = chunk.len().min(max);
         while position < end && hash & mask != 0 {
-            let byte = data[position];
+            let byte = chunk[position];
             hash ^= out_table[window[index] as usize];
             window[index] = byte;
             let mod_index = (hash >> shift) & 255;
@@ -74,7 +120,9 @@ impl Chunker {
             index = (index + 1) & (WINDOW - 1);
             position += 1;
         }
-        position
+        (self.hash, self.index, self.position) = (hash, index, position);
+        let found = hash & mask == 0 || position == max || (last && position == chunk.len());
+        found.then_some(position)
     }
 }
 
@@ -180,5 +228,43 @@ mod tests {
         // A file below the minimum is one chunk; the same data chunks the same way twice.
         assert_eq!(chunks(&chunker, &data[..1000]), [1000]);
         assert_eq!(chunks(&chunker, &data), lengths);
+    }
+
+    #[test]
+    fn a_chunk_found_piece_by_piece_ends_where_it_does_whole() {
+        let chunker = Chunker::new(POLYNOMIAL, MIN, 1 << 20, MAX);
+        let mut pieces = 1u64;
+        for (size, seed) in [
+            (24 << 20, 7),
+            (100, 9),
+            (MIN, 10),
+            (MIN + 1, 12),
+            (9 << 20, 11),
+        ] {
+            let data = bytes(size, seed);
+            let zeros = vec![0u8; size];
+            for data in [&data, &zeros] {
+                let mut lengths = Vec::new();
+                let mut at = 0;
+                while at < data.len() {
+                    // Pieces of changing sizes (1 byte to 1.3 MiB), as reads return them.
+                    let mut scan = Scan::new(&chunker);
+                    let mut have = 0;
+                    let length = loop {
+                        pieces = pieces.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        have = (have + 1 + (pieces >> 44) as usize % (1300 << 10))
+                            .min(data.len() - at);
+                        let last = at + have == data.len();
+                        if let Some(length) = scan.end(&data[at..at + have], last) {
+                            break length;
+                        }
+                        assert!(!last && have < MAX, "no end at the end of the file");
+                    };
+                    lengths.push(length);
+                    at += length;
+                }
+                assert_eq!(lengths, chunks(&chunker, data), "{size} {seed}");
+            }
+        }
     }
 }

@@ -18,7 +18,7 @@ use custody_proto::manifest::{
     self, Entry, Header, Kind, ManifestReader, ManifestSummary, ManifestWriter,
 };
 use custody_proto::volume::IGNORED_AT_ROOT;
-use custody_repository::chunker::Chunker;
+use custody_repository::chunker::{Chunker, Scan};
 use custody_repository::prune::Referenced;
 use custody_repository::writer::{self, BlockId, Writer, WriterStats};
 use rustic_core::repofile::{BlobType, Metadata as NodeMetadata, Node, NodeType, Tree};
@@ -549,7 +549,7 @@ impl<'a> Archiver<'a> {
                             node.meta = node_metadata(&stat);
                             let metadata = Metadata::of(&stat);
                             if metadata.size >= CHUNK_THREAD_FILES {
-                                let (chunks, chunks_received) = crossbeam_channel::bounded(2);
+                                let (chunks, chunks_received) = crossbeam_channel::bounded(0);
                                 let (hash, hash_received) = crossbeam_channel::bounded(1);
                                 events.send(Event::ChunkedFile(node, chunks_received))?;
                                 jobs.send(ChunkJob {
@@ -764,8 +764,14 @@ fn close(
     Ok(())
 }
 
+/// Bytes read at a time past a chunk's minimum size, where its end may be: what is read
+/// beyond the end is copied into the next chunk, so smaller reads copy less.
+const READ_PAST_MINIMUM: usize = 256 << 10;
+
 /// Reads exactly `size` bytes of `reader` in chunks (restic's boundaries), handing each to
-/// `chunk`; their BLAKE3.
+/// `chunk`; their BLAKE3. Each chunk is read into its own buffer as its end is searched for:
+/// what a file being chunked holds in memory is the chunk being read, and only the bytes read
+/// past its end are copied (into the next).
 fn read_chunks(
     chunker: &Chunker,
     stop: &AtomicBool,
@@ -776,50 +782,48 @@ fn read_chunks(
 ) -> Result<blake3::Hash, BuildError> {
     let mut hasher = blake3::Hasher::new();
     let mut limited = reader.take(size);
-    let max = chunker.max();
+    let (min, max) = (chunker.min(), chunker.max());
     let mut read_total = 0u64;
-    if size < max as u64 {
-        // One read into a buffer of the file's size; a file below the minimum chunk size is
-        // one chunk and passes on without a copy.
-        let mut whole = Vec::with_capacity(size as usize);
-        read_total = limited
-            .read_to_end(&mut whole)
-            .map_err(|source| read_error(path, source))? as u64;
-        let mut rest = Bytes::from(whole);
-        while !rest.is_empty() {
-            let length = chunker.boundary(&rest);
-            let piece = rest.split_to(length);
-            hasher.update(&piece);
-            chunk(piece)?;
+    let mut past_end: Vec<u8> = Vec::new();
+    let mut file_ended = size == 0;
+    while !file_ended || !past_end.is_empty() {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
         }
-    } else {
-        // One buffer of the largest chunk's size, reused; each chunk is copied out of it, so
-        // that what waits to be stored is only the chunks themselves.
-        let mut buffer = vec![0u8; max];
-        let mut filled = 0usize;
-        let mut end = false;
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return Err(stopped());
+        let left = (size - read_total) as usize;
+        // Pages of the buffer are taken as they are written: a chunk that ends early holds
+        // only its own bytes.
+        let mut buffer = Vec::with_capacity((past_end.len() + left).min(max));
+        buffer.append(&mut past_end);
+        let mut scan = Scan::new(chunker);
+        let end = loop {
+            if let Some(end) = scan.end(&buffer, file_ended) {
+                break end;
             }
-            while !end && filled < max {
-                let read = limited
-                    .read(&mut buffer[filled..])
-                    .map_err(|source| read_error(path, source))?;
-                filled += read;
-                read_total += read as u64;
-                end = read == 0;
+            let want = if buffer.len() < min {
+                min - buffer.len()
+            } else {
+                READ_PAST_MINIMUM
             }
-            if filled == 0 {
-                break;
-            }
-            let length = chunker.boundary(&buffer[..filled]);
-            let piece = Bytes::copy_from_slice(&buffer[..length]);
-            buffer.copy_within(length..filled, 0);
-            filled -= length;
-            hasher.update(&piece);
-            chunk(piece)?;
+            .min(buffer.capacity() - buffer.len());
+            let read = (&mut limited)
+                .take(want as u64)
+                .read_to_end(&mut buffer)
+                .map_err(|source| read_error(path, source))?;
+            read_total += read as u64;
+            // A read short of what was asked is the end (of the file, or of what it has left
+            // of `size`: then the sizes differ, below).
+            file_ended = read < want || read_total == size;
+        };
+        past_end.extend_from_slice(&buffer[end..]);
+        buffer.truncate(end);
+        // What the chunk did not use goes back now, not when the chunk is sealed.
+        buffer.shrink_to_fit();
+        if buffer.is_empty() {
+            break;
         }
+        hasher.update(&buffer);
+        chunk(Bytes::from(buffer))?;
     }
     if read_total != size {
         return Err(BuildError::Changed {

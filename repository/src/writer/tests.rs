@@ -1,0 +1,66 @@
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rustic_core::repofile::{BlobType, MasterKey};
+
+use super::*;
+use crate::memory::MemoryBackend;
+
+const MIB: usize = 1 << 20;
+
+/// Incompressible bytes (sealing them takes real time).
+fn noise(size: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed * 2 + 1;
+    (0..size)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+fn writer(sealing_bytes: usize) -> Writer {
+    Writer::new(
+        Arc::new(MemoryBackend::new()),
+        Cipher::new(&MasterKey::new()).expect("a cipher"),
+        WriterOptions {
+            sealing_bytes,
+            data_pack_bytes: 4 * MIB,
+            ..WriterOptions::default()
+        },
+    )
+}
+
+fn store(writer: &mut Writer, block: Vec<u8>) {
+    writer
+        .store(BlobType::Data, block_id(&block), Bytes::from(block), false)
+        .expect("stored");
+}
+
+#[test]
+fn blocks_wait_for_room_among_those_being_sealed_and_a_larger_one_goes_alone() {
+    // Handed over far faster than two threads seal them: without the bound all would wait at
+    // once.
+    let blocks: Vec<Vec<u8>> = (0..40).map(|seed| noise(MIB, seed)).collect();
+    let mut bounded = writer(3 * MIB);
+    for block in blocks {
+        store(&mut bounded, block);
+    }
+    let stats = bounded.finish().expect("finished");
+    assert_eq!(stats.data_blocks_new, 40);
+    assert!(
+        (MIB as u64..=3 * MIB as u64).contains(&stats.peak_sealing_bytes),
+        "{stats:?}"
+    );
+
+    // A block larger than the bound waits until nothing else is being sealed, then goes alone.
+    let mut alone = writer(3 * MIB);
+    store(&mut alone, noise(MIB, 100));
+    store(&mut alone, noise(5 * MIB, 101));
+    store(&mut alone, noise(MIB, 102));
+    let stats = alone.finish().expect("finished");
+    assert_eq!(stats.data_blocks_new, 3);
+    assert_eq!(stats.peak_sealing_bytes, 5 * MIB as u64, "{stats:?}");
+}
