@@ -59,6 +59,21 @@ impl Cipher {
         Ok(sealed)
     }
 
+    /// A block as a pack holds it, opened: its plaintext, decompressed when the index gives
+    /// its `uncompressed` length (restic's compressed blocks).
+    pub fn open_block(
+        &self,
+        sealed: &[u8],
+        uncompressed: Option<std::num::NonZeroU32>,
+    ) -> Result<Vec<u8>, String> {
+        let plain = self.open(sealed).map_err(|error| error.to_string())?;
+        match uncompressed {
+            None => Ok(plain),
+            Some(length) => zstd::bulk::decompress(&plain, length.get() as usize)
+                .map_err(|error| format!("a block does not decompress: {error}")),
+        }
+    }
+
     /// The plaintext of a sealed item, if its MAC holds.
     pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
         if sealed.len() < OVERHEAD {
@@ -94,5 +109,34 @@ mod tests {
         }
         assert_eq!(other.open(&sealed), Err(CryptoError::Mac));
         assert_eq!(cipher.open(&sealed[..31]), Err(CryptoError::TooShort(31)));
+    }
+
+    #[test]
+    fn a_compressed_block_opens_to_its_plaintext_and_a_changed_one_is_refused() {
+        let cipher = Cipher::new(&MasterKey::new()).unwrap();
+        let plain = b"insert into orders values (1, 'committed');\n".repeat(1000);
+        let compressed = zstd::bulk::compress(&plain, 3).unwrap();
+        let length = std::num::NonZeroU32::new(plain.len() as u32);
+        let sealed = cipher.seal(&compressed).unwrap();
+        assert_eq!(cipher.open_block(&sealed, length).unwrap(), plain);
+        // Stored as it is (no uncompressed length in the index): the plaintext as sealed.
+        let stored = cipher.seal(&plain).unwrap();
+        assert_eq!(cipher.open_block(&stored, None).unwrap(), plain);
+        let mut altered = sealed.clone();
+        altered[sealed.len() / 2] ^= 1;
+        assert!(
+            cipher
+                .open_block(&altered, length)
+                .unwrap_err()
+                .contains("MAC")
+        );
+        // Sealed whole but not zstd: named as such.
+        let not_zstd = cipher.seal(&plain).unwrap();
+        assert!(
+            cipher
+                .open_block(&not_zstd, length)
+                .unwrap_err()
+                .contains("does not decompress")
+        );
     }
 }

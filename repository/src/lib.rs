@@ -2,6 +2,7 @@
 //! rustic_core, in a BackupRepository's bucket.
 
 pub mod backend;
+pub mod blocks;
 pub mod check;
 pub mod chunker;
 pub mod crypto;

@@ -23,12 +23,13 @@ use custody_kube::s3::{self, Endpoint, Secret};
 use custody_proto::manifest::{self, Header};
 use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
 use custody_repository::backend::{Location, S3Backend};
+use custody_repository::blocks::BlockReader;
 use custody_repository::crypto::Cipher;
 use custody_repository::open::{self, OpenError, Opened, Password};
 use custody_repository::prune;
 use custody_repository::snapshot::{self, ManifestMeta, MetaError, SnapshotMeta};
 use custody_repository::writer::{Writer, WriterOptions};
-use rustic_core::repofile::{BlobType, SnapshotFile};
+use rustic_core::repofile::SnapshotFile;
 use rustic_core::{
     IndexedFullStatus, OpenStatus, Repository, RepositoryBackends, SnapshotOptions, TreeId,
 };
@@ -151,7 +152,7 @@ pub fn backup(
     // The parent's trees and manifests: a file unchanged since it is not read again.
     let mut parents: Vec<Option<(TreeId, File)>> = request.volumes.iter().map(|_| None).collect();
     if let Some(id) = &request.parent {
-        match parents_of(&repository, id, &request.volumes) {
+        match parents_of(&repository, (&repo.backend, &cipher), id, &request.volumes) {
             Ok(found) => parents = found,
             // Without the parent, every file is read: slower, never wrong.
             Err(reason) => eprintln!("custody-mover: not using parent snapshot {id}: {reason}"),
@@ -163,7 +164,15 @@ pub fn backup(
         cipher.clone(),
         WriterOptions::default(),
     );
-    let mut archiver = Archiver::new(&repository, writer, &stop);
+    let mut archiver = Archiver::new(
+        BlockReader {
+            repository: &repository,
+            backend: &repo.backend,
+            cipher: &cipher,
+        },
+        writer,
+        &stop,
+    );
     let mut read = Vec::new();
     let mut claims = Vec::new();
     for (volume, parent) in request.volumes.into_iter().zip(parents) {
@@ -286,6 +295,7 @@ fn unreadable(backend: &S3Backend, error: &rustic_core::RusticError) -> MoverErr
 /// The parent snapshot's tree and manifest of each volume (`None` for a volume it lacks).
 fn parents_of(
     repository: &Repository<IndexedFullStatus>,
+    reader: (&S3Backend, &Cipher),
     id: &str,
     volumes: &[Volume],
 ) -> Result<Vec<Option<(TreeId, File)>>, String> {
@@ -298,9 +308,10 @@ fn parents_of(
             let Ok(recorded) = meta.manifest(&volume.name) else {
                 return Ok(None);
             };
-            let manifest = read_manifest(repository, &parent, &volume.name, &recorded.blake3)
-                .and_then(|manifest| manifest.reopen().map_err(local("the manifest")))
-                .map_err(|error| error.to_string())?;
+            let manifest =
+                read_manifest(repository, reader, &parent, &volume.name, &recorded.blake3)
+                    .and_then(|manifest| manifest.reopen().map_err(local("the manifest")))
+                    .map_err(|error| error.to_string())?;
             let node = repository
                 .node_from_snapshot_and_path(&parent, &snapshot::data_path(&volume.name))
                 .map_err(|error| error.display_log())?;
@@ -327,6 +338,7 @@ fn snapshot_file(
 /// A volume's manifest out of a snapshot, into a scratch file; it must hash to `blake3`.
 fn read_manifest(
     repository: &Repository<IndexedFullStatus>,
+    (backend, cipher): (&S3Backend, &Cipher),
     snapshot: &SnapshotFile,
     volume: &str,
     blake3: &str,
@@ -342,13 +354,17 @@ fn read_manifest(
         })?;
     let mut file =
         tempfile::NamedTempFile::new().map_err(local("a scratch file for the manifest"))?;
+    // Block by block, none kept.
+    let blocks = BlockReader {
+        repository,
+        backend,
+        cipher,
+    };
     for id in node.content.iter().flatten() {
-        let block = repository
-            .get_blob_cached(&(*id).into(), BlobType::Data)
-            .map_err(|error| MoverError::Download {
-                key: path.clone(),
-                message: error.display_log(),
-            })?;
+        let block = blocks.block(id).map_err(|message| MoverError::Download {
+            key: path.clone(),
+            message,
+        })?;
         file.write_all(&block)
             .map_err(local("a scratch file for the manifest"))?;
     }
@@ -418,7 +434,15 @@ pub fn restore(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResul
             found: recorded.blake3.clone(),
         });
     }
-    let manifest_file = read_manifest(&repository, &snapshot, request.volume, &recorded.blake3)?;
+    let cipher = Cipher::new(&repository.key())
+        .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
+    let manifest_file = read_manifest(
+        &repository,
+        (&repo.backend, &cipher),
+        &snapshot,
+        request.volume,
+        &recorded.blake3,
+    )?;
     let reader = super::checked_manifest(&manifest_file, request.backup_uid)?;
 
     super::write_identity(request.target, &identity)?;

@@ -18,6 +18,7 @@ use custody_proto::manifest::{
     self, Entry, Header, Kind, ManifestReader, ManifestSummary, ManifestWriter,
 };
 use custody_proto::volume::IGNORED_AT_ROOT;
+use custody_repository::blocks::BlockReader;
 use custody_repository::chunker::{Chunker, Scan};
 use custody_repository::prune::Referenced;
 use custody_repository::writer::{self, BlockId, Writer, WriterStats};
@@ -61,6 +62,8 @@ pub struct ReadCounts {
 /// [`Event`]s in walk order.
 pub struct Archiver<'a> {
     repository: &'a Repository<IndexedFullStatus>,
+    /// Reads the parent's trees (as `get_tree` would, with custody's own reads).
+    blocks: BlockReader<'a>,
     writer: Option<Writer>,
     chunker: Chunker,
     stop: &'a AtomicBool,
@@ -233,15 +236,13 @@ fn read_error(path: &str, source: io::Error) -> BuildError {
 }
 
 impl<'a> Archiver<'a> {
-    pub fn new(
-        repository: &'a Repository<IndexedFullStatus>,
-        writer: Writer,
-        stop: &'a AtomicBool,
-    ) -> Archiver<'a> {
+    pub fn new(blocks: BlockReader<'a>, writer: Writer, stop: &'a AtomicBool) -> Archiver<'a> {
+        let repository = blocks.repository;
         let config = repository.config();
         let polynomial = config.poly().unwrap_or(0);
         Archiver {
             repository,
+            blocks,
             writer: Some(writer),
             chunker: Chunker::new(
                 polynomial,
@@ -611,7 +612,7 @@ impl<'a> Archiver<'a> {
     /// The nodes of a parent tree (none without one, or when it cannot be read: then every
     /// file is read, slower and never wrong).
     fn parent_nodes(&self, tree: Option<TreeId>) -> Vec<Node> {
-        tree.and_then(|tree| self.repository.get_tree(&tree).ok())
+        tree.and_then(|tree| self.blocks.tree(&tree).ok())
             .map(|tree| tree.nodes)
             .unwrap_or_default()
     }
