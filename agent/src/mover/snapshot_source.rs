@@ -61,8 +61,8 @@ pub struct ReadCounts {
 /// blocks handed to the writer, the directories' trees), joined by a short queue of
 /// [`Event`]s in walk order.
 pub struct Archiver<'a> {
-    repository: &'a Repository<IndexedFullStatus>,
-    /// Reads the parent's trees (as `get_tree` would, with custody's own reads).
+    /// The repository, and reads of the parent's trees (as `get_tree` would, with custody's
+    /// own reads).
     blocks: BlockReader<'a>,
     writer: Option<Writer>,
     chunker: Chunker,
@@ -241,7 +241,6 @@ impl<'a> Archiver<'a> {
         let config = repository.config();
         let polynomial = config.poly().unwrap_or(0);
         Archiver {
-            repository,
             blocks,
             writer: Some(writer),
             chunker: Chunker::new(
@@ -263,7 +262,7 @@ impl<'a> Archiver<'a> {
 
     /// Stores a tree of `nodes` (already in name order).
     pub fn tree(&mut self, nodes: Vec<Node>) -> Result<TreeId, BuildError> {
-        let repository = self.repository;
+        let repository = self.blocks.repository;
         store_tree(repository, self.writer(), nodes)
     }
 
@@ -287,7 +286,7 @@ impl<'a> Archiver<'a> {
         let mut reader = file.try_clone().map_err(BuildError::Write)?;
         reader.rewind().map_err(BuildError::Write)?;
         let size = reader.metadata().map_err(BuildError::Write)?.len();
-        let repository = self.repository;
+        let repository = self.blocks.repository;
         let mut content = Vec::new();
         let chunker = &self.chunker;
         let writer = self
@@ -347,7 +346,7 @@ impl<'a> Archiver<'a> {
             .writer
             .take()
             .expect("the writer is here between volumes");
-        let repository = self.repository;
+        let repository = self.blocks.repository;
         let (events, received) = crossbeam_channel::bounded::<Vec<Event>>(EVENTS_AHEAD);
         let (jobs, to_chunk) = crossbeam_channel::bounded::<ChunkJob>(0);
         let (walked, built) = std::thread::scope(|scope| {
@@ -642,7 +641,7 @@ impl<'a> Archiver<'a> {
         };
         if !content
             .iter()
-            .all(|id| self.repository.get_index_entry(id).is_ok())
+            .all(|id| self.blocks.repository.get_index_entry(id).is_ok())
         {
             return Ok(None);
         }
