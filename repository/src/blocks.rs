@@ -10,6 +10,7 @@ use rustic_core::{FileType, IndexedFullStatus, PackedId, ReadBackend, Repository
 use crate::crypto::Cipher;
 
 /// Reads blocks of `repository` through `backend`, opening them with `cipher`.
+#[derive(Clone, Copy)]
 pub struct BlockReader<'a> {
     pub repository: &'a Repository<IndexedFullStatus>,
     pub backend: &'a dyn ReadBackend,

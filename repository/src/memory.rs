@@ -26,6 +26,8 @@ fn at(file_type: FileType, id: &Id) -> (&'static str, Id) {
 #[derive(Clone, Debug, Default)]
 pub struct MemoryBackend {
     files: Arc<Mutex<Files>>,
+    /// How long storing a pack takes (a slow bucket, for tests of what waits for uploads).
+    pack_delay: std::time::Duration,
 }
 
 impl MemoryBackend {
@@ -33,10 +35,19 @@ impl MemoryBackend {
         MemoryBackend::default()
     }
 
+    /// A backend that takes `delay` to store each pack.
+    pub fn with_pack_delay(delay: std::time::Duration) -> MemoryBackend {
+        MemoryBackend {
+            pack_delay: delay,
+            ..MemoryBackend::default()
+        }
+    }
+
     /// An independent copy of every file.
     pub fn copy(&self) -> MemoryBackend {
         MemoryBackend {
             files: Arc::new(Mutex::new(self.files().clone())),
+            pack_delay: self.pack_delay,
         }
     }
 
@@ -119,6 +130,9 @@ impl WriteBackend for MemoryBackend {
         _cacheable: bool,
         content: BytesList,
     ) -> RusticResult<()> {
+        if file_type == FileType::Pack {
+            std::thread::sleep(self.pack_delay);
+        }
         let mut joined = Vec::new();
         for part in content.into_vec() {
             joined.extend_from_slice(&part);

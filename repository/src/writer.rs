@@ -7,8 +7,9 @@
 //! The caller hashes (SHA-256, the block's ID) and hands blocks over in order; compressing and
 //! sealing run on [`WriterOptions::sealers`] threads and uploads on
 //! [`WriterOptions::uploads`], and blocks keep their order in the packs (a restore then reads
-//! a volume's content front to back). Memory is bounded by the queues: a few blocks being
-//! sealed, one open pack of each type, and the packs being uploaded.
+//! a volume's content front to back). Memory is bounded in bytes and packs: the blocks being
+//! sealed ([`WriterOptions::sealing_bytes`]), one open pack of each type, and the full packs
+//! not yet stored ([`WriterOptions::packs_unstored`]).
 //!
 //! This is the part of a backup rustic_core's archiver also does; custody does it itself
 //! because that archiver could not reach the speed asked of a backup here (see the README),
@@ -45,6 +46,10 @@ pub struct WriterOptions {
     pub sealing_bytes: usize,
     /// Packs uploaded at a time.
     pub uploads: usize,
+    /// Full packs not yet stored (being uploaded or waiting for an uploader): a block that
+    /// would start another pack waits while this many are. With the open pack of each type,
+    /// this bounds the pack buffers in memory.
+    pub packs_unstored: usize,
     /// An index file is written once this many stored packs wait for one.
     pub packs_per_index: usize,
 }
@@ -54,14 +59,17 @@ impl Default for WriterOptions {
         WriterOptions {
             compression_level: 3,
             // Smaller than restic's 16 MiB: what is held in memory is a few packs (the open
-            // one, those uploading and one waiting for an uploader). 4 MiB measured no lower
-            // peak on the benchmark set (the 8 MiB chunks of text files being read and sealed
-            // are most of it).
+            // one and those not yet stored). 4 MiB measured no lower peak on the benchmark
+            // set (the 8 MiB chunks of text files being read and sealed are most of it).
             data_pack_bytes: 8 << 20,
             tree_pack_bytes: 4 << 20,
             sealers: 2,
-            sealing_bytes: 16 << 20,
+            // One chunk of the largest size (8 MiB), or eight of restic's average: on the
+            // benchmark set, 16 MiB measured no faster and up to 8 MiB more at the peak.
+            sealing_bytes: 8 << 20,
             uploads: 2,
+            // The packs being uploaded: a sealer does not start a third pack meanwhile.
+            packs_unstored: 2,
             packs_per_index: 64,
         }
     }
@@ -84,6 +92,8 @@ pub struct WriterStats {
     pub index_files: u64,
     /// The most bytes of blocks that were handed over and not yet in a pack at once.
     pub peak_sealing_bytes: u64,
+    /// The most full packs not yet stored at once.
+    pub peak_packs_unstored: u64,
 }
 
 /// Why storing failed.
@@ -172,6 +182,8 @@ struct State {
     failure: Option<String>,
     /// Bytes of the blocks handed over and not yet in a pack.
     sealing: usize,
+    /// Full packs not yet stored.
+    unstored: usize,
 }
 
 struct Shared {
@@ -179,7 +191,8 @@ struct Shared {
     cipher: Cipher,
     options: WriterOptions,
     state: Mutex<State>,
-    /// Signalled when blocks reach their pack (or the writer fails).
+    /// Signalled when blocks reach their pack, when a pack is stored, or when the writer
+    /// fails.
     sealed: Condvar,
 }
 
@@ -243,14 +256,15 @@ impl Writer {
                 stats: WriterStats::default(),
                 failure: None,
                 sealing: 0,
+                unstored: 0,
             }),
             sealed: Condvar::new(),
         });
         // Bounded by bytes ([`Shared::admit`]), not by count.
         let (jobs, to_seal) = crossbeam_channel::unbounded::<Job>();
-        // A full pack waits for an uploader: memory holds at most the open packs and those
-        // being uploaded.
-        let (packs, to_upload) = crossbeam_channel::bounded::<FullPack>(0);
+        // Bounded by [`WriterOptions::packs_unstored`]: sent under the state's lock, so never
+        // waiting there.
+        let (packs, to_upload) = crossbeam_channel::unbounded::<FullPack>();
         let sealers = (0..options.sealers.max(1))
             .map(|_| {
                 let (shared, to_seal, packs) = (shared.clone(), to_seal.clone(), packs.clone());
@@ -358,9 +372,12 @@ impl Writer {
                     BlobType::Tree => &mut state.tree,
                 });
                 if !builder.blobs.is_empty() {
-                    drop(state);
-                    let _ = packs.send(FullPack { kind, builder });
-                    state = self.shared.state.lock().expect("writer state");
+                    while state.failure.is_none()
+                        && state.unstored >= self.shared.options.packs_unstored.max(1)
+                    {
+                        state = self.shared.sealed.wait(state).expect("writer state");
+                    }
+                    ship(&mut state, packs, FullPack { kind, builder });
                 }
             }
         }
@@ -448,78 +465,105 @@ fn seal(
                 continue;
             }
         };
-        let mut full = Vec::new();
-        {
-            let mut guard = shared.state.lock().expect("writer state");
+        let mut guard = shared.state.lock().expect("writer state");
+        guard.ready.insert(
+            job.sequence,
+            Sealed {
+                kind: job.kind,
+                id: job.id,
+                bytes: sealed,
+                plain_length: job.plain.len() as u32,
+                compressed: compressed.is_some(),
+            },
+        );
+        drop(job);
+        // In order: a volume's blocks lie in its packs as its files do.
+        loop {
             let state = &mut *guard;
-            state.ready.insert(
-                job.sequence,
-                Sealed {
-                    kind: job.kind,
-                    id: job.id,
-                    bytes: sealed,
-                    plain_length: job.plain.len() as u32,
-                    compressed: compressed.is_some(),
-                },
-            );
-            // In order: a volume's blocks lie in its packs as its files do.
-            loop {
-                let next = state.next;
-                let Some(sealed) = state.ready.remove(&next) else {
-                    break;
-                };
-                state.next += 1;
-                state.sealing -= sealed.plain_length as usize;
-                shared.sealed.notify_all();
-                state.stats.blocks_new += 1;
-                state.stats.bytes_new += u64::from(sealed.plain_length);
-                if sealed.kind == BlobType::Data {
-                    state.stats.data_blocks_new += 1;
-                    state.stats.data_bytes_new += u64::from(sealed.plain_length);
-                }
-                let (builder, limit) = match sealed.kind {
-                    BlobType::Data => (&mut state.data, shared.options.data_pack_bytes),
-                    BlobType::Tree => (&mut state.tree, shared.options.tree_pack_bytes),
-                };
-                let length = sealed.bytes.len() as u32;
-                // A pack never grows past its size by more than one block: a block that does
-                // not fit starts the next pack.
-                if !builder.blobs.is_empty() && builder.bytes.len() + sealed.bytes.len() > limit {
-                    full.push(FullPack {
+            if state.failure.is_some() {
+                break;
+            }
+            let next = state.next;
+            let Some(waiting) = state.ready.get(&next) else {
+                break;
+            };
+            let (builder, limit) = match waiting.kind {
+                BlobType::Data => (&state.data, shared.options.data_pack_bytes),
+                BlobType::Tree => (&state.tree, shared.options.tree_pack_bytes),
+            };
+            if starts_pack(builder, limit, waiting.bytes.len())
+                && state.unstored >= shared.options.packs_unstored.max(1)
+            {
+                // Room for another pack comes when one is stored (an uploader signals).
+                guard = shared.sealed.wait(guard).expect("writer state");
+                continue;
+            }
+            let sealed = state.ready.remove(&next).expect("it was there");
+            state.next += 1;
+            state.sealing -= sealed.plain_length as usize;
+            shared.sealed.notify_all();
+            state.stats.blocks_new += 1;
+            state.stats.bytes_new += u64::from(sealed.plain_length);
+            if sealed.kind == BlobType::Data {
+                state.stats.data_blocks_new += 1;
+                state.stats.data_bytes_new += u64::from(sealed.plain_length);
+            }
+            let (builder, limit) = match sealed.kind {
+                BlobType::Data => (&mut state.data, shared.options.data_pack_bytes),
+                BlobType::Tree => (&mut state.tree, shared.options.tree_pack_bytes),
+            };
+            let length = sealed.bytes.len() as u32;
+            // A pack never grows past its size by more than one block: a block that does
+            // not fit starts the next pack.
+            let mut full = Vec::new();
+            if !builder.blobs.is_empty() && builder.bytes.len() + sealed.bytes.len() > limit {
+                full.push(std::mem::take(builder));
+            }
+            // A data pack's buffer is taken whole at once (it fills); a tree pack's grows
+            // as trees come (a backup's trees are often far fewer bytes than a pack).
+            if builder.bytes.capacity() == 0 && sealed.kind == BlobType::Data {
+                builder
+                    .bytes
+                    .reserve(limit.max(sealed.bytes.len()) + PACK_HEADER_ROOM);
+            }
+            builder.blobs.push((
+                sealed.id,
+                builder.bytes.len() as u32,
+                length,
+                sealed
+                    .compressed
+                    .then(|| NonZeroU32::new(sealed.plain_length))
+                    .flatten(),
+            ));
+            builder.bytes.extend_from_slice(&sealed.bytes);
+            if builder.bytes.len() >= limit {
+                full.push(std::mem::take(builder));
+            }
+            for builder in full {
+                ship(
+                    state,
+                    packs,
+                    FullPack {
                         kind: sealed.kind,
-                        builder: std::mem::take(builder),
-                    });
-                }
-                // A data pack's buffer is taken whole at once (it fills); a tree pack's grows
-                // as trees come (a backup's trees are often far fewer bytes than a pack).
-                if builder.bytes.capacity() == 0 && sealed.kind == BlobType::Data {
-                    builder
-                        .bytes
-                        .reserve(limit.max(sealed.bytes.len()) + PACK_HEADER_ROOM);
-                }
-                builder.blobs.push((
-                    sealed.id,
-                    builder.bytes.len() as u32,
-                    length,
-                    sealed
-                        .compressed
-                        .then(|| NonZeroU32::new(sealed.plain_length))
-                        .flatten(),
-                ));
-                builder.bytes.extend_from_slice(&sealed.bytes);
-                if builder.bytes.len() >= limit {
-                    full.push(FullPack {
-                        kind: sealed.kind,
-                        builder: std::mem::take(builder),
-                    });
-                }
+                        builder,
+                    },
+                );
             }
         }
-        for pack in full {
-            if packs.send(pack).is_err() {
-                shared.fail("the uploads stopped".into());
-            }
-        }
+    }
+}
+
+/// Whether a sealed block of `length` bytes starts a new pack after `builder`'s.
+fn starts_pack(builder: &PackBuilder, limit: usize, length: usize) -> bool {
+    builder.blobs.is_empty() || builder.bytes.len() + length > limit
+}
+
+/// Hands a full pack to the uploaders, counting it until it is stored.
+fn ship(state: &mut State, packs: &crossbeam_channel::Sender<FullPack>, pack: FullPack) {
+    state.unstored += 1;
+    state.stats.peak_packs_unstored = state.stats.peak_packs_unstored.max(state.unstored as u64);
+    if packs.send(pack).is_err() && state.failure.is_none() {
+        state.failure = Some("the uploads stopped".into());
     }
 }
 
@@ -535,12 +579,16 @@ fn entry_type(kind: BlobType, compressed: bool) -> u8 {
 
 fn upload(shared: &Shared, to_upload: &crossbeam_channel::Receiver<FullPack>) {
     for pack in to_upload {
-        if shared.failure().is_some() {
-            continue;
+        let stored = match shared.failure() {
+            Some(_) => Ok(()),
+            None => upload_pack(shared, pack),
+        };
+        let mut state = shared.state.lock().expect("writer state");
+        state.unstored -= 1;
+        if let Err(message) = stored {
+            state.failure.get_or_insert(message);
         }
-        if let Err(message) = upload_pack(shared, pack) {
-            shared.fail(message);
-        }
+        shared.sealed.notify_all();
     }
 }
 

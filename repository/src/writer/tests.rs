@@ -64,3 +64,30 @@ fn blocks_wait_for_room_among_those_being_sealed_and_a_larger_one_goes_alone() {
     assert_eq!(stats.data_blocks_new, 3);
     assert_eq!(stats.peak_sealing_bytes, 5 * MIB as u64, "{stats:?}");
 }
+
+#[test]
+fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_stored() {
+    // 12 blocks of 256 KiB, two to a pack: 6 packs, each taking 200 ms to store, sealed far
+    // faster. Without the bound, full packs would pile up for the uploader.
+    const BLOCK: usize = 256 << 10;
+    for unstored in [1, 3] {
+        let mut writer = Writer::new(
+            Arc::new(MemoryBackend::with_pack_delay(
+                std::time::Duration::from_millis(200),
+            )),
+            Cipher::new(&MasterKey::new()).expect("a cipher"),
+            WriterOptions {
+                data_pack_bytes: 2 * BLOCK + BLOCK / 2,
+                packs_unstored: unstored,
+                uploads: 1,
+                ..WriterOptions::default()
+            },
+        );
+        for seed in 0..12 {
+            store(&mut writer, noise(BLOCK, seed));
+        }
+        let stats = writer.finish().expect("finished");
+        assert_eq!((stats.data_blocks_new, stats.packs), (12, 6), "{stats:?}");
+        assert_eq!(stats.peak_packs_unstored, unstored as u64, "{stats:?}");
+    }
+}
