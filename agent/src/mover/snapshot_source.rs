@@ -215,10 +215,21 @@ fn read_parent_trees(
 }
 
 /// The stat stage: the volume's entries in canonical order with their `stat`, sent in batches
-/// (an error ends them). It stops when the walk stops taking them.
-fn stat_entries(walk: Walk, found: &crossbeam_channel::Sender<FoundBatch>) {
+/// (an error ends them). It stops when the walk stops taking them. With `read_ahead` (every
+/// file will be read: there is no parent), it asks the kernel to start reading each file the
+/// walk itself will read, so that those reads wait on the disk side by side instead of one
+/// after another.
+fn stat_entries(
+    walk: Walk,
+    root: &std::os::fd::OwnedFd,
+    read_ahead: bool,
+    found: &crossbeam_channel::Sender<FoundBatch>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     for entry in walk {
+        if let (true, Ok(entry)) = (read_ahead, &entry) {
+            start_reading(root, entry);
+        }
         let failed = entry.is_err();
         batch.push(entry);
         if batch.len() == BATCH || failed {
@@ -229,6 +240,23 @@ fn stat_entries(walk: Walk, found: &crossbeam_channel::Sender<FoundBatch>) {
         }
     }
     let _ = found.send(batch);
+}
+
+/// Starts the kernel reading a small regular file into its cache (a hint: failing, it does
+/// nothing; the walk reads the file as ever).
+fn start_reading(root: &std::os::fd::OwnedFd, entry: &Found) {
+    let small_file = matches!(entry.kind, OnDisk::File)
+        && entry.stat.as_ref().is_some_and(|stat| {
+            FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
+                && stat.st_size > 0
+                && (stat.st_size as u64) < CHUNK_THREAD_FILES
+        });
+    if !small_file {
+        return;
+    }
+    if let Ok(fd) = tree::open_beneath(root, &entry.path, OFlags::RDONLY | OFlags::NONBLOCK) {
+        let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::WillNeed);
+    }
 }
 
 /// The walk's side of the queue to the tree stage: events go in batches.
@@ -413,11 +441,14 @@ impl<'a> Archiver<'a> {
         let (jobs, to_chunk) = crossbeam_channel::bounded::<ChunkJob>(0);
         let (found, to_walk) = crossbeam_channel::bounded::<FoundBatch>(FOUND_AHEAD);
         let entries = Walk::new(&root, IGNORED_AT_ROOT)?.stat_files();
+        let (read_ahead, stat_root) = (volume.parent.is_none(), &root);
         let (parent_trees, to_compare) = crossbeam_channel::bounded(PARENT_TREES_AHEAD);
         let (walked, built) = std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("stat".into())
-                .spawn_scoped(scope, move || stat_entries(entries, &found))
+                .spawn_scoped(scope, move || {
+                    stat_entries(entries, stat_root, read_ahead, &found)
+                })
                 .expect("a thread starts");
             if let Some((tree, _)) = &volume.parent {
                 let (blocks, tree) = (self.blocks, *tree);
