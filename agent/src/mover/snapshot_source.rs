@@ -176,28 +176,33 @@ const BATCH: usize = 256;
 type FoundBatch = Vec<Result<Found, WalkError>>;
 const FOUND_AHEAD: usize = 4;
 
-/// The parent snapshot's trees read ahead of the walk, in the order it enters directories.
-type ParentTrees = crossbeam_channel::Receiver<(TreeId, Vec<Node>)>;
+/// The parent snapshot's trees read ahead of the walk, in the order it enters directories
+/// (`None`: the tree could not be read).
+type ParentTrees = crossbeam_channel::Receiver<(TreeId, Option<Vec<Node>>)>;
+/// Parent trees read and not yet taken by the walk, at most.
+const PARENT_TREES_AHEAD: usize = 2;
 
 /// What the stages ahead of the walk send it.
 struct Ahead {
     entries: crossbeam_channel::Receiver<FoundBatch>,
     parent_trees: ParentTrees,
 }
-/// Parent trees read and not yet taken by the walk, at most.
-const PARENT_TREES_AHEAD: usize = 2;
 
 /// The parent-tree stage: reads the trees under `root` in the walk's order (a directory, then
-/// its subdirectories by name, each before what is in it). A tree it cannot read is left out:
-/// the walk then reads it itself (and, failing, reads the directory's files).
+/// its subdirectories by name, each before what is in it). A tree it cannot read is sent as
+/// `None`, in its place (what is under it is unknown): the walk then tries it itself (and,
+/// failing, reads the directory's files).
 fn read_parent_trees(
     read: impl Fn(&TreeId) -> Result<Vec<Node>, String>,
     root: TreeId,
-    trees: &crossbeam_channel::Sender<(TreeId, Vec<Node>)>,
+    trees: &crossbeam_channel::Sender<(TreeId, Option<Vec<Node>>)>,
 ) {
     let mut next = vec![root];
     while let Some(id) = next.pop() {
         let Ok(nodes) = read(&id) else {
+            if trees.send((id, None)).is_err() {
+                return;
+            }
             continue;
         };
         let first = next.len();
@@ -208,7 +213,7 @@ fn read_parent_trees(
                 .filter_map(|node| node.subtree),
         );
         next[first..].reverse();
-        if trees.send((id, nodes)).is_err() {
+        if trees.send((id, Some(nodes))).is_err() {
             return;
         }
     }
@@ -738,7 +743,7 @@ impl<'a> Archiver<'a> {
             return Vec::new();
         };
         // Trees read ahead and not asked for (directories no longer there) are passed over.
-        if let Some((_, nodes)) = ahead.iter().find(|(id, _)| *id == tree) {
+        if let Some((_, Some(nodes))) = ahead.iter().find(|(id, _)| *id == tree) {
             return nodes;
         }
         self.blocks
@@ -1123,7 +1128,7 @@ mod tests {
             .collect();
         let mut walk_order: Vec<usize> = (0..paths.len()).collect();
         walk_order.sort_by(|a, b| manifest::compare_paths(paths[*a], paths[*b]));
-        // One tree cannot be read: it is left out, the others still come in order.
+        // One tree cannot be read: it comes in its place, unread, the others still in order.
         let unreadable = tree_id(4);
         let (sender, received) = crossbeam_channel::unbounded();
         read_parent_trees(
@@ -1136,11 +1141,14 @@ mod tests {
             &sender,
         );
         drop(sender);
-        let sent: Vec<TreeId> = received.iter().map(|(id, _)| id).collect();
-        let expected: Vec<TreeId> = walk_order
+        let sent: Vec<(TreeId, bool)> = received
+            .iter()
+            .map(|(id, nodes)| (id, nodes.is_some()))
+            .collect();
+        let expected: Vec<(TreeId, bool)> = walk_order
             .into_iter()
             .map(|index| tree_id(index as u8))
-            .filter(|id| *id != unreadable)
+            .map(|id| (id, id != unreadable))
             .collect();
         assert_eq!(sent, expected);
     }
