@@ -19,8 +19,6 @@ large_mib=${2:-1536}
 command -v restic >/dev/null || { log "installing restic"; apt-get install -y -qq restic >/dev/null; }
 endpoint=$("$here/s3-up.sh" | tail -1)
 mover=$(shipped_mover)   # static, musl: as the agent's image ships it
-# Creates the repository once (the test suite builds it): its speed is not measured.
-cargo build --locked -p custody-tests --bin repository-key --quiet
 kopia=$("$here/build-kopia.sh" | tail -1)
 export AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY
 export RESTIC_PASSWORD=custody-bench
@@ -78,8 +76,7 @@ timed() {
 uid=bench-$run
 results=()
 # The repository, created as the controller creates it; the mover opens it with its master key.
-CUSTODY_REPOSITORY_KEY=$(CUSTODY_REPOSITORY_PASSWORD=custody-bench \
-  "$CARGO_TARGET_DIR/debug/repository-key" "$endpoint" "bench-custody-$run" custody_repository)
+CUSTODY_REPOSITORY_KEY=$(bench_repository "$endpoint" "bench-custody-$run")
 export CUSTODY_REPOSITORY_KEY
 common=(--endpoint "$endpoint" --bucket "bench-custody-$run" --path-style --repository-prefix custody_repository)
 # Arrays are not exported: the functions below run in `bash -c` and rebuild it.

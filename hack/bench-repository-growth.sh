@@ -18,16 +18,13 @@ gib=${2:-4}
 "$here/prerequisites.sh"
 endpoint=$("$here/s3-up.sh" | tail -1)
 mover=$(shipped_mover)   # static, musl: as the agent's image ships it
-# Creates the repository once (the test suite builds it): its speed is not measured.
-cargo build --locked -p custody-tests --bin repository-key --quiet
 export AWS_ACCESS_KEY_ID=$CUSTODY_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$CUSTODY_S3_SECRET_KEY
 
 work=$(mktemp -d /var/tmp/custody-bench-growth.XXXXXX)
 bucket=bench-growth-$(date +%s)
 trap 'rm -rf "$work"; "$here/s3.py" sweep "$endpoint" "$bucket" >&2' EXIT
 "$here/s3.py" mb "$endpoint" "$bucket"
-CUSTODY_REPOSITORY_KEY=$(CUSTODY_REPOSITORY_PASSWORD=custody-bench \
-  "$CARGO_TARGET_DIR/debug/repository-key" "$endpoint" "$bucket" custody_repository)
+CUSTODY_REPOSITORY_KEY=$(bench_repository "$endpoint" "$bucket")
 export CUSTODY_REPOSITORY_KEY
 common=(--endpoint "$endpoint" --bucket "$bucket" --path-style --repository-prefix custody_repository)
 

@@ -149,6 +149,14 @@ wait_for() {
   return 1
 }
 
+# bench_repository ENDPOINT BUCKET: creates custody's repository (prefix custody_repository) in
+# BUCKET as the controller creates it, with the benchmarks' password, and prints its master key
+# for CUSTODY_REPOSITORY_KEY. The test suite's debug repository-key does it: not what is timed.
+bench_repository() {
+  cargo build --locked -p custody-tests --bin repository-key --quiet >&2
+  CUSTODY_REPOSITORY_PASSWORD=custody-bench "$CARGO_TARGET_DIR/debug/repository-key" "$1" "$2" custody_repository
+}
+
 # shipped_mover: builds custody-mover as the agent's image ships it (static, musl, profile
 # image; hack/build-images.sh's build and cache) and prints its path. Benchmarks time this
 # binary, not the host's build: musl's allocator and memcpy are part of its figures.

@@ -380,7 +380,7 @@ async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
     assert_eq!(failure(&output)["reason"], "ManifestOfAnotherBackup");
 
     // One byte of the data pack (the largest: 300 kB that do not compress) changed: its
-    // block fails its MAC, the pack is named.
+    // block's MAC does not match, the pack is named.
     let mut packs = Vec::new();
     for pack in s3::keys(url, &bucket, &format!("{PREFIX}/data/")).await {
         let bytes = s3::get(url, &bucket, &pack).await;
@@ -396,7 +396,7 @@ async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
     let error = failure(&output);
     assert_eq!(error["reason"], "ArchiveUnreadable", "{error}");
     let message = error["message"].as_str().unwrap();
-    assert!(message.contains("fails its MAC"), "{error}");
+    assert!(message.contains("MAC does not match"), "{error}");
     let pack_id = data_pack.rsplit('/').next().unwrap();
     assert!(message.contains(&pack_id[..8]), "names the pack: {error}");
 

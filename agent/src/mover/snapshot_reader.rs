@@ -16,11 +16,10 @@ use std::io::{self, BufRead, Read};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Condvar, Mutex};
 
-use aes256ctr_poly1305aes::Aes256CtrPoly1305Aes;
-use aes256ctr_poly1305aes::aead::Aead;
 use bytes::Bytes;
 use custody_repository::backend::S3Backend;
-use rustic_core::repofile::{MasterKey, Node, NodeType, PackId};
+use custody_repository::crypto::Cipher;
+use rustic_core::repofile::{Node, NodeType, PackId};
 use rustic_core::{DataId, FileType, IndexedFullStatus, LsOptions, ReadBackend, Repository};
 
 use super::extract::{ExtractError, Extraction, Found};
@@ -141,42 +140,6 @@ impl Handover {
     }
 }
 
-/// Decrypts restic's blocks with the repository's master key.
-struct Cipher(Aes256CtrPoly1305Aes);
-
-impl Cipher {
-    fn new(key: &MasterKey) -> Result<Cipher, String> {
-        let mut bytes = Vec::with_capacity(64);
-        bytes.extend_from_slice(&key.encrypt);
-        bytes.extend_from_slice(&key.mac.k);
-        bytes.extend_from_slice(&key.mac.r);
-        if bytes.len() != 64 {
-            return Err("the master key has the wrong length".into());
-        }
-        Ok(Cipher(Aes256CtrPoly1305Aes::new(
-            aes256ctr_poly1305aes::Key::from_slice(&bytes),
-        )))
-    }
-
-    /// A block's plaintext: nonce, ciphertext and MAC, then zstd if it was compressed.
-    fn open(&self, sealed: &[u8], uncompressed: Option<NonZeroU32>) -> Result<Bytes, String> {
-        if sealed.len() < 32 {
-            return Err("a block shorter than its nonce and MAC".into());
-        }
-        let nonce = aes256ctr_poly1305aes::Nonce::from_slice(&sealed[..16]);
-        let plain = self
-            .0
-            .decrypt(nonce, &sealed[16..])
-            .map_err(|_| "a block fails its MAC (altered or not this repository's)".to_string())?;
-        match uncompressed {
-            None => Ok(Bytes::from(plain)),
-            Some(length) => zstd::bulk::decompress(&plain, length.get() as usize)
-                .map(Bytes::from)
-                .map_err(|error| format!("a block does not decompress: {error}")),
-        }
-    }
-}
-
 /// Extracts the snapshot tree under `node` (a volume's `data/<volume>`) through `extraction`.
 pub fn extract_volume<M: BufRead>(
     repository: &Repository<IndexedFullStatus>,
@@ -184,7 +147,8 @@ pub fn extract_volume<M: BufRead>(
     node: &Node,
     mut extraction: Extraction<M>,
 ) -> Result<custody_proto::manifest::Totals, ExtractError> {
-    let cipher = Cipher::new(&repository.key()).map_err(ExtractError::Archive)?;
+    let cipher =
+        Cipher::new(&repository.key()).map_err(|error| ExtractError::Archive(error.to_string()))?;
     let handover = Arc::new(Handover {
         fetched: Mutex::new(Fetched {
             ranges: BTreeMap::new(),
@@ -394,9 +358,12 @@ fn fetch(
                     .map(|block| {
                         let sealed = &bytes[at..at + block.length as usize];
                         at += block.length as usize;
-                        cipher.open(sealed, block.uncompressed).map_err(|error| {
-                            Failure::Damaged(format!("pack {}: {error}", range.pack))
-                        })
+                        cipher
+                            .open_block(sealed, block.uncompressed)
+                            .map(Bytes::from)
+                            .map_err(|error| {
+                                Failure::Damaged(format!("pack {}: {error}", range.pack))
+                            })
                     })
                     .collect::<Result<Vec<_>, _>>()
             });

@@ -93,6 +93,12 @@ enum Event {
 /// Files at least this large are read and chunked on a chunking thread (the rolling
 /// fingerprint is the slowest step) while the walk goes on reading the smaller ones.
 const CHUNK_THREAD_FILES: u64 = 4 << 20;
+
+/// Whether the walk reads a file of `size` bytes itself (a larger one goes to a chunking
+/// thread).
+fn read_by_the_walk(size: u64) -> bool {
+    size < CHUNK_THREAD_FILES
+}
 /// Chunking threads. Each holds a chunk of up to 8 MiB until the tree stage takes it; a second
 /// thread measured no faster on the benchmark set (two cores) and 4–8 MiB more at the peak.
 const CHUNKERS: usize = 1;
@@ -254,7 +260,7 @@ fn start_reading(root: &std::os::fd::OwnedFd, entry: &Found) {
         && entry.stat.as_ref().is_some_and(|stat| {
             FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
                 && stat.st_size > 0
-                && (stat.st_size as u64) < CHUNK_THREAD_FILES
+                && read_by_the_walk(stat.st_size as u64)
         });
     if !small_file {
         return;
@@ -676,7 +682,7 @@ impl<'a> Archiver<'a> {
                             self.counts.files_read += 1;
                             node.meta = node_metadata(&stat);
                             let metadata = Metadata::of(&stat);
-                            if metadata.size >= CHUNK_THREAD_FILES {
+                            if !read_by_the_walk(metadata.size) {
                                 let (chunks, chunks_received) = crossbeam_channel::bounded(0);
                                 let (hash, hash_received) = crossbeam_channel::bounded(1);
                                 events.send(Event::ChunkedFile(node, chunks_received))?;

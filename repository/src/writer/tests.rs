@@ -5,21 +5,9 @@ use rustic_core::repofile::{BlobType, MasterKey};
 
 use super::*;
 use crate::memory::MemoryBackend;
+use crate::test_bytes;
 
 const MIB: usize = 1 << 20;
-
-/// Incompressible bytes (sealing them takes real time).
-fn noise(size: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed * 2 + 1;
-    (0..size)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
 
 fn writer(sealing_bytes: usize) -> Writer {
     Writer::new(
@@ -43,7 +31,7 @@ fn store(writer: &mut Writer, block: Vec<u8>) {
 fn blocks_wait_for_room_among_those_being_sealed_and_a_larger_one_goes_alone() {
     // Handed over far faster than two threads seal them: without the bound all would wait at
     // once.
-    let blocks: Vec<Vec<u8>> = (0..40).map(|seed| noise(MIB, seed)).collect();
+    let blocks: Vec<Vec<u8>> = (0..40).map(|seed| test_bytes(MIB, seed)).collect();
     let mut bounded = writer(3 * MIB);
     for block in blocks {
         store(&mut bounded, block);
@@ -57,9 +45,9 @@ fn blocks_wait_for_room_among_those_being_sealed_and_a_larger_one_goes_alone() {
 
     // A block larger than the bound waits until nothing else is being sealed, then goes alone.
     let mut alone = writer(3 * MIB);
-    store(&mut alone, noise(MIB, 100));
-    store(&mut alone, noise(5 * MIB, 101));
-    store(&mut alone, noise(MIB, 102));
+    store(&mut alone, test_bytes(MIB, 100));
+    store(&mut alone, test_bytes(5 * MIB, 101));
+    store(&mut alone, test_bytes(MIB, 102));
     let stats = alone.finish().expect("finished");
     assert_eq!(stats.data_blocks_new, 3);
     assert_eq!(stats.peak_sealing_bytes, 5 * MIB as u64, "{stats:?}");
@@ -84,7 +72,7 @@ fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_st
             },
         );
         for seed in 0..12 {
-            store(&mut writer, noise(BLOCK, seed));
+            store(&mut writer, test_bytes(BLOCK, seed));
         }
         let stats = writer.finish().expect("finished");
         assert_eq!((stats.data_blocks_new, stats.packs), (12, 6), "{stats:?}");
