@@ -11,6 +11,14 @@
 use rustic_cdc::{Polynom, Rabin64};
 
 const WINDOW: usize = 64;
+/// Stretches of the rolling fingerprint computed side by side on one core.
+const LANES: usize = 4;
+/// Lanes are used only when each has at least this many bytes to roll.
+const LANE_BYTES_AT_LEAST: usize = 4096;
+/// restic's polynomials have degree 53 (the fingerprint's top byte is 45 bits up) and its
+/// chunks average 1 MiB.
+const RESTIC_SHIFT: i32 = 53 - 8;
+const RESTIC_MASK: u64 = (1 << 20) - 1;
 
 /// Where chunks end.
 #[derive(Clone)]
@@ -107,10 +115,32 @@ impl<'c> Scan<'c> {
             self.hash = hash;
             self.position = min;
         }
-        // The rolling loop keeps its state in locals.
-        let (mut hash, mut index, mut position) = (self.hash, self.index, self.position);
-        let window = &mut self.window;
         let end = chunk.len().min(max);
+        let (mut hash, mut index, mut position) = (self.hash, self.index, self.position);
+        // Past the prefill, the fingerprint at a position is that of the 64 bytes before it
+        // alone: a long stretch is rolled in lanes side by side (`roll_lanes`), for restic's
+        // fingerprint degree (53) and average chunk (1 MiB), the only ones it makes.
+        if shift == RESTIC_SHIFT
+            && mask == RESTIC_MASK
+            && end - position >= LANES * LANE_BYTES_AT_LEAST
+        {
+            match roll_lanes::<RESTIC_SHIFT, RESTIC_MASK>(
+                (out_table, mod_table),
+                &chunk[..end],
+                position,
+                (hash, &mut self.window, index),
+            ) {
+                Rolled::Boundary(boundary) => {
+                    self.position = boundary;
+                    return Some(boundary);
+                }
+                Rolled::Until(at, rolled, at_index) => {
+                    (hash, position, index) = (rolled, at, at_index);
+                }
+            }
+        }
+        // The rolling loop keeps its state in locals.
+        let window = &mut self.window;
         while position < end && hash & mask != 0 {
             let byte = chunk[position];
             hash ^= out_table[window[index] as usize];
@@ -126,26 +156,85 @@ impl<'c> Scan<'c> {
     }
 }
 
+/// Where lanes stopped: at the chunk's end, or (none found) the last lane's position,
+/// fingerprint and window index.
+enum Rolled {
+    Boundary(usize),
+    Until(usize, u64, usize),
+}
+
+/// Rolls `chunk[position..]` cut into [`LANES`] lanes side by side: each lane's steps wait on
+/// one another, the lanes' do not, so one core rolls several at once (one lane is bound by
+/// the latency of its table lookups). The first lane goes on from `hash` and `window`; every
+/// other starts from its own 64 bytes, laid out as the first lane's window so that all share
+/// its index. The chunk ends at the first boundary of the first lane that has one; with none,
+/// `window` becomes the last lane's and its state is returned (a remainder of fewer than
+/// [`LANES`] bytes is left to roll).
+fn roll_lanes<const SHIFT: i32, const MASK: u64>(
+    (out_table, mod_table): (&[u64; 256], &[u64; 256]),
+    chunk: &[u8],
+    position: usize,
+    (hash, window, mut index): (u64, &mut [u8; WINDOW], usize),
+) -> Rolled {
+    let span = (chunk.len() - position) / LANES;
+    let start = |lane: usize| position + lane * span;
+    let append = |hash: u64, byte: u8| {
+        ((hash << 8) | u64::from(byte)) ^ mod_table[((hash >> SHIFT) & 255) as usize]
+    };
+    let mut windows = [*window; LANES];
+    let mut hashes = [hash; LANES];
+    for lane in 1..LANES {
+        hashes[lane] = 0;
+        for (at, &byte) in chunk[start(lane) - WINDOW..start(lane)].iter().enumerate() {
+            windows[lane][(index + at) & (WINDOW - 1)] = byte;
+            hashes[lane] = append(hashes[lane], byte);
+        }
+    }
+    let [mut h0, mut h1, mut h2, mut h3] = hashes;
+    let [mut w0, mut w1, mut w2, mut w3] = windows;
+    let (c0, c1, c2, c3) = (
+        &chunk[start(0)..start(1)],
+        &chunk[start(1)..start(2)],
+        &chunk[start(2)..start(3)],
+        &chunk[start(3)..start(3) + span],
+    );
+    // The lanes after the first that found a boundary, where (the first's ends the chunk).
+    let mut found = [usize::MAX; LANES];
+    for step in 0..span {
+        if (h0 & MASK == 0) | (h1 & MASK == 0) | (h2 & MASK == 0) | (h3 & MASK == 0) {
+            if h0 & MASK == 0 {
+                return Rolled::Boundary(start(0) + step);
+            }
+            for (lane, hash) in [(1, h1), (2, h2), (3, h3)] {
+                if hash & MASK == 0 && found[lane] == usize::MAX {
+                    found[lane] = start(lane) + step;
+                }
+            }
+        }
+        let (b0, b1, b2, b3) = (c0[step], c1[step], c2[step], c3[step]);
+        h0 = append(h0 ^ out_table[w0[index] as usize], b0);
+        h1 = append(h1 ^ out_table[w1[index] as usize], b1);
+        h2 = append(h2 ^ out_table[w2[index] as usize], b2);
+        h3 = append(h3 ^ out_table[w3[index] as usize], b3);
+        (w0[index], w1[index], w2[index], w3[index]) = (b0, b1, b2, b3);
+        index = (index + 1) & (WINDOW - 1);
+    }
+    if let Some(&boundary) = found.iter().find(|&&at| at != usize::MAX) {
+        return Rolled::Boundary(boundary);
+    }
+    *window = w3;
+    Rolled::Until(start(3) + span, h3, index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_bytes;
     use rustic_cdc::RollingHash64;
 
     const POLYNOMIAL: u64 = 0x3DA3358B4DC173;
     const MIN: usize = 512 << 10;
     const MAX: usize = 8 << 20;
-
-    fn bytes(size: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed;
-        (0..size)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    }
 
     fn chunks(chunker: &Chunker, data: &[u8]) -> Vec<usize> {
         let mut at = 0;
@@ -196,7 +285,7 @@ mod tests {
             (MIN, 10),
             (9 << 20, 11),
         ] {
-            let data = bytes(size, seed);
+            let data = test_bytes(size, seed);
             assert_eq!(
                 chunks(&chunker, &data),
                 rustic_chunks(&data),
@@ -209,9 +298,39 @@ mod tests {
     }
 
     #[test]
+    fn a_boundary_at_the_start_of_any_lane_is_found_where_rustic_core_finds_it() {
+        let chunker = Chunker::new(POLYNOMIAL, MIN, 1 << 20, MAX);
+        let data = test_bytes(MAX, 21);
+        let first = rustic_chunks(&data)[0];
+        assert!(
+            first > MIN + LANES * 2 * LANE_BYTES_AT_LEAST && first < MAX,
+            "{first}"
+        );
+        let mut tried = 0;
+        // The stretch cut so that lane `lane` starts `before` bytes ahead of the boundary:
+        // within its first 64 bytes its fingerprint comes from its own prefill alone.
+        for lane in 1..LANES {
+            for before in 0..=WINDOW + 2 {
+                if !(first - before - MIN).is_multiple_of(lane) {
+                    continue;
+                }
+                let span = (first - before - MIN) / lane;
+                let length = MIN + LANES * span;
+                assert_eq!(
+                    Scan::new(&chunker).end(&data[..length], false),
+                    Some(first),
+                    "lane {lane}, {before} bytes before"
+                );
+                tried += 1;
+            }
+        }
+        assert!(tried > WINDOW, "{tried}");
+    }
+
+    #[test]
     fn chunks_stay_within_their_bounds_and_find_content_again_after_a_shift() {
         let chunker = Chunker::new(POLYNOMIAL, MIN, 1 << 20, MAX);
-        let data = bytes(24 << 20, 7);
+        let data = test_bytes(24 << 20, 7);
         let lengths = chunks(&chunker, &data);
         assert_eq!(lengths.iter().sum::<usize>(), data.len());
         let (last, rest) = lengths.split_last().unwrap();
@@ -220,7 +339,7 @@ mod tests {
         assert!(lengths.len() > 8, "{lengths:?}");
         // Content defined: 1000 bytes inserted at the front shift the data, and after the
         // first boundaries the same chunks come back.
-        let mut shifted = bytes(1000, 9);
+        let mut shifted = test_bytes(1000, 9);
         shifted.extend_from_slice(&data);
         let shifted_lengths = chunks(&chunker, &shifted);
         let tail = |lengths: &[usize]| lengths[3..lengths.len() - 1].to_vec();
@@ -241,7 +360,7 @@ mod tests {
             (MIN + 1, 12),
             (9 << 20, 11),
         ] {
-            let data = bytes(size, seed);
+            let data = test_bytes(size, seed);
             let zeros = vec![0u8; size];
             for data in [&data, &zeros] {
                 let mut lengths = Vec::new();
