@@ -3,9 +3,10 @@
 # binaries (cargo profile `image`, target directory cached outside the repository), then
 # images/controller.Containerfile and images/agent.Containerfile with buildah, tagged as
 # deploy/ names them. Writes OCI archives and, with --import, loads them into the local node's
-# containerd (hack/node-up.sh). Prints each image's size.
+# containerd (hack/node-up.sh). Prints each image's size. With --binaries-only it stops after
+# the binaries (hack/test.sh builds them beside its first tier).
 #
-#   hack/build-images.sh [--import]     # prints the archive directory on its last line
+#   hack/build-images.sh [--import | --binaries-only]   # prints the archive directory last
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
@@ -18,7 +19,7 @@ target_dir="$CUSTODY_CACHE/image-target"
 out="$CUSTODY_CACHE/images"
 mkdir -p "$out"
 
-install_missing musl-gcc:musl-tools buildah:buildah
+install_missing musl-gcc:musl-tools
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 
 # Run from a test (cargo test sets CARGO_* for it), cargo would see another environment and
@@ -29,6 +30,8 @@ log "building static binaries ($target, profile image, target dir $target_dir)"
 cargo build --locked --profile image --target "$target" --target-dir "$target_dir" \
   -p custody-controller -p custody-agent --bins
 binaries="$target_dir/$target/image"
+[[ "${1:-}" == "--binaries-only" ]] && exit 0
+install_missing buildah:buildah
 
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 for image in controller agent; do
