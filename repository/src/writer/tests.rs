@@ -55,13 +55,15 @@ fn blocks_wait_for_room_among_those_being_sealed_and_a_larger_one_goes_alone() {
 
 #[test]
 fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_stored() {
-    // 12 blocks of 256 KiB, two to a pack: 6 packs, each taking 200 ms to store, sealed far
-    // faster. Without the bound, full packs would pile up for the uploader.
+    // 12 blocks of 256 KiB, two to a pack: 6 packs, each taking 800 ms to store, sealed far
+    // faster (even by a debug build on a loaded machine: 200 ms was not always enough for two
+    // packs). Without the bound, full packs would pile up for the uploader.
     const BLOCK: usize = 256 << 10;
+    let blocks: Vec<Vec<u8>> = (0..12).map(|seed| test_bytes(BLOCK, seed)).collect();
     for unstored in [1, 3] {
         let mut writer = Writer::new(
             Arc::new(MemoryBackend::with_pack_delay(
-                std::time::Duration::from_millis(200),
+                std::time::Duration::from_millis(800),
             )),
             Cipher::new(&MasterKey::new()).expect("a cipher"),
             WriterOptions {
@@ -71,8 +73,8 @@ fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_st
                 ..WriterOptions::default()
             },
         );
-        for seed in 0..12 {
-            store(&mut writer, test_bytes(BLOCK, seed));
+        for block in &blocks {
+            store(&mut writer, block.clone());
         }
         let stats = writer.finish().expect("finished");
         assert_eq!((stats.data_blocks_new, stats.packs), (12, 6), "{stats:?}");
