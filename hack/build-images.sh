@@ -6,7 +6,8 @@
 # containerd (hack/node-up.sh). Prints each image's size. With --binaries-only it stops after
 # the binaries (hack/test.sh builds them beside its first tier).
 #
-#   hack/build-images.sh [--import | --binaries-only]   # prints the archive directory last
+#   hack/build-images.sh [--import]   # prints the archive directory on its last line
+#   hack/build-images.sh --binaries-only   # prints nothing of its own on stdout
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
