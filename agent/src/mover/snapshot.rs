@@ -456,8 +456,12 @@ pub fn restore(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResul
             ))
         })?;
     let extraction = Extraction::start(request.target, reader)?;
-    let totals =
-        super::snapshot_reader::extract_volume(&repository, &repo.backend, &node, extraction)?;
+    let totals = super::snapshot_reader::extract_volume(
+        &repository,
+        (&repo.backend, &cipher),
+        &node,
+        extraction,
+    )?;
     super::seal_target(request.target, &manifest_file)?;
     Ok(RestoreResult {
         files: totals.files,

@@ -140,15 +140,14 @@ impl Handover {
     }
 }
 
-/// Extracts the snapshot tree under `node` (a volume's `data/<volume>`) through `extraction`.
+/// Extracts the snapshot tree under `node` (a volume's `data/<volume>`) through `extraction`,
+/// opening blocks with `cipher` (the repository's key).
 pub fn extract_volume<M: BufRead>(
     repository: &Repository<IndexedFullStatus>,
-    backend: &S3Backend,
+    (backend, cipher): (&S3Backend, &Cipher),
     node: &Node,
     mut extraction: Extraction<M>,
 ) -> Result<custody_proto::manifest::Totals, ExtractError> {
-    let cipher =
-        Cipher::new(&repository.key()).map_err(|error| ExtractError::Archive(error.to_string()))?;
     let handover = Arc::new(Handover {
         fetched: Mutex::new(Fetched {
             ranges: BTreeMap::new(),
@@ -176,7 +175,6 @@ pub fn extract_volume<M: BufRead>(
         for _ in 0..FETCHERS {
             let to_fetch = to_fetch.clone();
             let handover = handover.clone();
-            let cipher = &cipher;
             scope.spawn(move || fetch(backend, cipher, &to_fetch, &handover));
         }
         drop(to_fetch);
