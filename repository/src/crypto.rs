@@ -22,6 +22,14 @@ pub enum CryptoError {
     Nonce(String),
 }
 
+/// What sealing in place adds around the encrypted body: the sealed item is `nonce`, the
+/// body, `tag`.
+#[derive(Clone, Copy, Debug)]
+pub struct Seal {
+    pub nonce: [u8; 16],
+    pub tag: [u8; 16],
+}
+
 /// The repository's master key, ready to seal and open.
 #[derive(Clone)]
 pub struct Cipher(Aes256CtrPoly1305Aes);
@@ -42,21 +50,28 @@ impl Cipher {
 
     /// Seals `plain` under a fresh random nonce.
     pub fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|error| CryptoError::Nonce(error.to_string()))?;
         let mut sealed = Vec::with_capacity(plain.len() + OVERHEAD);
-        sealed.extend_from_slice(&nonce);
+        sealed.extend_from_slice(&[0; 16]);
         sealed.extend_from_slice(plain);
-        let tag = self
-            .0
-            .encrypt_in_place_detached(
-                aes256ctr_poly1305aes::Nonce::from_slice(&nonce),
-                &[],
-                &mut sealed[16..],
-            )
-            .map_err(|_| CryptoError::Mac)?;
+        let Seal { nonce, tag } = self.seal_in_place(&mut sealed[16..])?;
+        sealed[..16].copy_from_slice(&nonce);
         sealed.extend_from_slice(&tag);
         Ok(sealed)
+    }
+
+    /// Encrypts `body` where it lies, under a fresh random nonce: the sealed item is the
+    /// nonce, then `body`, then the MAC (no copy of a large block is made).
+    pub fn seal_in_place(&self, body: &mut [u8]) -> Result<Seal, CryptoError> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|error| CryptoError::Nonce(error.to_string()))?;
+        let tag = self
+            .0
+            .encrypt_in_place_detached(aes256ctr_poly1305aes::Nonce::from_slice(&nonce), &[], body)
+            .map_err(|_| CryptoError::Mac)?;
+        Ok(Seal {
+            nonce,
+            tag: tag.into(),
+        })
     }
 
     /// A block as a pack holds it, opened: its plaintext, decompressed when the index gives

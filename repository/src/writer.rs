@@ -26,7 +26,7 @@ use rustic_core::{FileType, Id, WriteBackend};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::crypto::Cipher;
+use crate::crypto::{Cipher, OVERHEAD, Seal};
 use crate::prune::Referenced;
 
 /// How a [`Writer`] packs and uploads.
@@ -145,13 +145,21 @@ struct Job {
     plain: Bytes,
 }
 
-/// A sealed block, ready for its pack.
+/// A sealed block, ready for its pack: `seal.nonce`, `body` (encrypted), `seal.tag`.
 struct Sealed {
     kind: BlobType,
     id: BlockId,
-    bytes: Vec<u8>,
+    seal: Seal,
+    body: Vec<u8>,
     plain_length: u32,
     compressed: bool,
+}
+
+impl Sealed {
+    /// Its bytes in the pack.
+    fn len(&self) -> usize {
+        self.body.len() + OVERHEAD
+    }
 }
 
 /// Room kept in a pack's buffer for its header (41 bytes a block, sealed).
@@ -454,12 +462,27 @@ fn seal(
         if shared.failure().is_some() {
             continue;
         }
-        let compressed = compressors.compress(job.kind, &job.plain);
-        let sealed = match shared
-            .cipher
-            .seal(compressed.as_deref().unwrap_or(&job.plain))
-        {
-            Ok(sealed) => sealed,
+        let Job {
+            sequence,
+            kind,
+            id,
+            plain,
+        } = job;
+        let plain_length = plain.len() as u32;
+        let compressed = compressors.compress(kind, &plain);
+        let is_compressed = compressed.is_some();
+        // Encrypted where it lies: in the compressor's output, or in the block's own buffer
+        // (handed over whole by the reader, so taken without a copy).
+        let mut body = match compressed {
+            Some(compressed) => {
+                // Not held while the sealed block waits for its turn or for room in a pack.
+                drop(plain);
+                compressed
+            }
+            None => Vec::from(bytes::BytesMut::from(plain)),
+        };
+        let seal = match shared.cipher.seal_in_place(&mut body) {
+            Ok(seal) => seal,
             Err(error) => {
                 shared.fail(format!("sealing a block: {error}"));
                 continue;
@@ -467,16 +490,16 @@ fn seal(
         };
         let mut guard = shared.state.lock().expect("writer state");
         guard.ready.insert(
-            job.sequence,
+            sequence,
             Sealed {
-                kind: job.kind,
-                id: job.id,
-                bytes: sealed,
-                plain_length: job.plain.len() as u32,
-                compressed: compressed.is_some(),
+                kind,
+                id,
+                seal,
+                body,
+                plain_length,
+                compressed: is_compressed,
             },
         );
-        drop(job);
         // In order: a volume's blocks lie in its packs as its files do.
         loop {
             let state = &mut *guard;
@@ -491,7 +514,7 @@ fn seal(
                 BlobType::Data => (&state.data, shared.options.data_pack_bytes),
                 BlobType::Tree => (&state.tree, shared.options.tree_pack_bytes),
             };
-            if starts_pack(builder, limit, waiting.bytes.len())
+            if starts_pack(builder, limit, waiting.len())
                 && state.unstored >= shared.options.packs_unstored.max(1)
             {
                 // Room for another pack comes when one is stored (an uploader signals).
@@ -512,11 +535,11 @@ fn seal(
                 BlobType::Data => (&mut state.data, shared.options.data_pack_bytes),
                 BlobType::Tree => (&mut state.tree, shared.options.tree_pack_bytes),
             };
-            let length = sealed.bytes.len() as u32;
+            let length = sealed.len() as u32;
             // A pack never grows past its size by more than one block: a block that does
             // not fit starts the next pack.
             let mut full = Vec::new();
-            if !builder.blobs.is_empty() && builder.bytes.len() + sealed.bytes.len() > limit {
+            if !builder.blobs.is_empty() && builder.bytes.len() + sealed.len() > limit {
                 full.push(std::mem::take(builder));
             }
             // A data pack's buffer is taken whole at once (it fills); a tree pack's grows
@@ -524,7 +547,7 @@ fn seal(
             if builder.bytes.capacity() == 0 && sealed.kind == BlobType::Data {
                 builder
                     .bytes
-                    .reserve(limit.max(sealed.bytes.len()) + PACK_HEADER_ROOM);
+                    .reserve(limit.max(sealed.len()) + PACK_HEADER_ROOM);
             }
             builder.blobs.push((
                 sealed.id,
@@ -535,7 +558,9 @@ fn seal(
                     .then(|| NonZeroU32::new(sealed.plain_length))
                     .flatten(),
             ));
-            builder.bytes.extend_from_slice(&sealed.bytes);
+            builder.bytes.extend_from_slice(&sealed.seal.nonce);
+            builder.bytes.extend_from_slice(&sealed.body);
+            builder.bytes.extend_from_slice(&sealed.seal.tag);
             if builder.bytes.len() >= limit {
                 full.push(std::mem::take(builder));
             }

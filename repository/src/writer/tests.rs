@@ -81,3 +81,128 @@ fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_st
         assert_eq!(stats.peak_packs_unstored, unstored as u64, "{stats:?}");
     }
 }
+
+/// Every block `backend` holds, opened through the index files: (ID, plaintext).
+fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Vec<u8>)> {
+    use rustic_core::ReadBackend;
+    let mut blocks = Vec::new();
+    for index in backend.ids(FileType::Index) {
+        let sealed = backend
+            .read_full(FileType::Index, &index)
+            .expect("an index");
+        let plain = cipher.open(&sealed).expect("the index opens");
+        assert_eq!(plain[0], 2, "repository format 2 compresses its files");
+        let json = zstd::bulk::decompress(&plain[1..], 1 << 24).expect("decompresses");
+        let index: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        for pack in index["packs"].as_array().expect("packs") {
+            let pack_id: Id = pack["id"].as_str().unwrap().parse().expect("an ID");
+            // As restic reads a pack: its blocks one after another from its start, then its
+            // sealed header (an entry of 37 or 41 bytes a block), then the header's length.
+            let whole = backend
+                .read_full(FileType::Pack, &pack_id)
+                .expect("the pack");
+            let header_length =
+                u32::from_le_bytes(whole[whole.len() - 4..].try_into().unwrap()) as usize;
+            let header_at = whole.len() - 4 - header_length;
+            let header = cipher
+                .open(&whole[header_at..whole.len() - 4])
+                .expect("the header opens");
+            let blobs = pack["blobs"].as_array().expect("blobs");
+            let mut entries = Vec::new();
+            let mut rest = &header[..];
+            while !rest.is_empty() {
+                let size = if rest[0] >= 2 { 41 } else { 37 };
+                entries.push(u32::from_le_bytes(rest[1..5].try_into().unwrap()) as u64);
+                rest = &rest[size..];
+            }
+            let lengths: Vec<u64> = blobs
+                .iter()
+                .map(|b| b["length"].as_u64().unwrap())
+                .collect();
+            let offsets: Vec<u64> = blobs
+                .iter()
+                .map(|b| b["offset"].as_u64().unwrap())
+                .collect();
+            assert_eq!(entries, lengths, "the header lists the index's blocks");
+            let contiguous: Vec<u64> = lengths
+                .iter()
+                .scan(0, |at, length| Some(std::mem::replace(at, *at + length)))
+                .collect();
+            assert_eq!(
+                offsets, contiguous,
+                "blocks lie one after another from the start"
+            );
+            assert_eq!(
+                header_at as u64,
+                lengths.iter().sum::<u64>(),
+                "nothing else is in it"
+            );
+            for blob in blobs {
+                let sealed = backend
+                    .read_partial(
+                        FileType::Pack,
+                        &pack_id,
+                        false,
+                        blob["offset"].as_u64().unwrap() as u32,
+                        blob["length"].as_u64().unwrap() as u32,
+                    )
+                    .expect("the block's bytes");
+                let uncompressed = blob["uncompressed_length"]
+                    .as_u64()
+                    .and_then(|length| NonZeroU32::new(length as u32));
+                let plain = cipher.open_block(&sealed, uncompressed).expect("opens");
+                blocks.push((blob["id"].as_str().unwrap().to_string(), plain));
+            }
+        }
+    }
+    blocks
+}
+
+#[test]
+fn blocks_sealed_where_they_lie_read_back_as_handed_over_from_packs_laid_out_as_restic_reads_them()
+{
+    // 24 blocks of 384 KiB, half random (stored as they are, sealed in their own buffer) and
+    // half text (compressed, sealed in the compressor's output, a few KiB each), three random
+    // ones to a pack: at least 5 packs.
+    const BLOCK: usize = 384 << 10;
+    let blocks: Vec<Vec<u8>> = (0..24)
+        .map(|seed| match seed % 2 {
+            0 => test_bytes(BLOCK, seed),
+            _ => format!("block {seed} says the same line again\n")
+                .repeat(BLOCK / 32)
+                .into_bytes(),
+        })
+        .collect();
+    let backend = Arc::new(MemoryBackend::new());
+    let cipher = Cipher::new(&MasterKey::new()).expect("a cipher");
+    let mut writer = Writer::new(
+        backend.clone(),
+        cipher.clone(),
+        WriterOptions {
+            data_pack_bytes: 3 * BLOCK,
+            ..WriterOptions::default()
+        },
+    );
+    // The caller keeps one block's bytes: sealing must not change what it still holds.
+    let held = Bytes::from(blocks[0].clone());
+    writer
+        .store(BlobType::Data, block_id(&blocks[0]), held.clone(), false)
+        .expect("stored");
+    for block in &blocks[1..] {
+        store(&mut writer, block.clone());
+    }
+    let stats = writer.finish().expect("finished");
+    assert_eq!(held, blocks[0], "the caller's bytes were changed");
+    assert!(stats.packs >= 5, "{stats:?}");
+    let mut read: Vec<_> = blocks_read_back(&backend, &cipher);
+    read.sort();
+    let mut expected: Vec<_> = blocks
+        .iter()
+        .map(|block| (hex(&block_id(block)), block.clone()))
+        .collect();
+    expected.sort();
+    assert!(
+        read == expected,
+        "the blocks read back differ from those stored"
+    );
+}
