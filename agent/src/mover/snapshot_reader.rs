@@ -323,6 +323,19 @@ fn fetch(
     to_fetch: &crossbeam_channel::Receiver<Range>,
     handover: &Handover,
 ) {
+    // One zstd context per fetcher, reused for every block (making one per block costs more
+    // than decompressing a small block).
+    let mut decompressor = match zstd::bulk::Decompressor::new() {
+        Ok(decompressor) => decompressor,
+        Err(error) => {
+            let mut fetched = handover.fetched.lock().expect("handover");
+            fetched.stopped = true;
+            drop(fetched);
+            handover.changed.notify_all();
+            tracing::error!(%error, "starting zstd");
+            return;
+        }
+    };
     for range in to_fetch {
         {
             // Stay within the window: memory is bounded by what is fetched ahead.
@@ -348,23 +361,7 @@ fn fetch(
                 range.length,
             )
             .map_err(|error| Failure::Unreachable(error.display_log()))
-            .and_then(|bytes| {
-                let mut at = 0usize;
-                range
-                    .blocks
-                    .iter()
-                    .map(|block| {
-                        let sealed = &bytes[at..at + block.length as usize];
-                        at += block.length as usize;
-                        cipher
-                            .open_block(sealed, block.uncompressed)
-                            .map(Bytes::from)
-                            .map_err(|error| {
-                                Failure::Damaged(format!("pack {}: {error}", range.pack))
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            });
+            .and_then(|bytes| open_range(cipher, &mut decompressor, &range, bytes));
         let mut fetched = handover.fetched.lock().expect("handover");
         fetched
             .ranges
@@ -372,6 +369,53 @@ fn fetch(
         drop(fetched);
         handover.changed.notify_all();
     }
+}
+
+/// The plaintext of a range's blocks, in order. Each block is decrypted where it lies in the
+/// bytes read (taken without a copy when nothing else holds them), and a stored one is handed
+/// over as a slice of them; a compressed one is decompressed into its own buffer.
+fn open_range(
+    cipher: &Cipher,
+    decompressor: &mut zstd::bulk::Decompressor<'static>,
+    range: &Range,
+    bytes: Bytes,
+) -> Result<Vec<Bytes>, Failure> {
+    let damaged = |error: String| Failure::Damaged(format!("pack {}: {error}", range.pack));
+    if bytes.len() != range.length as usize {
+        return Err(damaged(format!(
+            "{} bytes read where {} were asked for",
+            bytes.len(),
+            range.length
+        )));
+    }
+    let mut rest = bytes::BytesMut::from(bytes);
+    range
+        .blocks
+        .iter()
+        .map(|block| {
+            let mut sealed = rest.split_to(block.length as usize);
+            let plain = cipher
+                .open_in_place(&mut sealed)
+                .map_err(|error| damaged(error.to_string()))?;
+            match block.uncompressed {
+                None => Ok(sealed.freeze().slice(plain)),
+                Some(length) => {
+                    let decompressed = decompressor
+                        .decompress(&sealed[plain], length.get() as usize)
+                        .map_err(|error| {
+                            damaged(format!("a block does not decompress: {error}"))
+                        })?;
+                    if decompressed.len() != length.get() as usize {
+                        return Err(damaged(format!(
+                            "a block decompresses to {} bytes where the index says {length}",
+                            decompressed.len()
+                        )));
+                    }
+                    Ok(Bytes::from(decompressed))
+                }
+            }
+        })
+        .collect()
 }
 
 /// The blocks in order, as the fetchers hand them over.
