@@ -4,6 +4,7 @@
 //! reads its parent's manifest once and needs none of it kept. Trees are read the same way
 //! (rustic_core's `get_tree` keeps nothing either; one way to read blocks here).
 
+use bytes::Bytes;
 use rustic_core::repofile::Tree;
 use rustic_core::{FileType, IndexedFullStatus, PackedId, ReadBackend, Repository, TreeId};
 
@@ -19,7 +20,7 @@ pub struct BlockReader<'a> {
 
 impl BlockReader<'_> {
     /// A block's plaintext (data or tree, by the ID's type).
-    pub fn block<T: PackedId>(&self, id: &T) -> Result<Vec<u8>, String> {
+    pub fn block<T: PackedId>(&self, id: &T) -> Result<Bytes, String> {
         let entry = self
             .repository
             .get_index_entry(id)
@@ -34,8 +35,15 @@ impl BlockReader<'_> {
                 entry.location.length,
             )
             .map_err(|error| error.display_log())?;
+        // A context per block, as zstd's one-shot decompression makes: few blocks are read.
+        let mut decompressor =
+            zstd::bulk::Decompressor::new().map_err(|error| format!("starting zstd: {error}"))?;
         self.cipher
-            .open_block(&sealed, entry.location.uncompressed_length)
+            .open_block(
+                sealed.into(),
+                entry.location.uncompressed_length,
+                &mut decompressor,
+            )
             .map_err(|error| format!("a block of pack {}: {error}", entry.pack))
     }
 

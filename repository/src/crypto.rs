@@ -74,19 +74,32 @@ impl Cipher {
         })
     }
 
-    /// A block as a pack holds it, opened: its plaintext, decompressed when the index gives
-    /// its `uncompressed` length (restic's compressed blocks).
+    /// A block as a pack holds it, opened: its plaintext, decompressed with `decompressor`
+    /// when the index gives its `uncompressed` length (restic's compressed blocks), which it
+    /// must then have. It is decrypted where it lies (taken without a copy when nothing else
+    /// holds `sealed`'s buffer); a stored block's plaintext is a slice of it.
     pub fn open_block(
         &self,
-        sealed: &[u8],
+        mut sealed: bytes::BytesMut,
         uncompressed: Option<std::num::NonZeroU32>,
-    ) -> Result<Vec<u8>, String> {
-        let plain = self.open(sealed).map_err(|error| error.to_string())?;
-        match uncompressed {
-            None => Ok(plain),
-            Some(length) => zstd::bulk::decompress(&plain, length.get() as usize)
-                .map_err(|error| format!("a block does not decompress: {error}")),
+        decompressor: &mut zstd::bulk::Decompressor<'_>,
+    ) -> Result<bytes::Bytes, String> {
+        let plain = self
+            .open_in_place(&mut sealed)
+            .map_err(|error| error.to_string())?;
+        let Some(length) = uncompressed else {
+            return Ok(sealed.freeze().slice(plain));
+        };
+        let decompressed = decompressor
+            .decompress(&sealed[plain], length.get() as usize)
+            .map_err(|error| format!("a block does not decompress: {error}"))?;
+        if decompressed.len() != length.get() as usize {
+            return Err(format!(
+                "a block decompresses to {} bytes where the index says {length}",
+                decompressed.len()
+            ));
         }
+        Ok(decompressed.into())
     }
 
     /// Decrypts a sealed item where it lies, if its MAC holds: its plaintext is then
@@ -182,23 +195,20 @@ mod tests {
         let compressed = zstd::bulk::compress(&plain, 3).unwrap();
         let length = std::num::NonZeroU32::new(plain.len() as u32);
         let sealed = cipher.seal(&compressed).unwrap();
-        assert_eq!(cipher.open_block(&sealed, length).unwrap(), plain);
+        let mut decompressor = zstd::bulk::Decompressor::new().unwrap();
+        let mut open =
+            |sealed: &[u8], length| cipher.open_block(sealed.into(), length, &mut decompressor);
+        assert_eq!(open(&sealed, length).unwrap(), plain);
         // Stored as it is (no uncompressed length in the index): the plaintext as sealed.
         let stored = cipher.seal(&plain).unwrap();
-        assert_eq!(cipher.open_block(&stored, None).unwrap(), plain);
+        assert_eq!(open(&stored, None).unwrap(), plain);
         let mut altered = sealed.clone();
         altered[sealed.len() / 2] ^= 1;
-        assert!(
-            cipher
-                .open_block(&altered, length)
-                .unwrap_err()
-                .contains("MAC")
-        );
+        assert!(open(&altered, length).unwrap_err().contains("MAC"));
         // Sealed whole but not zstd: named as such.
         let not_zstd = cipher.seal(&plain).unwrap();
         assert!(
-            cipher
-                .open_block(&not_zstd, length)
+            open(&not_zstd, length)
                 .unwrap_err()
                 .contains("does not decompress")
         );

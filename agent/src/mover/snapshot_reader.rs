@@ -328,11 +328,8 @@ fn fetch(
     let mut decompressor = match zstd::bulk::Decompressor::new() {
         Ok(decompressor) => decompressor,
         Err(error) => {
-            let mut fetched = handover.fetched.lock().expect("handover");
-            fetched.stopped = true;
-            drop(fetched);
-            handover.changed.notify_all();
             tracing::error!(%error, "starting zstd");
+            handover.stop();
             return;
         }
     };
@@ -371,9 +368,8 @@ fn fetch(
     }
 }
 
-/// The plaintext of a range's blocks, in order. Each block is decrypted where it lies in the
-/// bytes read (taken without a copy when nothing else holds them), and a stored one is handed
-/// over as a slice of them; a compressed one is decompressed into its own buffer.
+/// The plaintext of a range's blocks, in order, each opened where it lies in the bytes read
+/// ([`Cipher::open_block`]).
 fn open_range(
     cipher: &Cipher,
     decompressor: &mut zstd::bulk::Decompressor<'static>,
@@ -388,32 +384,16 @@ fn open_range(
             range.length
         )));
     }
+    // Split while unshared, so that each block's part is still taken without a copy.
     let mut rest = bytes::BytesMut::from(bytes);
     range
         .blocks
         .iter()
         .map(|block| {
-            let mut sealed = rest.split_to(block.length as usize);
-            let plain = cipher
-                .open_in_place(&mut sealed)
-                .map_err(|error| damaged(error.to_string()))?;
-            match block.uncompressed {
-                None => Ok(sealed.freeze().slice(plain)),
-                Some(length) => {
-                    let decompressed = decompressor
-                        .decompress(&sealed[plain], length.get() as usize)
-                        .map_err(|error| {
-                            damaged(format!("a block does not decompress: {error}"))
-                        })?;
-                    if decompressed.len() != length.get() as usize {
-                        return Err(damaged(format!(
-                            "a block decompresses to {} bytes where the index says {length}",
-                            decompressed.len()
-                        )));
-                    }
-                    Ok(Bytes::from(decompressed))
-                }
-            }
+            let sealed = rest.split_to(block.length as usize);
+            cipher
+                .open_block(sealed, block.uncompressed, decompressor)
+                .map_err(damaged)
         })
         .collect()
 }

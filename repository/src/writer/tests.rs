@@ -86,6 +86,7 @@ fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_st
 fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Vec<u8>)> {
     use rustic_core::ReadBackend;
     let mut blocks = Vec::new();
+    let mut decompressor = zstd::bulk::Decompressor::new().expect("zstd");
     for index in backend.ids(FileType::Index) {
         let sealed = backend
             .read_full(FileType::Index, &index)
@@ -150,8 +151,10 @@ fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Ve
                 let uncompressed = blob["uncompressed_length"]
                     .as_u64()
                     .and_then(|length| NonZeroU32::new(length as u32));
-                let plain = cipher.open_block(&sealed, uncompressed).expect("opens");
-                blocks.push((blob["id"].as_str().unwrap().to_string(), plain));
+                let plain = cipher
+                    .open_block(sealed.into(), uncompressed, &mut decompressor)
+                    .expect("opens");
+                blocks.push((blob["id"].as_str().unwrap().to_string(), plain.to_vec()));
             }
         }
     }
