@@ -152,6 +152,71 @@ impl S3Backend {
     }
 }
 
+impl S3Backend {
+    /// Reads `length` bytes of a file from `offset`, appended to `buffer` as they arrive (a
+    /// caller that reuses its buffers saves allocating and faulting in one per read). More
+    /// or fewer bytes than asked for is an error.
+    pub fn read_range_into(
+        &self,
+        file_type: FileType,
+        id: &Id,
+        offset: u32,
+        length: u32,
+        buffer: &mut BytesMut,
+    ) -> RusticResult<()> {
+        if length == 0 {
+            return Ok(());
+        }
+        let key = self.location.key(file_type, id);
+        let end = u64::from(offset) + u64::from(length) - 1;
+        let start = buffer.len();
+        buffer.reserve(length as usize);
+        let more = self.runtime.block_on(async {
+            let mut object = self
+                .client
+                .get_object()
+                .bucket(&self.location.bucket)
+                .key(&key)
+                .range(format!("bytes={offset}-{end}"))
+                .send()
+                .await
+                .map_err(|error| self.failed("reading", &key, S3Error::of(&error)))?;
+            while let Some(piece) = object
+                .body
+                .try_next()
+                .await
+                .map_err(|error| self.failed("reading", &key, error))?
+            {
+                if buffer.len() - start + piece.len() > length as usize {
+                    return Ok(true);
+                }
+                buffer.extend_from_slice(&piece);
+            }
+            Ok::<_, Box<RusticError>>(false)
+        });
+        let more = more.inspect_err(|_| buffer.truncate(start))?;
+        let found = buffer.len() - start;
+        if more || found != length as usize {
+            buffer.truncate(start);
+            return Err(RusticError::new(
+                ErrorKind::Backend,
+                "S3: `{key}` answered {found} bytes for a range of {length}",
+            )
+            .attach_context("key", key)
+            .attach_context(
+                "found",
+                if more {
+                    format!("more than {length}")
+                } else {
+                    found.to_string()
+                },
+            )
+            .attach_context("length", length.to_string()));
+        }
+        Ok(())
+    }
+}
+
 /// An S3 error as one line: the server's status and code, or the cause of a failed call.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

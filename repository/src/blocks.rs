@@ -43,6 +43,7 @@ impl BlockReader<'_> {
                 sealed.into(),
                 entry.location.uncompressed_length,
                 &mut decompressor,
+                &mut bytes::BytesMut::new(),
             )
             .map_err(|error| format!("a block of pack {}: {error}", entry.pack))
     }

@@ -77,12 +77,15 @@ impl Cipher {
     /// A block as a pack holds it, opened: its plaintext, decompressed with `decompressor`
     /// when the index gives its `uncompressed` length (restic's compressed blocks), which it
     /// must then have. It is decrypted where it lies (taken without a copy when nothing else
-    /// holds `sealed`'s buffer); a stored block's plaintext is a slice of it.
+    /// holds `sealed`'s buffer); a stored block's plaintext is a slice of it, a compressed
+    /// block's is written into `room` (grown when short: a caller that gives the same buffer
+    /// again saves allocating one per block) and split off it.
     pub fn open_block(
         &self,
         mut sealed: bytes::BytesMut,
         uncompressed: Option<std::num::NonZeroU32>,
         decompressor: &mut zstd::bulk::Decompressor<'_>,
+        room: &mut bytes::BytesMut,
     ) -> Result<bytes::Bytes, String> {
         let plain = self
             .open_in_place(&mut sealed)
@@ -90,16 +93,18 @@ impl Cipher {
         let Some(length) = uncompressed else {
             return Ok(sealed.freeze().slice(plain));
         };
+        let length = length.get() as usize;
+        room.clear();
+        room.resize(length, 0);
         let decompressed = decompressor
-            .decompress(&sealed[plain], length.get() as usize)
+            .decompress_to_buffer(&sealed[plain], &mut room[..])
             .map_err(|error| format!("a block does not decompress: {error}"))?;
-        if decompressed.len() != length.get() as usize {
+        if decompressed != length {
             return Err(format!(
-                "a block decompresses to {} bytes where the index says {length}",
-                decompressed.len()
+                "a block decompresses to {decompressed} bytes where the index says {length}"
             ));
         }
-        Ok(decompressed.into())
+        Ok(room.split().freeze())
     }
 
     /// Decrypts a sealed item where it lies, if its MAC holds: its plaintext is then
@@ -196,9 +201,20 @@ mod tests {
         let length = std::num::NonZeroU32::new(plain.len() as u32);
         let sealed = cipher.seal(&compressed).unwrap();
         let mut decompressor = zstd::bulk::Decompressor::new().unwrap();
-        let mut open =
-            |sealed: &[u8], length| cipher.open_block(sealed.into(), length, &mut decompressor);
-        assert_eq!(open(&sealed, length).unwrap(), plain);
+        let mut room = bytes::BytesMut::new();
+        let mut open = |sealed: &[u8], length| {
+            cipher.open_block(sealed.into(), length, &mut decompressor, &mut room)
+        };
+        let first = open(&sealed, length).unwrap();
+        assert_eq!(first, plain);
+        // The next block opened into the same room never overwrites a plaintext still held.
+        let other = b"update customer set name = NULL;\n".repeat(700);
+        let other_sealed = cipher
+            .seal(&zstd::bulk::compress(&other, 3).unwrap())
+            .unwrap();
+        let other_length = std::num::NonZeroU32::new(other.len() as u32);
+        assert_eq!(open(&other_sealed, other_length).unwrap(), other);
+        assert_eq!(first, plain);
         // Stored as it is (no uncompressed length in the index): the plaintext as sealed.
         let stored = cipher.seal(&plain).unwrap();
         assert_eq!(open(&stored, None).unwrap(), plain);

@@ -14,6 +14,8 @@ use std::io::{self, BufRead, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
+use bytes::{Bytes, BytesMut};
+
 use custody_proto::manifest::{self, Entry, Kind, ManifestReader, Totals};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
@@ -195,10 +197,35 @@ pub struct Found {
     pub link: Option<String>,
 }
 
+/// A file's content as the extraction takes it: pieces in order, then `None`.
+pub trait Pieces {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>>;
+}
+
+/// Bytes read from a stream per piece.
+const CHUNK: usize = 256 << 10;
+
+/// A stream's content in pieces of at most [`CHUNK`] bytes, read into one buffer: a piece is
+/// written before the next is read, so its allocation is taken back for the next.
+struct ReadPieces<'a> {
+    inner: &'a mut dyn Read,
+    buffer: &'a mut BytesMut,
+}
+
+impl Pieces for ReadPieces<'_> {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        // `resize` reclaims the previous piece's allocation once nothing else holds it.
+        self.buffer.clear();
+        self.buffer.resize(CHUNK, 0);
+        let read = self.inner.read(self.buffer)?;
+        Ok((read > 0).then(|| self.buffer.split_to(read).freeze()))
+    }
+}
+
 /// Writes entries into an empty root, each checked against the next manifest entry, in
 /// manifest order, whatever the archive's format.
 pub struct Extraction<M: BufRead> {
-    writer: Writes,
+    writer: Writer,
     manifest: ManifestReader<M>,
 }
 
@@ -208,18 +235,23 @@ impl<M: BufRead> Extraction<M> {
         let root_fd =
             tree::open_root(root).map_err(|error| ExtractError::Archive(error.to_string()))?;
         Ok(Extraction {
-            writer: Writes::start(root_fd),
+            writer: Writer {
+                root: root_fd,
+                parent: None,
+                open: None,
+                syncer: Syncer::start(),
+            },
             manifest,
         })
     }
 
-    /// Checks `found` against the next manifest entry and writes it; a file's content is read
-    /// from `content` (at most one byte more than the manifest's size is read) and must hash
-    /// to the manifest's BLAKE3. `read_error` names a failure to read `content`.
+    /// Checks `found` against the next manifest entry and writes it; a file's content is taken
+    /// from `content` piece by piece (one piece past the manifest's size stops it) and must
+    /// hash to the manifest's BLAKE3. `read_error` names a failure to read `content`.
     pub fn entry(
         &mut self,
         found: &Found,
-        content: &mut dyn Read,
+        content: &mut dyn Pieces,
         read_error: &dyn Fn(io::Error) -> ExtractError,
     ) -> Result<(), ExtractError> {
         let Some(expected) = self.manifest.next() else {
@@ -228,27 +260,20 @@ impl<M: BufRead> Extraction<M> {
         let expected = expected.map_err(|error| ExtractError::Manifest(error.to_string()))?;
         check(&expected, found)?;
         let Kind::File { size, blake3 } = &expected.kind else {
-            return self.writer.send(Op::Create(expected));
+            return self.writer.apply(Op::Create(expected));
         };
         let (size, blake3, path) = (*size, blake3.clone(), expected.path.clone());
-        self.writer.send(Op::Create(expected))?;
-        let mut content = content.take(size.saturating_add(1));
+        self.writer.apply(Op::Create(expected))?;
         let mut hasher = blake3::Hasher::new();
         let mut written = 0u64;
-        loop {
-            let mut buffer = self.writer.buffer();
-            let read = content.read(&mut buffer).map_err(read_error)?;
-            if read == 0 {
-                self.writer.recycle(buffer);
-                break;
-            }
-            hasher.update(&buffer[..read]);
-            written += read as u64;
+        while let Some(piece) = content.next_piece().map_err(read_error)? {
+            written = written.saturating_add(piece.len() as u64);
             if written > size {
-                self.writer.recycle(buffer);
                 break;
             }
-            self.writer.send(Op::Write(buffer, read))?;
+            hasher.update(&piece);
+            // Written from the piece itself: the content is never copied on its way.
+            self.writer.apply(Op::Write(piece))?;
         }
         if written != size {
             return Err(ExtractError::Mismatch {
@@ -271,13 +296,13 @@ impl<M: BufRead> Extraction<M> {
                 found: hash,
             });
         }
-        self.writer.send(Op::Close)
+        self.writer.apply(Op::Close)
     }
 
     /// Every entry is written: waits for the flushes and checks that the manifest has none
     /// left. Returns its totals (its trailer checked).
     pub fn finish(mut self) -> Result<Totals, ExtractError> {
-        self.writer.finish()?;
+        self.writer.syncer.finish()?;
         if let Some(missing) = self.manifest.next() {
             let missing = missing.map_err(|error| ExtractError::Manifest(error.to_string()))?;
             return Err(ExtractError::MissingEntry(missing.path));
@@ -302,10 +327,15 @@ pub fn extract<R: Read, M: BufRead>(
         limit,
     });
     let entries = archive.entries().map_err(archive_error)?;
+    let mut buffer = BytesMut::new();
     for entry in entries {
         let mut entry = entry.map_err(archive_error)?;
         let found = found_in_tar(&mut entry);
-        extraction.entry(&found, &mut entry, &archive_error)?;
+        let mut content = ReadPieces {
+            inner: &mut entry,
+            buffer: &mut buffer,
+        };
+        extraction.entry(&found, &mut content, &archive_error)?;
     }
     let totals = extraction.finish()?;
     // Whatever follows the end-of-archive blocks must be padding, within the limit.
@@ -438,59 +468,15 @@ impl Syncer {
     }
 }
 
-/// Bytes read from the archive per write.
-const CHUNK: usize = 256 << 10;
-
-/// What extracting an entry asks of the [`Writer`], in archive order.
+/// What extracting an entry asks of the [`Writer`], in archive order. (Writing on a thread
+/// of its own was measured: on two cores shared with the S3 server it only added work.)
 enum Op {
     /// Create the entry; for a file, open it for the writes that follow.
     Create(Entry),
-    /// Append the first `n` bytes of the buffer to the open file.
-    Write(Vec<u8>, usize),
+    /// Append the piece to the open file.
+    Write(Bytes),
     /// The open file is complete: set its owner and mode.
     Close,
-}
-
-/// The [`Writer`] with the one read buffer it hands back. (Writing on a thread of its own
-/// was measured: on two cores shared with the S3 server it only added work.)
-struct Writes {
-    writer: Writer,
-    spare: Option<Vec<u8>>,
-}
-
-impl Writes {
-    fn start(root: OwnedFd) -> Writes {
-        Writes {
-            writer: Writer {
-                root,
-                parent: None,
-                open: None,
-                syncer: Syncer::start(),
-            },
-            spare: None,
-        }
-    }
-
-    /// The buffer to read into.
-    fn buffer(&mut self) -> Vec<u8> {
-        self.spare.take().unwrap_or_else(|| vec![0u8; CHUNK])
-    }
-
-    fn recycle(&mut self, buffer: Vec<u8>) {
-        self.spare = Some(buffer);
-    }
-
-    fn send(&mut self, op: Op) -> Result<(), ExtractError> {
-        if let Some(buffer) = self.writer.apply(op)? {
-            self.spare = Some(buffer);
-        }
-        Ok(())
-    }
-
-    /// Waits until the large files are flushed; the first failure.
-    fn finish(&mut self) -> Result<(), ExtractError> {
-        self.writer.syncer.finish()
-    }
 }
 
 /// Writes entries beneath the root, reusing the last directory it opened.
@@ -522,22 +508,19 @@ impl Writer {
         Ok((fd, name))
     }
 
-    /// Carries out one operation; gives a written buffer back.
-    fn apply(&mut self, op: Op) -> Result<Option<Vec<u8>>, ExtractError> {
+    /// Carries out one operation.
+    fn apply(&mut self, op: Op) -> Result<(), ExtractError> {
         match op {
-            Op::Create(expected) => {
-                self.create(expected)?;
-                Ok(None)
-            }
-            Op::Write(buffer, length) => {
+            Op::Create(expected) => self.create(expected),
+            Op::Write(piece) => {
                 if let Some((entry, file)) = &mut self.open {
-                    file.write_all(&buffer[..length])
+                    file.write_all(&piece)
                         .map_err(|source| ExtractError::Write {
                             path: entry.path.clone(),
                             source,
                         })?;
                 }
-                Ok(Some(buffer))
+                Ok(())
             }
             Op::Close => {
                 if let Some((entry, file)) = self.open.take() {
@@ -554,7 +537,7 @@ impl Writer {
                         self.syncer.flush(&entry.path, file);
                     }
                 }
-                Ok(None)
+                Ok(())
             }
         }
     }

@@ -152,7 +152,12 @@ fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Ve
                     .as_u64()
                     .and_then(|length| NonZeroU32::new(length as u32));
                 let plain = cipher
-                    .open_block(sealed.into(), uncompressed, &mut decompressor)
+                    .open_block(
+                        sealed.into(),
+                        uncompressed,
+                        &mut decompressor,
+                        &mut bytes::BytesMut::new(),
+                    )
                     .expect("opens");
                 blocks.push((blob["id"].as_str().unwrap().to_string(), plain.to_vec()));
             }

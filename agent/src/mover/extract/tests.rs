@@ -320,3 +320,74 @@ fn a_symlink_entry_then_a_write_through_it_is_refused() {
     );
     target.outside_untouched();
 }
+
+/// A file's content in given pieces, as the snapshot reader hands over blocks.
+struct Given(std::collections::VecDeque<Bytes>);
+
+impl Pieces for Given {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        Ok(self.0.pop_front())
+    }
+}
+
+#[test]
+fn a_files_pieces_are_written_as_given_and_one_past_its_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), b"alpha beta").unwrap();
+    let (manifest, _) = manifest_builder::build(dir.path(), &header(), Vec::new()).unwrap();
+    let found = Found {
+        path: "a".into(),
+        kind: "file".into(),
+        size: 10,
+        link: None,
+    };
+    let pieces = |parts: &[&'static str]| {
+        Given(
+            parts
+                .iter()
+                .map(|part| Bytes::from_static(part.as_bytes()))
+                .collect(),
+        )
+    };
+    // (name, pieces, written or the failure's reason)
+    let cases: &[(&str, &[&str], Result<&str, &str>)] = &[
+        ("one piece", &["alpha beta"], Ok("alpha beta")),
+        (
+            "pieces of any size, empty ones among them",
+            &["", "al", "", "pha beta", ""],
+            Ok("alpha beta"),
+        ),
+        ("a piece past the size", &["alpha beta", "!"], Err("size")),
+        (
+            "a piece that crosses the size",
+            &["alpha", " beta!"],
+            Err("size"),
+        ),
+        ("too few bytes", &["alpha"], Err("size")),
+        (
+            "the right size, another content",
+            &["alpha BETA"],
+            Err("BLAKE3"),
+        ),
+    ];
+    for (name, parts, wanted) in cases {
+        let target = Target::new();
+        let mut extraction = Extraction::start(&target.root(), reader(&manifest)).unwrap();
+        let outcome = extraction
+            .entry(&found, &mut pieces(parts), &|error: io::Error| {
+                ExtractError::Archive(error.to_string())
+            })
+            .and_then(|()| extraction.finish().map(|_| ()));
+        match (outcome, wanted) {
+            (Ok(()), Ok(content)) => assert_eq!(
+                std::fs::read(target.root().join("a")).unwrap(),
+                content.as_bytes(),
+                "{name}"
+            ),
+            (Err(ExtractError::Mismatch { what, .. }), Err(reason)) => {
+                assert_eq!(what, *reason, "{name}")
+            }
+            (outcome, wanted) => panic!("{name}: {outcome:?}, wanted {wanted:?}"),
+        }
+    }
+}
