@@ -93,9 +93,11 @@ start() {
   local pid=$!
   echo "$pid" > "$(pidfile "$name")"
   # Until setsid has exec'd the binary, the process's command line is the shell's, and
-  # `running NAME` would take the new process for a stale one.
-  for _ in $(seq 40); do
+  # `running NAME` would take the new process for a stale one. On a loaded machine the exec
+  # can take seconds (seen: a CI run with builds beside it lost CoreDNS this way after 2 s).
+  for _ in $(seq 600); do
     tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$name" && break
+    [[ -d "/proc/$pid" ]] || break
     sleep 0.05
   done
   log "started $name (pid $pid, log $CLUSTER_DIR/logs/$name.log)"
