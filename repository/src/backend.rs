@@ -131,14 +131,13 @@ impl S3Backend {
         .attach_context("bucket", self.location.bucket.clone())
     }
 
-    fn get(&self, key: &str, range: Option<String>) -> RusticResult<Bytes> {
+    fn get(&self, key: &str) -> RusticResult<Bytes> {
         self.runtime.block_on(async {
             let object = self
                 .client
                 .get_object()
                 .bucket(&self.location.bucket)
                 .key(key)
-                .set_range(range)
                 .send()
                 .await
                 .map_err(|error| self.failed("reading", key, S3Error::of(&error)))?;
@@ -150,9 +149,7 @@ impl S3Backend {
             Ok(body.into_bytes())
         })
     }
-}
 
-impl S3Backend {
     /// Reads `length` bytes of a file from `offset`, appended to `buffer` as they arrive (a
     /// caller that reuses its buffers saves allocating and faulting in one per read). More
     /// or fewer bytes than asked for is an error.
@@ -320,7 +317,7 @@ impl ReadBackend for S3Backend {
     }
 
     fn read_full(&self, file_type: FileType, id: &Id) -> RusticResult<Bytes> {
-        self.get(&self.location.key(file_type, id), None)
+        self.get(&self.location.key(file_type, id))
     }
 
     fn read_partial(
@@ -331,24 +328,9 @@ impl ReadBackend for S3Backend {
         offset: u32,
         length: u32,
     ) -> RusticResult<Bytes> {
-        if length == 0 {
-            return Ok(Bytes::new());
-        }
-        let end = u64::from(offset) + u64::from(length) - 1;
-        let bytes = self.get(
-            &self.location.key(file_type, id),
-            Some(format!("bytes={offset}-{end}")),
-        )?;
-        if bytes.len() != length as usize {
-            return Err(RusticError::new(
-                ErrorKind::Backend,
-                "S3: `{key}` answered {found} bytes for a range of {length}",
-            )
-            .attach_context("key", self.location.key(file_type, id))
-            .attach_context("found", bytes.len().to_string())
-            .attach_context("length", length.to_string()));
-        }
-        Ok(bytes)
+        let mut buffer = BytesMut::new();
+        self.read_range_into(file_type, id, offset, length, &mut buffer)?;
+        Ok(buffer.freeze())
     }
 
     fn warmup_path(&self, file_type: FileType, id: &Id) -> String {
