@@ -70,37 +70,45 @@ copy_libraries() {
 pidfile() { echo "$CLUSTER_DIR/$1.pid"; }
 
 # running NAME: the PID file names a live process whose command line is NAME's binary.
+# While a process execs, its command line reads empty for a moment (the kernel has installed
+# the new memory map but not yet its arguments): a live process is asked again for up to 2 s
+# before its PID file is taken for stale. (CI lost CoreDNS this way: `running coredns`, right
+# after it started, read an empty command line and removed the PID file of a live daemon.)
 running() {
-  local file pid
+  local file pid seen=
   file=$(pidfile "$1")
   [[ -s "$file" ]] || return 1
   pid=$(cat "$file")
-  if [[ -r "/proc/$pid/cmdline" ]] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "$1"; then
-    return 0
-  fi
-  log "removing stale PID file for $1 (pid $pid)"
+  for _ in $(seq 40); do
+    seen=$({ tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null || true)
+    [[ "$seen" == *"$1"* ]] && return 0
+    [[ -d "/proc/$pid" ]] || break
+    sleep 0.05
+  done
+  log "removing stale PID file for $1 (pid $pid: ${seen:-no such process or no command line})"
   rm -f "$file"
   return 1
 }
 
 # start NAME BINARY ARGS...: starts BINARY detached, logging to logs/NAME.log.
 start() {
-  local name=$1 binary=$2
+  local name=$1 binary=$2 file pid=
   shift 2
+  file=$(pidfile "$name")
+  rm -f "$file"
   mkdir -p "$CLUSTER_DIR/logs"
+  # The daemon writes its own PID file just before the exec: setsid forks when its caller
+  # leads a process group (under job control), and then $! would be setsid's PID, gone at
+  # once, while the daemon ran on unnamed.
   # 9>&-: the daemon must not inherit the lock cluster-up.sh holds on fd 9.
-  setsid "$binary" "$@" >"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
-  local pid=$!
-  echo "$pid" > "$(pidfile "$name")"
-  # Until setsid has exec'd the binary, the process's command line is the shell's, and
-  # `running NAME` would take the new process for a stale one. On a loaded machine the exec
-  # can take seconds (seen: a CI run with builds beside it lost CoreDNS this way after 2 s).
+  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$file" "$binary" "$@" \
+    >"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null 9>&- &
+  # The daemon may take seconds to be scheduled on a loaded machine.
   for _ in $(seq 600); do
-    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$name" && break
-    [[ -d "/proc/$pid" ]] || break
+    [[ -s "$file" ]] && pid=$(cat "$file") && break
     sleep 0.05
   done
-  log "started $name (pid $pid, log $CLUSTER_DIR/logs/$name.log)"
+  log "started $name (pid ${pid:-unknown}, log $CLUSTER_DIR/logs/$name.log)"
 }
 
 # stop NAME: TERM, wait up to 10 s, then KILL.
@@ -142,6 +150,7 @@ wait_for() {
     if ! running "$name"; then
       log "$name exited; last lines of its log:"
       tail -n 30 "$CLUSTER_DIR/logs/$name.log" >&2 || true
+      pgrep -af -- "$name" >&2 && log "(above: processes named $name still running)"
       return 1
     fi
     sleep 0.5
