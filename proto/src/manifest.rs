@@ -226,7 +226,12 @@ fn count(totals: &mut Totals, entry: &Entry) {
 
 /// Writes a manifest line by line, hashing every byte.
 pub struct ManifestWriter<W: Write> {
-    out: HashingWriter<W>,
+    out: W,
+    hasher: blake3::Hasher,
+    /// The line being written: serialized whole, then hashed and written at once (serde_json
+    /// writes token by token; hashing and writing each token took a fifth of an unchanged
+    /// backup's walk).
+    line: Vec<u8>,
     previous: Option<String>,
     totals: Totals,
 }
@@ -235,10 +240,9 @@ impl<W: Write> ManifestWriter<W> {
     /// Starts a manifest with its header.
     pub fn new(out: W, header: &Header) -> io::Result<Self> {
         let mut writer = ManifestWriter {
-            out: HashingWriter {
-                inner: out,
-                hasher: blake3::Hasher::new(),
-            },
+            out,
+            hasher: blake3::Hasher::new(),
+            line: Vec::with_capacity(1 << 10),
             previous: None,
             totals: Totals::default(),
         };
@@ -264,7 +268,10 @@ impl<W: Write> ManifestWriter<W> {
         }
         self.line(entry)?;
         count(&mut self.totals, entry);
-        self.previous = Some(entry.path.clone());
+        match &mut self.previous {
+            Some(previous) => entry.path.clone_into(previous),
+            None => self.previous = Some(entry.path.clone()),
+        }
         Ok(())
     }
 
@@ -274,33 +281,20 @@ impl<W: Write> ManifestWriter<W> {
         self.line(&Trailer { end: totals })?;
         self.out.flush()?;
         Ok((
-            self.out.inner,
+            self.out,
             ManifestSummary {
-                hash: self.out.hasher.finalize(),
+                hash: self.hasher.finalize(),
                 totals,
             },
         ))
     }
 
     fn line(&mut self, value: &impl Serialize) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, value)?;
-        self.out.write_all(b"\n")
-    }
-}
-
-struct HashingWriter<W> {
-    inner: W,
-    hasher: blake3::Hasher,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let written = self.inner.write(bytes)?;
-        self.hasher.update(&bytes[..written]);
-        Ok(written)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, value)?;
+        self.line.push(b'\n');
+        self.hasher.update(&self.line);
+        self.out.write_all(&self.line)
     }
 }
 
