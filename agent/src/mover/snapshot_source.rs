@@ -76,8 +76,9 @@ pub struct Archiver<'a> {
 enum Event {
     /// A directory starts (its node).
     Enter(Node),
-    /// The innermost directory ends.
-    Leave,
+    /// The innermost directory ends; with the same directory's tree in the parent snapshot
+    /// (its id and nodes), when it was read.
+    Leave(Option<ParentTree>),
     /// A symlink, or a file whose content is known (unchanged since the parent).
     Leaf(Node),
     /// A file whose content follows in chunks.
@@ -303,9 +304,19 @@ impl Events<'_> {
 /// A directory the walk is in.
 struct Open {
     path: String,
-    /// The same directory's nodes in the parent snapshot.
-    parent: Vec<Node>,
+    /// The same directory's tree in the parent snapshot.
+    parent: Option<ParentTree>,
 }
+
+impl Open {
+    /// The parent snapshot's nodes of this directory (none without its tree).
+    fn parent_nodes(&self) -> &[Node] {
+        self.parent.as_ref().map_or(&[], |(_, nodes)| nodes)
+    }
+}
+
+/// A directory's tree in the parent snapshot: its id and its nodes.
+type ParentTree = (TreeId, Vec<Node>);
 
 fn stopped() -> BuildError {
     BuildError::Read {
@@ -587,8 +598,8 @@ impl<'a> Archiver<'a> {
                 {
                     break;
                 }
-                stack.pop();
-                events.send(Event::Leave)?;
+                let left = stack.pop().expect("a directory is open");
+                events.send(Event::Leave(left.parent))?;
             }
             let name = found
                 .path
@@ -615,7 +626,7 @@ impl<'a> Archiver<'a> {
                         NodeType::Dir,
                         node_metadata(&stat),
                     );
-                    let parent_tree = find(&stack.last().expect("open").parent, &node.name)
+                    let parent_tree = find(stack.last().expect("open").parent_nodes(), &node.name)
                         .filter(|parent| parent.is_dir())
                         .and_then(|parent| parent.subtree);
                     stack.push(Open {
@@ -654,7 +665,7 @@ impl<'a> Archiver<'a> {
                         node_metadata(&walked),
                     );
                     let unchanged = self.unchanged(
-                        find(&stack.last().expect("open").parent, &node.name),
+                        find(stack.last().expect("open").parent_nodes(), &node.name),
                         &node,
                         parent_manifest.as_mut(),
                         &found.path,
@@ -737,25 +748,25 @@ impl<'a> Archiver<'a> {
                 }
             }
         }
+        while stack.len() > 1 {
+            let left = stack.pop().expect("a directory is open");
+            events.send(Event::Leave(left.parent))?;
+        }
         // The last chunked files go to the tree stage before their hashes are awaited.
         events.flush()?;
         manifest.finish()
     }
 
-    /// The nodes of a parent tree (none without one, or when it cannot be read: then every
+    /// A parent tree with its nodes (none without one, or when it cannot be read: then every
     /// file is read, slower and never wrong).
-    fn parent_nodes(&self, ahead: &ParentTrees, tree: Option<TreeId>) -> Vec<Node> {
-        let Some(tree) = tree else {
-            return Vec::new();
-        };
+    fn parent_nodes(&self, ahead: &ParentTrees, tree: Option<TreeId>) -> Option<ParentTree> {
+        let tree = tree?;
         // Trees read ahead and not asked for (directories no longer there) are passed over.
         if let Some((_, Some(nodes))) = ahead.iter().find(|(id, _)| *id == tree) {
-            return nodes;
+            return Some((tree, nodes));
         }
-        self.blocks
-            .tree(&tree)
-            .map(|tree| tree.nodes)
-            .unwrap_or_default()
+        let nodes = self.blocks.tree(&tree).ok()?.nodes;
+        Some((tree, nodes))
     }
 
     /// The parent's content and manifest hash for a file unchanged since the parent: same
@@ -857,7 +868,7 @@ fn build_trees(
     for event in batches.into_iter().flatten() {
         match event {
             Event::Enter(node) => stack.push((node, Vec::new())),
-            Event::Leave => close(repository, writer, &mut stack)?,
+            Event::Leave(parent) => close(repository, writer, &mut stack, parent)?,
             Event::Leaf(node) => {
                 // An unchanged file names its parent's blocks: they must stay in the repository.
                 if let Some(content) = &node.content {
@@ -887,23 +898,45 @@ fn build_trees(
         }
     }
     while stack.len() > 1 {
-        close(repository, writer, &mut stack)?;
+        close(repository, writer, &mut stack, None)?;
     }
     let (mut node, nodes) = stack.pop().expect("the root is open");
     node.subtree = Some(store_tree(repository, writer, nodes)?);
     Ok(node)
 }
 
-/// Closes the innermost directory: its tree is stored and its node joins its parent.
+/// Closes the innermost directory: its tree is stored (or the parent snapshot's, when it
+/// holds the same nodes) and its node joins its parent.
 fn close(
     repository: &Repository<IndexedFullStatus>,
     writer: &mut Writer,
     stack: &mut Vec<(Node, Vec<Node>)>,
+    parent: Option<ParentTree>,
 ) -> Result<(), BuildError> {
     let (mut node, nodes) = stack.pop().expect("a directory to close");
-    node.subtree = Some(store_tree(repository, writer, nodes)?);
+    let stored = |id: &TreeId| repository.get_index_entry(id).is_ok();
+    node.subtree = Some(match same_tree(parent.as_ref(), &nodes, stored) {
+        Some(id) => {
+            writer.reuse(BlobType::Tree, [*id]);
+            id
+        }
+        None => store_tree(repository, writer, nodes)?,
+    });
     stack.last_mut().expect("its parent is open").1.push(node);
     Ok(())
+}
+
+/// The parent snapshot's tree, when a directory's `nodes` are exactly its nodes and it is
+/// still `stored` in the repository: it is that directory's tree, and neither serializing nor
+/// hashing the nodes again would give another (an unchanged backup's trees took a fifth of its
+/// time that way).
+fn same_tree(
+    parent: Option<&ParentTree>,
+    nodes: &[Node],
+    stored: impl Fn(&TreeId) -> bool,
+) -> Option<TreeId> {
+    let (id, parent_nodes) = parent?;
+    (parent_nodes.as_slice() == nodes && stored(id)).then_some(*id)
 }
 
 /// Bytes read at a time past a chunk's minimum size, where its end may be: what is read
@@ -1098,6 +1131,74 @@ mod tests {
 
     fn tree_id(n: u8) -> TreeId {
         TreeId::from(rustic_core::Id::new([n; 32]))
+    }
+
+    /// A file node named `name` with `content`, modified at second `mtime`.
+    fn file(name: &str, content: u8, mtime: i64) -> Node {
+        let mut node = Node::new_node(
+            std::ffi::OsStr::new(name),
+            NodeType::File,
+            NodeMetadata::default(),
+        );
+        node.meta.size = 1;
+        node.meta.mtime = timestamp(mtime, 0);
+        node.content = Some(vec![DataId::from(rustic_core::Id::new([content; 32]))]);
+        node
+    }
+
+    #[test]
+    fn a_directory_takes_its_parents_tree_only_when_every_node_is_the_same_and_stored() {
+        let nodes = vec![directory("a", 1), file("b", 2, 10), file("c", 3, 10)];
+        let parent = (tree_id(9), nodes.clone());
+        let stored = |_: &TreeId| true;
+        assert_eq!(same_tree(Some(&parent), &nodes, stored), Some(tree_id(9)));
+        // No parent tree (a new directory, or its tree could not be read).
+        assert_eq!(same_tree(None, &nodes, stored), None);
+        // The parent's tree is no longer in the repository.
+        assert_eq!(same_tree(Some(&parent), &nodes, |_| false), None);
+        assert_eq!(
+            same_tree(Some(&parent), &nodes, |id| *id != tree_id(9)),
+            None
+        );
+        let changed: [(&str, Vec<Node>); 6] = [
+            (
+                "a file's time",
+                vec![directory("a", 1), file("b", 2, 11), file("c", 3, 10)],
+            ),
+            (
+                "a file's content",
+                vec![directory("a", 1), file("b", 4, 10), file("c", 3, 10)],
+            ),
+            (
+                "a subdirectory's tree",
+                vec![directory("a", 5), file("b", 2, 10), file("c", 3, 10)],
+            ),
+            (
+                "a name",
+                vec![directory("a", 1), file("b", 2, 10), file("d", 3, 10)],
+            ),
+            (
+                "an entry removed",
+                vec![directory("a", 1), file("b", 2, 10)],
+            ),
+            (
+                "an entry added",
+                vec![
+                    directory("a", 1),
+                    file("b", 2, 10),
+                    file("c", 3, 10),
+                    file("d", 3, 10),
+                ],
+            ),
+        ];
+        for (what, nodes) in changed {
+            assert_eq!(same_tree(Some(&parent), &nodes, stored), None, "{what}");
+        }
+        // An empty directory whose parent tree was read and empty is the same.
+        assert_eq!(
+            same_tree(Some(&(tree_id(7), Vec::new())), &[], stored),
+            Some(tree_id(7))
+        );
     }
 
     #[test]
