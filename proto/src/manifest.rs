@@ -268,10 +268,10 @@ impl<W: Write> ManifestWriter<W> {
         }
         self.line(entry)?;
         count(&mut self.totals, entry);
-        match &mut self.previous {
-            Some(previous) => entry.path.clone_into(previous),
-            None => self.previous = Some(entry.path.clone()),
-        }
+        // Reuses the previous path's allocation.
+        self.previous
+            .get_or_insert_with(String::new)
+            .clone_from(&entry.path);
         Ok(())
     }
 
