@@ -30,6 +30,7 @@ uninstall() {
   kubectl_local delete namespace "$ns" --ignore-not-found --timeout=120s >/dev/null 2>&1
   kubectl_local delete pv -l custody.io/demo=true --ignore-not-found >/dev/null 2>&1
   kubectl_local delete mutatingwebhookconfiguration custody-restore-gate --ignore-not-found >/dev/null 2>&1
+  kubectl_local delete validatingwebhookconfiguration custody-requester-check --ignore-not-found >/dev/null 2>&1
   kubectl_local -n custody-system delete --ignore-not-found deployment/custody-controller \
     daemonset/custody-agent service/custody-controller >/dev/null 2>&1
 }

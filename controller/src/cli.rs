@@ -120,6 +120,15 @@ pub struct RunOptions {
     )]
     pub webhook_configuration: String,
 
+    /// The ValidatingWebhookConfiguration (custody's own kinds, checked against what their
+    /// writer may do) whose `caBundle` the controller keeps current.
+    #[arg(
+        long,
+        env = "CUSTODY_VALIDATING_WEBHOOK_CONFIGURATION",
+        default_value = "custody-requester-check"
+    )]
+    pub validating_webhook_configuration: String,
+
     /// Secret, `namespace/name`, holding the webhook's CA and serving certificate (generated
     /// and rotated by the controller, shared by its replicas).
     #[arg(

@@ -26,6 +26,7 @@ pub mod plans;
 pub mod reconciler;
 pub mod report_service;
 pub mod repositories;
+pub mod requester;
 pub mod restores;
 pub mod run;
 pub mod status;

@@ -86,6 +86,10 @@ impl MoverJob {
                     "spec": {
                         "nodeName": on.and_then(|on| on.node),
                         "restartPolicy": "Never",
+                        // No container of custody's Jobs talks to the API server (a frozen
+                        // copy's mover has its own token for the agent, audience custody):
+                        // a tool or command run here gets no token of the namespace.
+                        "automountServiceAccountToken": false,
                         "containers": [container],
                         "volumes": volumes,
                     },

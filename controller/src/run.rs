@@ -110,7 +110,11 @@ pub async fn run(options: RunOptions) -> Result<()> {
             stopped(),
         ),
     ]);
-    ready.store(true, Ordering::Relaxed);
+    // Ready once the reconcilers run and, with a webhook, once it listens: the API server
+    // sends custody's objects and labelled pods to a ready replica only.
+    if options.webhook_address.is_none() {
+        ready.store(true, Ordering::Relaxed);
+    }
     let webhook = async {
         let Some(address) = options.webhook_address else {
             return Ok(());
@@ -120,14 +124,17 @@ pub async fn run(options: RunOptions) -> Result<()> {
                 client: client.clone(),
                 wait_image: options.wait_image.clone(),
                 metrics: metrics.clone(),
+                own_user: std::sync::OnceLock::new(),
             }),
             crate::webhook::Settings {
                 address,
                 configuration: options.webhook_configuration.clone(),
+                validating_configuration: options.validating_webhook_configuration.clone(),
                 secret: options.webhook_secret.clone(),
                 names: options.webhook_names.clone(),
                 days: options.webhook_cert_days,
                 check: std::time::Duration::from_secs(options.webhook_check_seconds.max(1)),
+                ready: ready.clone(),
             },
             stopped(),
         )

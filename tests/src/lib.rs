@@ -76,6 +76,64 @@ async fn client_from(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// A client that authenticates as ServiceAccount `account` of `namespace` (created here,
+/// with a Role of `rules` bound to it): a tenant with only the rights a test gives it.
+pub async fn tenant(namespace: &TestNamespace, account: &str, rules: serde_json::Value) -> Client {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let ns = &namespace.name;
+    let accounts: Api<ServiceAccount> = namespace.api();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": account}}))
+                .expect("ServiceAccount"),
+        )
+        .await
+        .expect("creating the tenant's ServiceAccount");
+    let roles: Api<Role> = namespace.api();
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                serde_json::json!({"metadata": {"name": account}, "rules": rules}),
+            )
+            .expect("Role"),
+        )
+        .await
+        .expect("creating the tenant's Role");
+    let bindings: Api<RoleBinding> = namespace.api();
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": account},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+            }))
+            .expect("RoleBinding"),
+        )
+        .await
+        .expect("binding the tenant's Role");
+    let token = kubelet::request_token(
+        &namespace.client,
+        ns,
+        account,
+        "https://kubernetes.default.svc",
+        None,
+    )
+    .await;
+    let kubeconfig = Kubeconfig::read_from(control_plane()).expect("reading kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..kube::config::AuthInfo::default()
+    };
+    Client::try_from(config).expect("tenant client")
+}
+
 async fn install_crds(kubeconfig: &Path) {
     let api: Api<CustomResourceDefinition> = Api::all(client_from(kubeconfig).await);
     for crd in committed_crds() {

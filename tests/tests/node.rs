@@ -50,6 +50,7 @@ const INSTALLED: &[&str] = &[
     "clusterrolebinding/custody-controller",
     "clusterrolebinding/custody-agent",
     "mutatingwebhookconfiguration/custody-restore-gate",
+    "validatingwebhookconfiguration/custody-requester-check",
 ];
 
 /// Tests under way that use the install (they run in parallel; the last one removes it).
@@ -141,6 +142,7 @@ impl Drop for Installed {
             "--ignore-not-found",
             "--wait=false",
             "mutatingwebhookconfiguration/custody-restore-gate",
+            "validatingwebhookconfiguration/custody-requester-check",
         ]);
         let _ = kubectl(&[
             "-n",
@@ -183,6 +185,33 @@ async fn running(client: &kube::Client) {
                 .status
                 .as_ref()
                 .is_some_and(|status| status.number_ready == 1)
+        },
+    )
+    .await;
+    // Custody's own objects go through its validating webhook (failurePolicy Fail): wait
+    // until the Service routes to it (a server-side dry run is sent to webhooks too).
+    custody_tests::eventually(
+        "custody's webhook answering through its Service",
+        TIMEOUT,
+        || {
+            let clusters: Api<Cluster> = Api::namespaced(client.clone(), "default");
+            async move {
+                let probe = serde_json::from_value(json!({
+                    "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+                    "metadata": {"name": "custody-webhook-probe"},
+                    "spec": {"statefulSetRef": {"name": "probe"}, "volumeClaimTemplates": ["data"]},
+                }))
+                .expect("a Cluster");
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                clusters
+                    .create(&dry_run, &probe)
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| error.to_string())
+            }
         },
     )
     .await;
@@ -2225,6 +2254,63 @@ async fn on_a_real_node_hooks_run_in_the_application_pod_around_the_copy() {
         _relay,
     } = Stage::new("pghooks", false).await;
     let source = postgres_source(&client, node, &namespace, None, 1).await;
+
+    // Issue 23: a tenant who may write Backups but may not exec into pods asks custody to run
+    // `cat` of the pod's ServiceAccount token as a pre hook (or, where the pod has none, `env`:
+    // the database's password, from a Secret the tenant may not read). custody would run it
+    // with its own rights and show the output in status.hooks: the writer's rights are
+    // checked first.
+    let tenant = custody_tests::tenant(
+        &namespace,
+        "backup-writer",
+        json!([{"apiGroups": ["custody.io"], "resources": ["backups"],
+                "verbs": ["get", "list", "watch", "create"]}]),
+    )
+    .await;
+    let exfiltrate: Backup = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "exfiltrate"},
+        "spec": {"clusterRef": {"name": "orders"}, "consistency": {"method": "Hooks", "hooks": {
+            "pre": {"container": "db", "command": ["sh", "-c",
+                "cat /var/run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null || env"]}}}}}))
+    .unwrap();
+    match Api::<Backup>::namespaced(tenant, &namespace.name)
+        .create(&PostParams::default(), &exfiltrate)
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 400, "{status:?}");
+            assert!(
+                status.message.contains("create pods/exec")
+                    && status.message.contains("system:serviceaccount:")
+                    && status.message.contains("backup-writer"),
+                "the refusal names the missing permission and the writer: {}",
+                status.message
+            );
+        }
+        Ok(_) => {
+            let ran = await_condition(
+                &namespace.api::<Backup>(),
+                "exfiltrate",
+                "its pre hook ran",
+                TIMEOUT,
+                |backup: &Backup| {
+                    backup
+                        .status
+                        .as_ref()
+                        .and_then(|status| status.hooks.as_ref())
+                        .is_some_and(|hooks| hooks.pre.is_some())
+                },
+            )
+            .await;
+            let output = ran.status.unwrap().hooks.unwrap().pre.unwrap().message;
+            panic!(
+                "custody ran the hook of a user without pods/exec; its status shows: {}",
+                output.chars().take(120).collect::<String>()
+            );
+        }
+        Err(error) => panic!("creating the Backup: {error}"),
+    }
+
     let hooks = |pre: serde_json::Value, post: &str| {
         json!({"method": "Hooks", "hooks": {
             "pre": pre,

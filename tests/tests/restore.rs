@@ -105,6 +105,7 @@ async fn the_deploy_manifests_are_accepted_by_the_api_server() {
         "deployment.apps/custody-controller",
         "daemonset.apps/custody-agent",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/custody-restore-gate",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/custody-requester-check",
         "clusterrole.rbac.authorization.k8s.io/custody-controller",
         "clusterrole.rbac.authorization.k8s.io/custody-agent",
     ] {

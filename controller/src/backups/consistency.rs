@@ -25,6 +25,8 @@ pub struct Mounter {
     pub node: String,
     /// The pod's IP, where an application's backup tool reaches it.
     pub ip: Option<String>,
+    /// The StatefulSet that controls the pod (its controller owner reference), if one does.
+    pub stateful_set: Option<String>,
 }
 
 /// What a volume backup about to start does.
@@ -157,6 +159,7 @@ mod tests {
             pod: "db-0".into(),
             node: "node-a".into(),
             ip: Some("10.0.0.7".into()),
+            stateful_set: Some("db".into()),
         }
     }
 

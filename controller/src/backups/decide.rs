@@ -272,27 +272,45 @@ pub const TOOL_MISSING: &str = "ToolMissing";
 pub const HOOKS_MISSING: &str = "HooksMissing";
 
 /// Why the application's backup tool (the Job pod's init container `tool`) failed: its exit
-/// code and the end of its output. `None` while it did not fail.
+/// code and the end of its output, and the kubelet's reason when it evicted the pod. `None`
+/// while it did not fail.
 pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
-    pods.iter()
-        .flat_map(|pod| pod.status.iter())
-        .flat_map(|status| status.init_container_statuses.iter().flatten())
-        .filter(|container| container.name == "tool")
-        .find_map(|container| {
-            let terminated = container.state.as_ref()?.terminated.as_ref()?;
-            (terminated.exit_code != 0).then(|| {
-                let output = terminated.message.as_deref().unwrap_or_default().trim();
-                format!(
-                    "the backup tool exited with code {}{}",
-                    terminated.exit_code,
-                    if output.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", crate::events::cut(output, 1024))
-                    }
-                )
-            })
-        })
+    pods.iter().find_map(|pod| {
+        let status = pod.status.as_ref()?;
+        let exited = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .filter(|container| container.name == "tool")
+            .find_map(|container| {
+                let terminated = container.state.as_ref()?.terminated.as_ref()?;
+                (terminated.exit_code != 0).then(|| {
+                    let output = terminated.message.as_deref().unwrap_or_default().trim();
+                    format!(
+                        "the backup tool exited with code {}{}",
+                        terminated.exit_code,
+                        if output.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", crate::events::cut(output, 1024))
+                        }
+                    )
+                })
+            });
+        // An eviction (its scratch space overfilled, the node short of disk) kills the tool
+        // with 137: its reason is only on the pod.
+        let evicted = (status.reason.as_deref() == Some("Evicted")).then(|| {
+            format!(
+                "the kubelet evicted the Job's pod {}: {}",
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                status.message.as_deref().unwrap_or("no reason given")
+            )
+        });
+        match (evicted, exited) {
+            (Some(evicted), Some(exited)) => Some(format!("{evicted} ({exited})")),
+            (evicted, exited) => evicted.or(exited),
+        }
+    })
 }
 
 #[cfg(test)]

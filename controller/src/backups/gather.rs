@@ -216,6 +216,11 @@ async fn mounted_on(client: &Client, namespace: &str, claim: &str) -> Result<Opt
             Some(Mounter {
                 node: pod.spec.as_ref()?.node_name.clone()?,
                 ip: pod.status.as_ref()?.pod_ip.clone(),
+                stateful_set: pod
+                    .owner_references()
+                    .iter()
+                    .find(|owner| owner.controller == Some(true) && owner.kind == "StatefulSet")
+                    .map(|owner| owner.name.clone()),
                 pod: pod.name_any(),
             })
         }))

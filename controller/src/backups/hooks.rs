@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, AttachParams};
 
+use super::consistency::Mounter;
+
 /// The Backup's reason when its pre hook failed (`onError: Fail`).
 pub const PRE_HOOK_FAILED: &str = "PreHookFailed";
 /// The Backup's reason when its post hook failed (`onError: Fail`).
@@ -28,12 +30,40 @@ pub enum Phase {
     Post,
 }
 
-/// A hook to run now, in `pod` (`None`: no running pod mounts the claim).
+/// A hook to run now, in `pod` (or why it cannot run: see [`target`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Run {
     pub phase: Phase,
     pub hook: Hook,
-    pub pod: Option<String>,
+    pub pod: Result<String, String>,
+}
+
+/// The pod a hook runs in: the running pod that mounts the claim (`mounter`), and only when
+/// it is a pod of the Cluster's own StatefulSet (`stateful_set`, `None` when the Cluster is
+/// gone). A hook is a command of the application's, checked at admission against what its
+/// writer may exec in the namespace: custody runs it in no other pod that happens to mount
+/// the claim.
+pub fn target(mounter: Option<&Mounter>, stateful_set: Option<&str>) -> Result<String, String> {
+    let Some(mounter) = mounter else {
+        return Err("no running pod mounts the claim, so the hook could not run".into());
+    };
+    let Some(stateful_set) = stateful_set else {
+        return Err(format!(
+            "the Cluster is gone, so pod {} cannot be shown to be its application's: the hook did not run",
+            mounter.pod
+        ));
+    };
+    match &mounter.stateful_set {
+        Some(owner) if owner == stateful_set => Ok(mounter.pod.clone()),
+        owner => Err(format!(
+            "pod {} mounts the claim but is {}, not a pod of the Cluster's StatefulSet {stateful_set}: hooks run only in the Cluster's own pods, so the hook did not run",
+            mounter.pod,
+            match owner {
+                Some(owner) => format!("a pod of StatefulSet {owner}"),
+                None => "controlled by no StatefulSet".to_string(),
+            }
+        )),
+    }
 }
 
 /// Before the copy: what comes next.
@@ -98,11 +128,8 @@ const OUTPUT_LIMIT: u64 = 4096;
 pub async fn exec(client: &kube::Client, namespace: &str, run: &Run) -> HookResult {
     let started_at = Time(k8s_openapi::jiff::Timestamp::now());
     let (succeeded, message) = match &run.pod {
-        None => (
-            false,
-            "no running pod mounts the claim, so the hook could not run".to_string(),
-        ),
-        Some(pod) => {
+        Err(why) => (false, why.clone()),
+        Ok(pod) => {
             let limit = timeout(&run.hook);
             match tokio::time::timeout(limit, attach(client, namespace, pod, &run.hook)).await {
                 Ok(Ok(outcome)) => outcome,
@@ -249,6 +276,44 @@ mod tests {
         HooksStatus {
             pre: pre.map(result),
             post: post.map(result),
+        }
+    }
+
+    /// A hook runs only in a running pod of the Cluster's own StatefulSet.
+    #[test]
+    fn a_hook_runs_only_in_a_pod_of_the_clusters_own_stateful_set() {
+        let pod = |owner: Option<&str>| Mounter {
+            pod: "db-0".into(),
+            node: "node-a".into(),
+            ip: None,
+            stateful_set: owner.map(str::to_string),
+        };
+        let (own, other, none) = (pod(Some("db")), pod(Some("payroll")), pod(None));
+        type Row<'a> = (
+            Option<&'a Mounter>,
+            Option<&'a str>,
+            Result<&'a str, &'a str>,
+        );
+        let rows: [Row<'_>; 5] = [
+            (Some(&own), Some("db"), Ok("db-0")),
+            (None, Some("db"), Err("no running pod mounts the claim")),
+            (
+                Some(&other),
+                Some("db"),
+                Err("a pod of StatefulSet payroll, not a pod of the Cluster's StatefulSet db"),
+            ),
+            (Some(&none), Some("db"), Err("controlled by no StatefulSet")),
+            (Some(&own), None, Err("the Cluster is gone")),
+        ];
+        for (mounter, stateful_set, expected) in rows {
+            let found = target(mounter, stateful_set);
+            match (expected, &found) {
+                (Ok(expected), Ok(found)) => assert_eq!(found, expected),
+                (Err(expected), Err(found)) => {
+                    assert!(found.contains(expected), "{found:?} lacks {expected:?}")
+                }
+                _ => panic!("{mounter:?} {stateful_set:?}: {found:?}, expected {expected:?}"),
+            }
         }
     }
 

@@ -96,6 +96,29 @@ pub fn tool_output(tool: &BackupTool) -> String {
     }
 }
 
+/// The `securityContext` of a container that runs the user's image (a tool, a command): never
+/// root, no capabilities, no privilege escalation, the runtime's default seccomp profile, as
+/// Pod Security `restricted` asks. The image's own user runs it; an image whose user is root
+/// is refused by the kubelet (`runAsNonRoot`: CreateContainerConfigError), which the Backup
+/// names as the reason its Job does not start.
+fn unprivileged() -> serde_json::Value {
+    serde_json::json!({
+        "runAsNonRoot": true,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
+
+/// The tool's `resources`: the mover's, and its scratch space as an ephemeral-storage request
+/// and limit, so that the scheduler and the kubelet count it.
+fn tool_resources(mover: &crate::mover_job::MoverJob, scratch: &str) -> serde_json::Value {
+    let mut resources = mover.resources();
+    resources["requests"]["ephemeral-storage"] = scratch.into();
+    resources["limits"]["ephemeral-storage"] = scratch.into();
+    resources
+}
+
 /// The tool's container (the Job's init container: the mover starts once it exited 0) and
 /// its scratch volume.
 fn tool_container(
@@ -103,6 +126,7 @@ fn tool_container(
     mover: &crate::mover_job::MoverJob,
 ) -> (serde_json::Value, serde_json::Value) {
     let tool = run.tool;
+    let scratch = tool.scratch_size.as_deref().unwrap_or(DEFAULT_TOOL_SCRATCH);
     let env = [
         (tool_env::OUTPUT, Some(tool_output(tool))),
         (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
@@ -120,17 +144,17 @@ fn tool_container(
             {"name": "data", "mountPath": tool.mount_path.as_deref().unwrap_or(SOURCE_PATH), "readOnly": true},
             {"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT},
         ],
-        "resources": mover.resources(),
+        "resources": tool_resources(mover, scratch),
         // The end of its output explains a failure in the Backup's condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": false},
+        "securityContext": unprivileged(),
     });
     if let Some(secret) = &tool.credentials_secret_ref {
         container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
     }
     let volume = serde_json::json!({
         "name": TOOL_VOLUME,
-        "emptyDir": {"sizeLimit": tool.scratch_size.as_deref().unwrap_or(DEFAULT_TOOL_SCRATCH)},
+        "emptyDir": {"sizeLimit": scratch},
     });
     (container, volume)
 }
@@ -235,7 +259,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                     "command": command.command,
                 "env": env,
                 "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
-                "securityContext": {"allowPrivilegeEscalation": false},
+                "securityContext": unprivileged(),
             })
         }
     };

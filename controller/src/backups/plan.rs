@@ -323,7 +323,13 @@ fn run_hook(
         hook: Some(hooks::Run {
             phase,
             hook: hook.clone(),
-            pod: facts.mounted_on.as_ref().map(|mounter| mounter.pod.clone()),
+            pod: hooks::target(
+                facts.mounted_on.as_ref(),
+                facts
+                    .cluster
+                    .as_ref()
+                    .map(|cluster| cluster.spec.stateful_set_ref.name.as_str()),
+            ),
         }),
         requeue: Some(Duration::from_secs(1)),
         ..plan

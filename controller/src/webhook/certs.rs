@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -310,32 +309,65 @@ pub async fn ensure(client: &Client, secret: &str, names: &[String], days: u32) 
     )))
 }
 
-/// Writes `ca` into the `caBundle` of every webhook of `configuration` that does not carry it.
-/// Returns how many entries it changed.
-pub async fn publish_ca(client: &Client, configuration: &str, ca: &str) -> Result<usize> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+/// The kinds of webhook configuration whose `caBundle` custody keeps current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Configuration {
+    Mutating,
+    Validating,
+}
+
+impl Configuration {
+    fn kind(self) -> &'static str {
+        match self {
+            Configuration::Mutating => "MutatingWebhookConfiguration",
+            Configuration::Validating => "ValidatingWebhookConfiguration",
+        }
+    }
+}
+
+/// Writes `ca` into the `caBundle` of every webhook of `configuration` (of `kind`) that does
+/// not carry it. Returns how many entries it changed.
+pub async fn publish_ca(
+    client: &Client,
+    kind: Configuration,
+    configuration: &str,
+    ca: &str,
+) -> Result<usize> {
+    let resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        kind.kind(),
+    ));
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let object = format!("{} {configuration}", kind.kind());
     let Some(current) = api
         .get_opt(configuration)
         .await
-        .map_err(|source| Error::Read {
-            object: format!("MutatingWebhookConfiguration {configuration}"),
-            source,
-        })?
+        .map_err(Error::read(object.clone()))?
     else {
         tracing::warn!(
             configuration,
-            "MutatingWebhookConfiguration not found; its caBundle cannot be set"
+            kind = kind.kind(),
+            "webhook configuration not found; its caBundle cannot be set"
         );
         return Ok(0);
     };
     let wanted = ByteString(ca.as_bytes().to_vec());
+    let wanted_text = serde_json::to_value(&wanted)
+        .map_err(|error| Error::Webhook(format!("encoding the caBundle: {error}")))?;
+    let webhooks = current
+        .data
+        .get("webhooks")
+        .and_then(|webhooks| webhooks.as_array())
+        .cloned()
+        .unwrap_or_default();
     let mut operations = Vec::new();
-    for (index, webhook) in current.webhooks.iter().flatten().enumerate() {
-        if webhook.client_config.ca_bundle.as_ref() != Some(&wanted) {
+    for (index, webhook) in webhooks.iter().enumerate() {
+        if webhook.pointer("/clientConfig/caBundle") != Some(&wanted_text) {
             operations.push(serde_json::json!({
                 "op": "add",
                 "path": format!("/webhooks/{index}/clientConfig/caBundle"),
-                "value": wanted,
+                "value": wanted_text,
             }));
         }
     }
@@ -355,12 +387,10 @@ pub async fn publish_ca(client: &Client, configuration: &str, ca: &str) -> Resul
         &Patch::<()>::Json(patch),
     )
     .await
-    .map_err(|source| Error::Patch {
-        object: format!("MutatingWebhookConfiguration {configuration}"),
-        source,
-    })?;
+    .map_err(|source| Error::Patch { object, source })?;
     tracing::info!(
         configuration,
+        kind = kind.kind(),
         entries = operations.len(),
         "webhook caBundle written"
     );

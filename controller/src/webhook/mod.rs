@@ -5,6 +5,7 @@
 //! unguarded: when the webhook cannot decide, the pod is refused and created again later.
 
 pub mod certs;
+pub mod requester;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -111,6 +112,9 @@ pub struct WebhookContext {
     pub client: Client,
     pub wait_image: String,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The user the controller itself authenticates as (a SelfSubjectReview at start): what
+    /// it writes comes from objects already checked ([`requester`]).
+    pub own_user: std::sync::OnceLock<String>,
 }
 
 async fn decide(
@@ -256,16 +260,26 @@ async fn claims_hold_known_data(client: &Client, namespace: &str, pod: &Pod) -> 
     Ok(true)
 }
 
+/// The request of `review`, or the answer that it cannot be read.
+#[allow(clippy::result_large_err)] // the error is the answer itself, returned at once
+fn request_of(
+    review: AdmissionReview<DynamicObject>,
+) -> std::result::Result<AdmissionRequest<DynamicObject>, Json<AdmissionReview<DynamicObject>>> {
+    review.try_into().map_err(
+        |error: kube::core::admission::ConvertAdmissionReviewError| {
+            tracing::warn!(%error, "unreadable AdmissionReview");
+            Json(AdmissionResponse::invalid(error.to_string()).into_review())
+        },
+    )
+}
+
 async fn mutate(
     State(context): State<Arc<WebhookContext>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    let request = match request_of(review) {
         Ok(request) => request,
-        Err(error) => {
-            tracing::warn!(%error, "unreadable AdmissionReview");
-            return Json(AdmissionResponse::invalid(error.to_string()).into_review());
-        }
+        Err(unreadable) => return unreadable,
     };
     let response = match decide(&context, &request).await {
         Ok(response) => response,
@@ -314,12 +328,36 @@ fn certified_key(bundle: &certs::Bundle) -> Result<Arc<rustls::sign::CertifiedKe
 /// Settings of the webhook server.
 pub struct Settings {
     pub address: SocketAddr,
+    /// The MutatingWebhookConfiguration of the restore gate.
     pub configuration: String,
+    /// The ValidatingWebhookConfiguration of the requester check ([`requester`]).
+    pub validating_configuration: String,
     pub secret: String,
     pub names: Vec<String>,
     pub days: u32,
     /// How often the certificate is checked for renewal.
     pub check: Duration,
+    /// Set once the webhook listens: the replica's readiness.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Publishes `ca` to both webhook configurations.
+async fn publish(client: &Client, settings: &Settings, ca: &str) -> Result<()> {
+    certs::publish_ca(
+        client,
+        certs::Configuration::Mutating,
+        &settings.configuration,
+        ca,
+    )
+    .await?;
+    certs::publish_ca(
+        client,
+        certs::Configuration::Validating,
+        &settings.validating_configuration,
+        ca,
+    )
+    .await?;
+    Ok(())
 }
 
 /// Issues (or reads) the certificate, publishes the CA, serves until `stopped`, and checks for
@@ -330,8 +368,18 @@ pub async fn run(
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let client = context.client.clone();
+    match requester::own_user(&client).await {
+        Ok(user) => {
+            tracing::info!(user, "the requester check trusts what this user writes");
+            let _ = context.own_user.set(user);
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            "cannot tell which user the controller is: what it writes is checked like any writer's"
+        ),
+    }
     let bundle = certs::ensure(&client, &settings.secret, &settings.names, settings.days).await?;
-    certs::publish_ca(&client, &settings.configuration, &bundle.ca_cert).await?;
+    publish(&client, &settings, &bundle.ca_cert).await?;
     let resolver = Arc::new(Resolver(RwLock::new(certified_key(&bundle)?)));
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -346,6 +394,9 @@ pub async fn run(
         .await
         .map_err(|error| Error::Webhook(format!("binding {}: {error}", settings.address)))?;
     tracing::info!(address = %settings.address, configuration = settings.configuration, "serving the admission webhook");
+    settings
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
 
     // Renewal: every replica re-reads the Secret, so all serve what one of them issued.
     let renew = {
@@ -360,12 +411,7 @@ pub async fn run(
                     Ok(bundle) if bundle != served => match certified_key(&bundle) {
                         Ok(key) => {
                             *resolver.0.write().expect("not poisoned") = key;
-                            let _ = certs::publish_ca(
-                                &client,
-                                &settings.configuration,
-                                &bundle.ca_cert,
-                            )
-                            .await;
+                            let _ = publish(&client, &settings, &bundle.ca_cert).await;
                             tracing::info!(
                                 not_after = bundle.not_after,
                                 "webhook certificate rotated"
@@ -375,9 +421,7 @@ pub async fn run(
                         Err(error) => tracing::warn!(%error, "renewed certificate unusable"),
                     },
                     Ok(_) => {
-                        let _ =
-                            certs::publish_ca(&client, &settings.configuration, &served.ca_cert)
-                                .await;
+                        let _ = publish(&client, &settings, &served.ca_cert).await;
                     }
                     Err(error) => tracing::warn!(%error, "webhook certificate check failed"),
                 }
@@ -385,7 +429,10 @@ pub async fn run(
         }
     };
 
-    let router = Router::new().route(PATH, post(mutate)).with_state(context);
+    let router = Router::new()
+        .route(PATH, post(mutate))
+        .route(requester::PATH, post(requester::validate))
+        .with_state(context);
     let serve = async move {
         loop {
             let (stream, peer) = match listener.accept().await {

@@ -460,6 +460,22 @@ fn a_failed_tool_is_named_with_its_exit_and_output() {
         assert_eq!(tool_failure(&[pod]).as_deref(), want);
     }
     assert_eq!(tool_failure(&[]), None);
+    // Evicted: the kubelet's reason first, then the exit it caused.
+    let mut evicted = pod("tool", 137, None);
+    let status = evicted.status.as_mut().unwrap();
+    status.reason = Some("Evicted".into());
+    status.message =
+        Some("Usage of EmptyDir volume \"tool-output\" exceeds the limit \"32Mi\". ".into());
+    assert_eq!(
+        tool_failure(&[evicted.clone()]).as_deref(),
+        Some(
+            "the kubelet evicted the Job's pod job-pod: Usage of EmptyDir volume \"tool-output\" exceeds the limit \"32Mi\".  (the backup tool exited with code 137)"
+        )
+    );
+    evicted.status.as_mut().unwrap().init_container_statuses = None;
+    assert!(tool_failure(&[evicted]).is_some_and(|failure| {
+        failure.starts_with("the kubelet evicted the Job's pod job-pod: Usage")
+    }));
 }
 
 /// The parent of a new snapshot: the Cluster's most recently completed Backup in the same

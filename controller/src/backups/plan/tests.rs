@@ -109,6 +109,7 @@ fn mounter(node: &str) -> Mounter {
         pod: "db-0".into(),
         node: node.into(),
         ip: Some("10.0.0.7".into()),
+        stateful_set: Some("db".into()),
     }
 }
 
@@ -1135,6 +1136,20 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         .and_then(|volume| volume.empty_dir.clone())
         .expect("the tool's scratch volume");
     assert_eq!(scratch.size_limit.unwrap().0, "2Gi");
+    // Issue 23: the user's image runs unprivileged, without a token, its scratch counted.
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let security = tool.security_context.clone().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        security.capabilities.unwrap().drop.unwrap(),
+        ["ALL".to_string()]
+    );
+    assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let resources = tool.resources.clone().unwrap();
+    for quantities in [resources.requests.unwrap(), resources.limits.unwrap()] {
+        assert_eq!(quantities["ephemeral-storage"].0, "2Gi");
+    }
     let mover = &pod.containers[0];
     let args = mover.args.clone().unwrap();
     assert!(
@@ -1247,7 +1262,7 @@ fn a_copy_between_hooks_runs_pre_then_copy_then_post_whatever_happens() {
     let run = start.hook.clone().expect("the pre hook runs");
     assert_eq!(run.phase, hooks::Phase::Pre);
     assert_eq!(run.hook.command, ["pause"]);
-    assert_eq!(run.pod.as_deref(), Some("db-0"));
+    assert_eq!(run.pod.as_deref(), Ok("db-0"));
     assert!(start.job.is_none());
     assert_eq!(start.lease, LeaseStep::TakeFirst);
     assert_eq!(start.status.unwrap().consistency, Some(Capture::Hooks));

@@ -189,7 +189,9 @@ pub struct HookResult {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupTool {
-    /// Image that runs the tool (as the image's user).
+    /// Image that runs the tool, as the image's user, which must not be root (the pod asks
+    /// `runAsNonRoot`; give the image a numeric user). It runs without capabilities and
+    /// without a ServiceAccount token.
     #[schemars(length(min = 1))]
     pub image: String,
     /// The command and its arguments. It writes the application's data, ready to start
@@ -261,7 +263,8 @@ pub enum Capture {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandBackup {
-    /// Image that runs the command.
+    /// Image that runs the command, as the image's user, which must not be root (the pod
+    /// asks `runAsNonRoot`). It runs without capabilities and without a ServiceAccount token.
     #[schemars(length(min = 1))]
     pub image: String,
     /// The command and its arguments. It finds the repository in `CUSTODY_S3_ENDPOINT`,

@@ -1,0 +1,220 @@
+//! custody acts with its own ServiceAccount's rights, which are wider than most users': it
+//! execs a Backup's hooks in the application's pods, runs a tool's image beside a claim with a
+//! Secret in its environment, reads a repository's credentials and passwords, holds and
+//! restores a StatefulSet's pods. An object that makes custody do such a thing is admitted
+//! only when the user who wrote it may do each of them directly (asked of the API server with
+//! a SubjectAccessReview), so that custody is never a way around RBAC: what custody would do
+//! for an object is [`required`]; whether the writer may is [`verdict`].
+
+use custody_kube::api::{
+    BackupPlanSpec, BackupRepositorySpec, BackupSpec, ClusterSpec, Consistency, ConsistencyMethod,
+};
+
+/// One thing custody would do for an object, as the permission a user needs to do it directly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub verb: &'static str,
+    /// API group (`""`: the core group).
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub subresource: Option<&'static str>,
+    /// One object by name; `None`: any in the namespace.
+    pub name: Option<String>,
+    /// What custody would do with it (for the refusal's message).
+    pub because: String,
+}
+
+impl Access {
+    /// The permission as `kubectl auth can-i` spells it: `create pods/exec`,
+    /// `get secrets/tool-credentials`.
+    pub fn permission(&self) -> String {
+        let mut resource = self.resource.to_string();
+        if !self.group.is_empty() {
+            resource = format!("{resource}.{}", self.group);
+        }
+        if let Some(subresource) = self.subresource {
+            resource = format!("{resource}/{subresource}");
+        }
+        match &self.name {
+            Some(name) => format!("{} {resource} {name}", self.verb),
+            None => format!("{} {resource}", self.verb),
+        }
+    }
+
+    fn new(verb: &'static str, resource: &'static str, because: String) -> Access {
+        Access {
+            verb,
+            group: "",
+            resource,
+            subresource: None,
+            name: None,
+            because,
+        }
+    }
+
+    fn named(self, name: &str) -> Access {
+        Access {
+            name: Some(name.to_string()),
+            ..self
+        }
+    }
+}
+
+/// A custody object as it was written, with what its check needs from other objects.
+#[derive(Clone, Copy, Debug)]
+pub enum Object<'a> {
+    Backup {
+        spec: &'a BackupSpec,
+        /// The credentials Secret of the repository a `command` Backup writes to, when its
+        /// repository exists: the command gets those credentials in its environment. `None`
+        /// (no repository yet) asks for every Secret of the namespace.
+        command_credentials: Option<&'a str>,
+    },
+    BackupPlan(&'a BackupPlanSpec),
+    Cluster(&'a ClusterSpec),
+    BackupRepository(&'a BackupRepositorySpec),
+}
+
+/// What custody would do for `object`, each as the permission its writer must have.
+pub fn required(object: Object<'_>) -> Vec<Access> {
+    match object {
+        Object::Backup {
+            spec,
+            command_credentials,
+        } => {
+            let mut needed = consistency(spec.consistency.as_ref());
+            if let Some(command) = &spec.command {
+                needed.push(Access::new(
+                    "create",
+                    "pods",
+                    format!(
+                        "its command runs image {} in a pod that mounts the Cluster's claims",
+                        command.image
+                    ),
+                ));
+                let secret = Access::new(
+                    "get",
+                    "secrets",
+                    "its command gets the repository's credentials in its environment".into(),
+                );
+                needed.push(match command_credentials {
+                    Some(name) => secret.named(name),
+                    None => secret,
+                });
+            }
+            needed
+        }
+        Object::BackupPlan(spec) => consistency(spec.consistency.as_ref()),
+        Object::Cluster(spec) => {
+            let mut needed = vec![Access {
+                group: "apps",
+                ..Access::new(
+                    "update",
+                    "statefulsets",
+                    format!(
+                        "custody holds the pods of StatefulSet {} until restored data is verified, and copies and writes its volumes",
+                        spec.stateful_set_ref.name
+                    ),
+                )
+                .named(&spec.stateful_set_ref.name)
+            }];
+            needed.extend(consistency(spec.consistency.as_ref()));
+            needed
+        }
+        Object::BackupRepository(spec) => {
+            let mut needed = vec![
+                Access::new(
+                    "get",
+                    "secrets",
+                    format!(
+                        "custody signs its requests to {} with these credentials",
+                        spec.endpoint
+                    ),
+                )
+                .named(&spec.credentials_secret_ref.name),
+            ];
+            if let Some(encryption) = &spec.encryption {
+                needed.push(
+                    Access::new(
+                        "get",
+                        "secrets",
+                        "custody opens the repository with these passwords".into(),
+                    )
+                    .named(&encryption.key_secret_ref.name),
+                );
+            }
+            needed
+        }
+    }
+}
+
+/// What a consistency method makes custody do in the application's namespace.
+fn consistency(consistency: Option<&Consistency>) -> Vec<Access> {
+    let Some(consistency) = consistency else {
+        return Vec::new();
+    };
+    match consistency.method {
+        ConsistencyMethod::Hooks => vec![Access {
+            subresource: Some("exec"),
+            ..Access::new(
+                "create",
+                "pods",
+                "its hooks run commands in the application's pods".into(),
+            )
+        }],
+        ConsistencyMethod::Tool => {
+            let Some(tool) = &consistency.tool else {
+                return Vec::new();
+            };
+            let mut needed = vec![Access::new(
+                "create",
+                "pods",
+                format!(
+                    "its tool runs image {} in a pod that mounts the Cluster's claims",
+                    tool.image
+                ),
+            )];
+            if let Some(secret) = &tool.credentials_secret_ref {
+                needed.push(
+                    Access::new(
+                        "get",
+                        "secrets",
+                        "its tool gets this Secret in its environment".into(),
+                    )
+                    .named(&secret.name),
+                );
+            }
+            needed
+        }
+        // The freeze is the agent's, bounded by it and asked for only by custody's own Job;
+        // a copy reads what a Backup of a stopped application reads.
+        ConsistencyMethod::Freeze | ConsistencyMethod::CrashUnsafe => Vec::new(),
+    }
+}
+
+/// The refusal of an object whose writer `user` lacks some of `required` in `namespace`
+/// (`allowed[i]`: whether the API server allows `required[i]`), naming every missing
+/// permission and what custody would have done with it; `None` when every one is allowed.
+pub fn verdict(
+    user: &str,
+    namespace: &str,
+    required: &[Access],
+    allowed: &[bool],
+) -> Option<String> {
+    let missing: Vec<String> = required
+        .iter()
+        .zip(allowed.iter().chain(std::iter::repeat(&false)))
+        .filter(|(_, allowed)| !**allowed)
+        .map(|(access, _)| format!("{} ({})", access.permission(), access.because))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "custody would act for {user} with rights {user} does not have in namespace {namespace}: {}. Ask for these permissions, or leave out what needs them",
+        missing.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+use serde_json::json;
+
+use super::*;
+
+fn backup(spec: serde_json::Value) -> BackupSpec {
+    serde_json::from_value(spec).expect("BackupSpec")
+}
+
+fn permissions(needed: &[Access]) -> Vec<String> {
+    needed.iter().map(Access::permission).collect()
+}
+
+const HOOKS: &str = r#"{"method": "Hooks", "hooks": {"pre": {"command": ["sync"]}}}"#;
+const TOOL: &str = r#"{"method": "Tool", "tool": {"image": "postgres:15", "command": ["pg_basebackup"], "credentialsSecretRef": {"name": "pg"}}}"#;
+
+fn method(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap()
+}
+
+/// Each way an object makes custody act, and the permission its writer needs for it.
+#[test]
+fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
+    let cluster = |consistency: Option<&str>| {
+        let mut spec = json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]});
+        if let Some(consistency) = consistency {
+            spec["consistency"] = method(consistency);
+        }
+        serde_json::from_value::<ClusterSpec>(spec).unwrap()
+    };
+    let plan = |consistency: &str| {
+        serde_json::from_value::<BackupPlanSpec>(json!({
+            "clusterRef": {"name": "db"}, "schedule": "0 3 * * *", "consistency": method(consistency),
+        }))
+        .unwrap()
+    };
+    let repository = |encrypted: bool| {
+        let mut spec = json!({"endpoint": "https://s3.example", "bucket": "bkp", "credentialsSecretRef": {"name": "s3"}});
+        if encrypted {
+            spec["encryption"] = json!({"keySecretRef": {"name": "keys"}});
+        }
+        serde_json::from_value::<BackupRepositorySpec>(spec).unwrap()
+    };
+    let command = backup(json!({"clusterRef": {"name": "db"}, "command": {
+        "image": "dumper", "command": ["dump"], "prefix": "dumps"}}));
+    let stopped = backup(json!({"clusterRef": {"name": "db"}}));
+    let hooked = backup(json!({"clusterRef": {"name": "db"}, "consistency": method(HOOKS)}));
+    let tool = backup(json!({"clusterRef": {"name": "db"}, "consistency": method(TOOL)}));
+    let tool_without_secret = backup(json!({"clusterRef": {"name": "db"}, "consistency":
+        {"method": "Tool", "tool": {"image": "t", "command": ["t"]}}}));
+    let frozen = backup(json!({"clusterRef": {"name": "db"}, "consistency": {"method": "Freeze"}}));
+    let unsafe_copy =
+        backup(json!({"clusterRef": {"name": "db"}, "consistency": {"method": "CrashUnsafe"}}));
+    let (plain_cluster, hooked_cluster) = (cluster(None), cluster(Some(HOOKS)));
+    let (hooked_plan, tool_plan) = (plan(HOOKS), plan(TOOL));
+    let (plain_repository, encrypted_repository) = (repository(false), repository(true));
+    let backup_of = |spec| Object::Backup {
+        spec,
+        command_credentials: None,
+    };
+    let cases: Vec<(&str, Object<'_>, Vec<&str>)> = vec![
+        (
+            "a Backup of a stopped application",
+            backup_of(&stopped),
+            vec![],
+        ),
+        ("a frozen copy", backup_of(&frozen), vec![]),
+        ("a crash-unsafe copy", backup_of(&unsafe_copy), vec![]),
+        ("hooks", backup_of(&hooked), vec!["create pods/exec"]),
+        (
+            "a tool with a Secret",
+            backup_of(&tool),
+            vec!["create pods", "get secrets pg"],
+        ),
+        (
+            "a tool without one",
+            backup_of(&tool_without_secret),
+            vec!["create pods"],
+        ),
+        (
+            "a command, its repository known",
+            Object::Backup {
+                spec: &command,
+                command_credentials: Some("s3"),
+            },
+            vec!["create pods", "get secrets s3"],
+        ),
+        (
+            "a command, its repository not yet there: any Secret",
+            backup_of(&command),
+            vec!["create pods", "get secrets"],
+        ),
+        (
+            "a plan with hooks",
+            Object::BackupPlan(&hooked_plan),
+            vec!["create pods/exec"],
+        ),
+        (
+            "a plan with a tool",
+            Object::BackupPlan(&tool_plan),
+            vec!["create pods", "get secrets pg"],
+        ),
+        (
+            "a Cluster",
+            Object::Cluster(&plain_cluster),
+            vec!["update statefulsets.apps db"],
+        ),
+        (
+            "a Cluster with hooks",
+            Object::Cluster(&hooked_cluster),
+            vec!["update statefulsets.apps db", "create pods/exec"],
+        ),
+        (
+            "a repository",
+            Object::BackupRepository(&plain_repository),
+            vec!["get secrets s3"],
+        ),
+        (
+            "an encrypted repository",
+            Object::BackupRepository(&encrypted_repository),
+            vec!["get secrets s3", "get secrets keys"],
+        ),
+    ];
+    for (case, object, expected) in cases {
+        assert_eq!(permissions(&required(object)), expected, "{case}");
+    }
+}
+
+/// Admitted only when every permission is allowed; the refusal names each missing one and
+/// what custody would have done with it, and none that is allowed.
+#[test]
+fn an_object_is_refused_naming_each_permission_its_writer_lacks() {
+    let hooked = backup(json!({"clusterRef": {"name": "db"}, "consistency": method(TOOL)}));
+    let needed = required(Object::Backup {
+        spec: &hooked,
+        command_credentials: None,
+    });
+    assert_eq!(needed.len(), 2);
+    assert_eq!(verdict("alice", "shop", &needed, &[true, true]), None);
+    assert_eq!(verdict("alice", "shop", &[], &[]), None);
+    let refused = verdict("alice", "shop", &needed, &[true, false]).expect("refused");
+    assert!(
+        refused.contains("get secrets pg (its tool gets this Secret"),
+        "{refused}"
+    );
+    assert!(!refused.contains("create pods ("), "{refused}");
+    assert!(
+        refused.contains("alice") && refused.contains("namespace shop"),
+        "{refused}"
+    );
+    let refused = verdict("alice", "shop", &needed, &[false, false]).expect("refused");
+    assert!(
+        refused.contains("create pods (its tool runs image postgres:15")
+            && refused.contains("get secrets pg"),
+        "{refused}"
+    );
+    // An answer missing counts as a refusal.
+    assert!(verdict("alice", "shop", &needed, &[true]).is_some());
+}

@@ -1,0 +1,253 @@
+//! The validating webhook for custody's own kinds: a Backup, BackupPlan, Cluster or
+//! BackupRepository is admitted only when the user who writes it may do directly what custody
+//! would do for it ([`crate::requester`]), asked of the API server with one
+//! SubjectAccessReview per permission. An update that leaves the spec as it was (a finalizer,
+//! a label) is not asked again.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use super::WebhookContext;
+use crate::error::{Error, Result};
+use crate::requester::{Access, Object, required, verdict};
+
+/// The path the API server calls.
+pub const PATH: &str = "/validate-requester";
+
+fn read<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Result<K> {
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|error| Error::Webhook(format!("reading the object: {error}")))
+}
+
+/// The credentials Secret of the repository a Backup writes to (its own `repositoryRef`, else
+/// its Cluster's), when both exist.
+async fn command_credentials(
+    context: &WebhookContext,
+    namespace: &str,
+    backup: &Backup,
+) -> Result<Option<String>> {
+    let repository = match &backup.spec.repository_ref {
+        Some(reference) => Some(reference.name.clone()),
+        None => Api::<Cluster>::namespaced(context.client.clone(), namespace)
+            .get_opt(&backup.spec.cluster_ref.name)
+            .await
+            .map_err(Error::read(format!(
+                "Cluster {namespace}/{}",
+                backup.spec.cluster_ref.name
+            )))?
+            .and_then(|cluster| cluster.spec.repository_ref)
+            .map(|reference| reference.name),
+    };
+    let Some(repository) = repository else {
+        return Ok(None);
+    };
+    Ok(
+        Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
+            .get_opt(&repository)
+            .await
+            .map_err(Error::read(format!(
+                "BackupRepository {namespace}/{repository}"
+            )))?
+            .map(|repository| repository.spec.credentials_secret_ref.name),
+    )
+}
+
+/// Whether a write by `user` is the controller's own (`own`): a BackupPlan's run or an
+/// imported snapshot, made from objects whose writers were checked. Its own ServiceAccount
+/// lacks some of what it checks for (`create pods`), by design.
+pub fn trusted(user: Option<&str>, own: Option<&str>) -> bool {
+    matches!((user, own), (Some(user), Some(own)) if user == own && !own.is_empty())
+}
+
+/// The user this client authenticates as.
+pub async fn own_user(client: &kube::Client) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(|source| Error::Create {
+            object: "SelfSubjectReview".into(),
+            source,
+        })?;
+    review
+        .status
+        .and_then(|status| status.user_info)
+        .and_then(|user| user.username)
+        .ok_or_else(|| Error::Webhook("the SelfSubjectReview named no user".into()))
+}
+
+/// Whether the request's user may do `access` in `namespace`.
+async fn allowed(
+    context: &WebhookContext,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+    access: &Access,
+) -> Result<bool> {
+    let user = &request.user_info;
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some(access.verb.to_string()),
+                group: Some(access.group.to_string()),
+                resource: Some(access.resource.to_string()),
+                subresource: access.subresource.map(str::to_string),
+                name: access.name.clone(),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(context.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|source| Error::Create {
+            object: format!("SubjectAccessReview ({})", access.permission()),
+            source,
+        })?;
+    Ok(answer.status.is_some_and(|status| status.allowed))
+}
+
+async fn decide(
+    context: &WebhookContext,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<AdmissionResponse> {
+    let response = AdmissionResponse::from(request);
+    let (Some(object), Operation::Create | Operation::Update) =
+        (&request.object, &request.operation)
+    else {
+        return Ok(response);
+    };
+    if let Some(old) = &request.old_object
+        && old.data.get("spec") == object.data.get("spec")
+    {
+        return Ok(response);
+    }
+    if trusted(
+        request.user_info.username.as_deref(),
+        context.own_user.get().map(String::as_str),
+    ) {
+        return Ok(response);
+    }
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let needed = match request.kind.kind.as_str() {
+        "Backup" => {
+            let backup: Backup = read(object)?;
+            let credentials = match &backup.spec.command {
+                Some(_) => command_credentials(context, &namespace, &backup).await?,
+                None => None,
+            };
+            required(Object::Backup {
+                spec: &backup.spec,
+                command_credentials: credentials.as_deref(),
+            })
+        }
+        "BackupPlan" => required(Object::BackupPlan(&read::<BackupPlan>(object)?.spec)),
+        "Cluster" => required(Object::Cluster(&read::<Cluster>(object)?.spec)),
+        "BackupRepository" => required(Object::BackupRepository(
+            &read::<BackupRepository>(object)?.spec,
+        )),
+        _ => return Ok(response),
+    };
+    let mut answers = Vec::with_capacity(needed.len());
+    for access in &needed {
+        answers.push(allowed(context, request, &namespace, access).await?);
+    }
+    let user = request.user_info.username.clone().unwrap_or_default();
+    let reason = match verdict(&user, &namespace, &needed, &answers) {
+        None => "RequesterAllowed",
+        Some(refusal) => {
+            tracing::info!(
+                namespace,
+                kind = request.kind.kind,
+                name = request.name,
+                user,
+                refusal,
+                "custody object refused"
+            );
+            count(context, "RequesterRefused");
+            return Ok(response.deny(refusal));
+        }
+    };
+    count(context, reason);
+    Ok(response)
+}
+
+fn count(context: &WebhookContext, reason: &str) {
+    context
+        .metrics
+        .webhook_decisions
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: reason.into(),
+        })
+        .inc();
+}
+
+pub(super) async fn validate(
+    State(context): State<Arc<WebhookContext>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request = match super::request_of(review) {
+        Ok(request) => request,
+        Err(unreadable) => return unreadable,
+    };
+    let response = match decide(&context, &request).await {
+        Ok(response) => response,
+        Err(error) => {
+            // Cannot ask: refuse (the writer tries again), never act on unchecked rights.
+            tracing::warn!(%error, "requester check failed; object refused");
+            count(&context, "Error");
+            AdmissionResponse::from(&request).deny(format!(
+                "custody cannot check the writer's rights yet: {error}"
+            ))
+        }
+    };
+    Json(response.into_review())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trusted;
+
+    #[test]
+    fn only_the_controllers_own_writes_are_trusted() {
+        let rows = [
+            (
+                Some("system:serviceaccount:custody-system:custody-controller"),
+                Some("system:serviceaccount:custody-system:custody-controller"),
+                true,
+            ),
+            (
+                Some("system:serviceaccount:shop:writer"),
+                Some("system:serviceaccount:custody-system:custody-controller"),
+                false,
+            ),
+            (Some("system:serviceaccount:shop:writer"), None, false),
+            (
+                None,
+                Some("system:serviceaccount:custody-system:custody-controller"),
+                false,
+            ),
+            (None, None, false),
+            (Some(""), Some(""), false),
+        ];
+        for (user, own, expected) in rows {
+            assert_eq!(trusted(user, own), expected, "{user:?} {own:?}");
+        }
+    }
+}

