@@ -72,6 +72,11 @@ pub enum Object<'a> {
     },
     BackupPlan(&'a BackupPlanSpec),
     Cluster(&'a ClusterSpec),
+    /// A Restore, with the StatefulSet of the Cluster it writes (`None`: no such Cluster yet,
+    /// which asks for every StatefulSet of the namespace).
+    Restore {
+        stateful_set: Option<&'a str>,
+    },
     BackupRepository(&'a BackupRepositorySpec),
 }
 
@@ -120,6 +125,21 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             }];
             needed.extend(consistency(spec.consistency.as_ref()));
             needed
+        }
+        Object::Restore { stateful_set } => {
+            let access = Access {
+                group: "apps",
+                ..Access::new(
+                    "update",
+                    "statefulsets",
+                    "custody writes the volumes of the Cluster's StatefulSet and holds its pods"
+                        .into(),
+                )
+            };
+            vec![match stateful_set {
+                Some(name) => access.named(name),
+                None => access,
+            }]
         }
         Object::BackupRepository(spec) => {
             let mut needed = vec![

@@ -41,7 +41,7 @@ async fn controller(namespace: &TestNamespace) -> (ControllerProcess, String, Pk
                     "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate-requester")},
                     "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["custody.io"],
                                "apiVersions": ["v1alpha1"],
-                               "resources": ["backups", "backupplans", "clusters", "backuprepositories"]}],
+                               "resources": ["backups", "backupplans", "clusters", "backuprepositories", "restores"]}],
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                     "failurePolicy": "Fail",
                     "sideEffects": "None",
@@ -119,7 +119,7 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
         &namespace,
         "writer",
         json!([
-            {"apiGroups": ["custody.io"], "resources": ["backups", "backupplans", "clusters", "backuprepositories"],
+            {"apiGroups": ["custody.io"], "resources": ["backups", "backupplans", "clusters", "backuprepositories", "restores"],
              "verbs": ["get", "list", "watch", "create", "update", "patch"]},
             {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["orders"],
              "verbs": ["get", "update"]},
@@ -207,6 +207,33 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
     );
     assert_eq!(
         refusal::<Backup>(&writer, &ns, backup("frozen", json!({"method": "Freeze"}))).await,
+        None
+    );
+    // A Restore writes the volumes of its Cluster's StatefulSet: only the writer's own.
+    let restore = |name: &str, cluster: &str| {
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Restore", "metadata": {"name": name},
+               "spec": {"clusterRef": {"name": cluster}, "backupRef": {"name": "frozen"}}})
+    };
+    clusters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "payroll"},
+                "spec": {"statefulSetRef": {"name": "payroll"}, "volumeClaimTemplates": ["data"]}}))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's admin creates Cluster payroll");
+    let refused =
+        refusal::<custody_kube::api::Restore>(&writer, &ns, restore("overwrite", "payroll"))
+            .await
+            .expect("a Restore into another's StatefulSet is refused");
+    assert!(
+        refused.contains("update statefulsets.apps payroll (custody writes the volumes"),
+        "{refused}"
+    );
+    assert_eq!(
+        refusal::<custody_kube::api::Restore>(&writer, &ns, restore("own", "orders")).await,
         None
     );
     let bindings: Api<RoleBinding> = namespace.api();

@@ -100,14 +100,19 @@ pub fn tool_output(tool: &BackupTool) -> String {
 /// root, no capabilities, no privilege escalation, the runtime's default seccomp profile, as
 /// Pod Security `restricted` asks. The image's own user runs it; an image whose user is root
 /// is refused by the kubelet (`runAsNonRoot`: CreateContainerConfigError), which the Backup
-/// names as the reason its Job does not start.
-fn unprivileged() -> serde_json::Value {
-    serde_json::json!({
-        "runAsNonRoot": true,
+/// names as the reason its Job does not start; a tool's `runAsUser` sets the user (0: root,
+/// asked for knowingly).
+fn unprivileged(run_as_user: Option<i64>) -> serde_json::Value {
+    let mut context = serde_json::json!({
+        "runAsNonRoot": run_as_user != Some(0),
         "allowPrivilegeEscalation": false,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
-    })
+    });
+    if let Some(user) = run_as_user {
+        context["runAsUser"] = user.into();
+    }
+    context
 }
 
 /// The tool's `resources`: the mover's, and its scratch space as an ephemeral-storage request
@@ -147,7 +152,7 @@ fn tool_container(
         "resources": tool_resources(mover, scratch),
         // The end of its output explains a failure in the Backup's condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": unprivileged(),
+        "securityContext": unprivileged(tool.run_as_user),
     });
     if let Some(secret) = &tool.credentials_secret_ref {
         container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
@@ -259,7 +264,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                     "command": command.command,
                 "env": env,
                 "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
-                "securityContext": unprivileged(),
+                "securityContext": unprivileged(None),
             })
         }
     };
@@ -309,4 +314,26 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         }
     }
     job
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unprivileged;
+
+    /// The user's image never runs as root unless the Backup says `runAsUser: 0`.
+    #[test]
+    fn the_users_image_runs_as_root_only_when_asked() {
+        let rows = [
+            (None, true, None),
+            (Some(999), true, Some(999)),
+            (Some(0), false, Some(0)),
+        ];
+        for (asked, non_root, user) in rows {
+            let context = unprivileged(asked);
+            assert_eq!(context["runAsNonRoot"], non_root, "{asked:?}");
+            assert_eq!(context["runAsUser"].as_i64(), user, "{asked:?}");
+            assert_eq!(context["capabilities"]["drop"][0], "ALL");
+            assert_eq!(context["allowPrivilegeEscalation"], false);
+        }
+    }
 }

@@ -110,6 +110,18 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             vec!["update statefulsets.apps db", "create pods/exec"],
         ),
         (
+            "a Restore of a Cluster",
+            Object::Restore {
+                stateful_set: Some("db"),
+            },
+            vec!["update statefulsets.apps db"],
+        ),
+        (
+            "a Restore of no Cluster yet: any StatefulSet",
+            Object::Restore { stateful_set: None },
+            vec!["update statefulsets.apps"],
+        ),
+        (
             "a repository",
             Object::BackupRepository(&plain_repository),
             vec!["get secrets s3"],

@@ -368,18 +368,28 @@ pub async fn run(
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let client = context.client.clone();
-    match requester::own_user(&client).await {
-        Ok(user) => {
-            tracing::info!(user, "the requester check trusts what this user writes");
-            let _ = context.own_user.set(user);
+    requester::learn_own_user(&context).await;
+    // Until the CA is in both configurations the API server cannot call this replica, so it
+    // does not listen (nor say it is ready) before: a failure (RBAC, another replica's write
+    // at the same moment) is tried again, and said, rather than leaving a replica that is
+    // never ready and never restarted.
+    let mut pause = Duration::from_secs(1);
+    let bundle = loop {
+        let attempt = async {
+            let bundle =
+                certs::ensure(&client, &settings.secret, &settings.names, settings.days).await?;
+            publish(&client, &settings, &bundle.ca_cert).await?;
+            Ok::<_, Error>(bundle)
+        };
+        match attempt.await {
+            Ok(bundle) => break bundle,
+            Err(error) => {
+                tracing::warn!(%error, retry_in_seconds = pause.as_secs(), "the webhook cannot start yet: its certificate or CA cannot be written");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
         }
-        Err(error) => tracing::warn!(
-            %error,
-            "cannot tell which user the controller is: what it writes is checked like any writer's"
-        ),
-    }
-    let bundle = certs::ensure(&client, &settings.secret, &settings.names, settings.days).await?;
-    publish(&client, &settings, &bundle.ca_cert).await?;
+    };
     let resolver = Arc::new(Resolver(RwLock::new(certified_key(&bundle)?)));
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

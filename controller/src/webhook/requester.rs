@@ -1,4 +1,4 @@
-//! The validating webhook for custody's own kinds: a Backup, BackupPlan, Cluster or
+//! The validating webhook for custody's own kinds: a Backup, BackupPlan, Cluster, Restore or
 //! BackupRepository is admitted only when the user who writes it may do directly what custody
 //! would do for it ([`crate::requester`]), asked of the API server with one
 //! SubjectAccessReview per permission. An update that leaves the spec as it was (a finalizer,
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster};
+use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster, Restore};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -67,6 +67,20 @@ async fn command_credentials(
 /// lacks some of what it checks for (`create pods`), by design.
 pub fn trusted(user: Option<&str>, own: Option<&str>) -> bool {
     matches!((user, own), (Some(user), Some(own)) if user == own && !own.is_empty())
+}
+
+/// Learns the controller's own user, once (tried again at the next request when it fails).
+pub async fn learn_own_user(context: &WebhookContext) {
+    match own_user(&context.client).await {
+        Ok(user) => {
+            tracing::info!(user, "the requester check trusts what this user writes");
+            let _ = context.own_user.set(user);
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            "cannot tell which user the controller is yet: what it writes is checked like any writer's"
+        ),
+    }
 }
 
 /// The user this client authenticates as.
@@ -138,6 +152,9 @@ async fn decide(
     {
         return Ok(response);
     }
+    if context.own_user.get().is_none() {
+        learn_own_user(context).await;
+    }
     if trusted(
         request.user_info.username.as_deref(),
         context.own_user.get().map(String::as_str),
@@ -159,6 +176,21 @@ async fn decide(
         }
         "BackupPlan" => required(Object::BackupPlan(&read::<BackupPlan>(object)?.spec)),
         "Cluster" => required(Object::Cluster(&read::<Cluster>(object)?.spec)),
+        "Restore" => {
+            let restore: Restore = read(object)?;
+            let cluster = Api::<Cluster>::namespaced(context.client.clone(), &namespace)
+                .get_opt(&restore.spec.cluster_ref.name)
+                .await
+                .map_err(Error::read(format!(
+                    "Cluster {namespace}/{}",
+                    restore.spec.cluster_ref.name
+                )))?;
+            required(Object::Restore {
+                stateful_set: cluster
+                    .as_ref()
+                    .map(|cluster| cluster.spec.stateful_set_ref.name.as_str()),
+            })
+        }
         "BackupRepository" => required(Object::BackupRepository(
             &read::<BackupRepository>(object)?.spec,
         )),

@@ -1068,6 +1068,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
                 data_path: data_path.map(str::to_string),
                 mount_path: Some("/var/lib/postgresql/data".into()),
                 scratch_size: Some("2Gi".into()),
+                run_as_user: None,
             }),
             hooks: None,
         });

@@ -189,11 +189,17 @@ pub struct HookResult {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupTool {
-    /// Image that runs the tool, as the image's user, which must not be root (the pod asks
-    /// `runAsNonRoot`; give the image a numeric user). It runs without capabilities and
-    /// without a ServiceAccount token.
+    /// Image that runs the tool, as the image's user (or `runAsUser`), which must not be root
+    /// unless `runAsUser` is 0: the pod asks `runAsNonRoot`, which the kubelet can only check
+    /// for a numeric user. It runs without capabilities and without a ServiceAccount token.
     #[schemars(length(min = 1))]
     pub image: String,
+    /// The user ID the tool runs as, instead of the image's (for an image whose user is root
+    /// or named, such as `USER mysql`). `0` runs it as root, which you ask for knowingly: still
+    /// without capabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub run_as_user: Option<i64>,
     /// The command and its arguments. It writes the application's data, ready to start
     /// from, into the directory `$CUSTODY_OUTPUT` (absent, or empty when `dataPath` is; its
     /// parent exists unless `dataPath` has several segments), and exits 0; any
