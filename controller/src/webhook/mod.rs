@@ -107,6 +107,17 @@ pub fn admit(
     }
 }
 
+/// Counts one decision of either webhook under `reason` (`webhook_decisions`).
+fn count(context: &WebhookContext, reason: &str) {
+    context
+        .metrics
+        .webhook_decisions
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: reason.into(),
+        })
+        .inc();
+}
+
 /// What the webhook server needs.
 pub struct WebhookContext {
     pub client: Client,
@@ -193,13 +204,7 @@ async fn decide(
                 reason,
                 "pod refused"
             );
-            context
-                .metrics
-                .webhook_decisions
-                .get_or_create(&crate::metrics::ReasonLabels {
-                    reason: "Denied".into(),
-                })
-                .inc();
+            count(context, "Denied");
             Ok(response.deny(reason))
         }
         Admission::Inject {
@@ -226,13 +231,7 @@ async fn decide(
                 restore = restore_name,
                 "custody-wait injected"
             );
-            context
-                .metrics
-                .webhook_decisions
-                .get_or_create(&crate::metrics::ReasonLabels {
-                    reason: "Injected".into(),
-                })
-                .inc();
+            count(context, "Injected");
             response
                 .with_patch(patch)
                 .map_err(|error| Error::Webhook(format!("serializing the patch: {error}")))
@@ -286,13 +285,7 @@ async fn mutate(
         Err(error) => {
             // Cannot decide: refuse (the pod is created again), never admit unguarded.
             tracing::warn!(%error, "admission failed; pod refused");
-            context
-                .metrics
-                .webhook_decisions
-                .get_or_create(&crate::metrics::ReasonLabels {
-                    reason: "Error".into(),
-                })
-                .inc();
+            count(&context, "Error");
             AdmissionResponse::from(&request).deny(format!("custody cannot decide yet: {error}"))
         }
     };

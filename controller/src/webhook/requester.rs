@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
-use super::WebhookContext;
+use super::{WebhookContext, count};
 use crate::error::{Error, Result};
 use crate::requester::{Access, Object, required, verdict};
 
@@ -218,16 +218,6 @@ async fn decide(
     };
     count(context, reason);
     Ok(response)
-}
-
-fn count(context: &WebhookContext, reason: &str) {
-    context
-        .metrics
-        .webhook_decisions
-        .get_or_create(&crate::metrics::ReasonLabels {
-            reason: reason.into(),
-        })
-        .inc();
 }
 
 pub(super) async fn validate(
