@@ -252,6 +252,10 @@ pub enum MoverCommand {
         /// The longest the filesystem may stay frozen; past it the backup fails.
         #[arg(long = flags::MAX_FREEZE_SECONDS, requires = "freeze_claim")]
         max_freeze_seconds: Option<u32>,
+        /// The most space the source may take on disk, as `du` counts it (a tool's scratch
+        /// size): a larger source is refused before anything is read or written.
+        #[arg(long = flags::SOURCE_LIMIT_BYTES)]
+        source_limit_bytes: Option<u64>,
     },
     /// Streams an artifact into an empty volume, checked against its manifest while it
     /// writes, and leaves the manifest and the restore identity in `.custody/`.
@@ -329,6 +333,7 @@ mod tests {
                 claim: "data-db-0".into(),
                 max_seconds: 30,
             }),
+            source_limit_bytes: Some(1 << 20),
         };
         let parsed = MoverOptions::try_parse_from(
             std::iter::once("custody-mover".to_string()).chain(backup.args()),
@@ -346,8 +351,10 @@ mod tests {
                 cluster_uid,
                 freeze_claim,
                 max_freeze_seconds,
+                source_limit_bytes,
                 ..
             } => {
+                assert_eq!(source_limit_bytes, Some(1 << 20));
                 assert_eq!(source, std::path::PathBuf::from("/data"));
                 assert_eq!(
                     (prefix.as_deref(), backup_uid.as_str(), cluster_uid.as_str()),
@@ -462,6 +469,7 @@ mod tests {
                 claim: "data-db-0".into(),
                 max_seconds: 30,
             }),
+            source_limit_bytes: Some(2 << 20),
         });
         let parsed = MoverOptions::try_parse_from(
             std::iter::once("custody-mover".to_string()).chain(backup.args()),
@@ -477,8 +485,10 @@ mod tests {
                 prefix,
                 snapshot,
                 freeze_claim,
+                source_limit_bytes,
                 ..
             } => {
+                assert_eq!(source_limit_bytes, Some(2 << 20));
                 assert_eq!(prefix, None);
                 assert_eq!(
                     [

@@ -23,6 +23,7 @@ pub mod mover_job;
 pub mod node_agents;
 pub mod ownership;
 pub mod plans;
+pub mod quantity;
 pub mod reconciler;
 pub mod report_service;
 pub mod repositories;

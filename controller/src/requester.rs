@@ -69,15 +69,73 @@ pub enum Object<'a> {
         /// repository exists: the command gets those credentials in its environment. `None`
         /// (no repository yet) asks for every Secret of the namespace.
         command_credentials: Option<&'a str>,
+        /// The repository its Cluster names.
+        cluster_repository: ClusterRepository<'a>,
     },
-    BackupPlan(&'a BackupPlanSpec),
+    BackupPlan {
+        spec: &'a BackupPlanSpec,
+        cluster_repository: ClusterRepository<'a>,
+    },
     Cluster(&'a ClusterSpec),
     /// A Restore, with the StatefulSet of the Cluster it writes (`None`: no such Cluster yet,
-    /// which asks for every StatefulSet of the namespace).
+    /// which asks for every StatefulSet of the namespace) and whose data it restores.
     Restore {
         stateful_set: Option<&'a str>,
+        source: Source<'a>,
     },
     BackupRepository(&'a BackupRepositorySpec),
+}
+
+/// The repository a Backup's Cluster names, where its data goes by default.
+#[derive(Clone, Copy, Debug)]
+pub enum ClusterRepository<'a> {
+    Named(&'a str),
+    /// The Cluster names none, or does not exist.
+    Unknown,
+}
+
+/// A Backup or BackupPlan that sends the Cluster's data to a repository other than the one
+/// its Cluster names (one its writer may control) copies the volumes out as a pod of the
+/// writer mounting them would: it needs `create pods`, unless its other permissions have it.
+fn other_repository(
+    needed: &mut Vec<Access>,
+    repository: Option<&str>,
+    cluster_repository: ClusterRepository<'_>,
+) {
+    let Some(repository) = repository else {
+        return;
+    };
+    if matches!(cluster_repository, ClusterRepository::Named(named) if named == repository) {
+        return;
+    }
+    if needed.iter().any(|access| {
+        access.verb == "create" && access.resource == "pods" && access.subresource.is_none()
+    }) {
+        return;
+    }
+    needed.push(Access::new(
+        "create",
+        "pods",
+        format!(
+            "it copies the Cluster's volumes into repository {repository}, which the Cluster does not name, as a pod mounting them could"
+        ),
+    ));
+}
+
+/// Whose data a Restore writes into its Cluster's volumes.
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    /// A Backup of the Restore's own Cluster: its data is the Cluster's already.
+    OwnCluster,
+    /// A Backup of Cluster `cluster`, another: the writer must be able to read that data
+    /// directly, that is to open its repository with these Secrets (credentials, passwords).
+    OtherCluster {
+        cluster: &'a str,
+        secrets: &'a [String],
+    },
+    /// A Backup that does not exist yet, or whose repository cannot be found: whose data it
+    /// holds is unknown, which asks for every Secret of the namespace.
+    Unknown,
 }
 
 /// What custody would do for `object`, each as the permission its writer must have.
@@ -86,6 +144,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
         Object::Backup {
             spec,
             command_credentials,
+            cluster_repository,
         } => {
             let mut needed = consistency(spec.consistency.as_ref());
             if let Some(command) = &spec.command {
@@ -107,9 +166,29 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
                     None => secret,
                 });
             }
+            other_repository(
+                &mut needed,
+                spec.repository_ref
+                    .as_ref()
+                    .map(|reference| reference.name.as_str()),
+                cluster_repository,
+            );
             needed
         }
-        Object::BackupPlan(spec) => consistency(spec.consistency.as_ref()),
+        Object::BackupPlan {
+            spec,
+            cluster_repository,
+        } => {
+            let mut needed = consistency(spec.consistency.as_ref());
+            other_repository(
+                &mut needed,
+                spec.repository_ref
+                    .as_ref()
+                    .map(|reference| reference.name.as_str()),
+                cluster_repository,
+            );
+            needed
+        }
         Object::Cluster(spec) => {
             let mut needed = vec![Access {
                 group: "apps",
@@ -126,7 +205,10 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             needed.extend(consistency(spec.consistency.as_ref()));
             needed
         }
-        Object::Restore { stateful_set } => {
+        Object::Restore {
+            stateful_set,
+            source,
+        } => {
             let access = Access {
                 group: "apps",
                 ..Access::new(
@@ -136,10 +218,31 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
                         .into(),
                 )
             };
-            vec![match stateful_set {
+            let mut needed = vec![match stateful_set {
                 Some(name) => access.named(name),
                 None => access,
-            }]
+            }];
+            match source {
+                Source::OwnCluster => {}
+                Source::OtherCluster { cluster, secrets } => {
+                    needed.extend(secrets.iter().map(|secret| {
+                        Access::new(
+                            "get",
+                            "secrets",
+                            format!(
+                                "it restores the data of Cluster {cluster}, read from the repository this Secret opens"
+                            ),
+                        )
+                        .named(secret)
+                    }));
+                }
+                Source::Unknown => needed.push(Access::new(
+                    "get",
+                    "secrets",
+                    "it restores a Backup whose data and repository are not known yet".into(),
+                )),
+            }
+            needed
         }
         Object::BackupRepository(spec) => {
             let mut needed = vec![

@@ -76,6 +76,7 @@ pub mod flags {
     pub const RESULT_FILE: &str = "result-file";
     pub const FREEZE_CLAIM: &str = "freeze-claim";
     pub const MAX_FREEZE_SECONDS: &str = "max-freeze-seconds";
+    pub const SOURCE_LIMIT_BYTES: &str = "source-limit-bytes";
     pub const REPOSITORY_PREFIX: &str = "repository-prefix";
     pub const REPOSITORY_ID: &str = "repository-id";
     pub const SNAPSHOT: &str = "snapshot";
@@ -131,6 +132,8 @@ pub struct SnapshotBackupArgs {
     pub parent: Option<String>,
     /// Freeze the volume's filesystem while it is read.
     pub freeze: Option<FreezeArgs>,
+    /// The most space the source may take on disk (a tool's scratch size): more is refused.
+    pub source_limit_bytes: Option<u64>,
 }
 
 /// What a Job asks the mover to do; [`Invocation::args`] is its command line.
@@ -144,6 +147,8 @@ pub enum Invocation {
         cluster_uid: String,
         /// Freeze the volume's filesystem while it is read.
         freeze: Option<FreezeArgs>,
+        /// The most space the source may take on disk (a tool's scratch size).
+        source_limit_bytes: Option<u64>,
     },
     /// Back the volume at `source` up into one snapshot of the repository (format 2).
     SnapshotBackup(SnapshotBackupArgs),
@@ -188,6 +193,7 @@ impl Invocation {
                 backup_uid,
                 cluster_uid,
                 freeze,
+                source_limit_bytes,
             } => std::iter::once(flags::BACKUP.to_string())
                 .chain(flag(flags::SOURCE, source))
                 .chain(flag(flags::PREFIX, prefix))
@@ -201,6 +207,11 @@ impl Invocation {
                             &freeze.max_seconds.to_string(),
                         ))
                 }))
+                .chain(
+                    source_limit_bytes
+                        .iter()
+                        .flat_map(|limit| flag(flags::SOURCE_LIMIT_BYTES, &limit.to_string())),
+                )
                 .collect(),
             Invocation::SnapshotBackup(backup) => {
                 let mut args: Vec<String> = std::iter::once(flags::BACKUP.to_string())
@@ -225,6 +236,9 @@ impl Invocation {
                         flags::MAX_FREEZE_SECONDS,
                         &freeze.max_seconds.to_string(),
                     ));
+                }
+                if let Some(limit) = backup.source_limit_bytes {
+                    args.extend(flag(flags::SOURCE_LIMIT_BYTES, &limit.to_string()));
                 }
                 args
             }

@@ -179,6 +179,8 @@ reasons! {
         /// prune removed blocks it reused (the message says which). Trying again reads the
         /// repository's index anew.
         SnapshotNotSecured,
+        /// The backup tool left more on disk than its `scratchSize`: nothing was read.
+        ToolOutputTooLarge,
     }
     fallback
     /// A reason this build does not know.
@@ -209,6 +211,7 @@ impl MoverFailure {
             | MoverFailure::RepositoryKeyRejected
             | MoverFailure::RepositoryMissing
             | MoverFailure::SnapshotInvalid
+            | MoverFailure::ToolOutputTooLarge
             | MoverFailure::MoverFailed => true,
             MoverFailure::ReadVolumeFailed
             | MoverFailure::UploadFailed

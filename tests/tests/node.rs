@@ -1940,6 +1940,71 @@ async fn on_a_real_node_postgresql_backed_up_by_pg_basebackup_while_pgbench_writ
         "{message}"
     );
 
+    // Issue 23: a tool that overfills its scratch space and exits at once (before the
+    // kubelet's periodic eviction check could see it) fails the Backup: 24 MiB into 8Mi.
+    let psql = |sql: &str| {
+        json!([
+            "psql",
+            "--host=$(CUSTODY_POD_IP)",
+            "--no-password",
+            "--no-align",
+            "--tuples-only",
+            "--variable=FETCH_COUNT=2",
+            "--command",
+            sql,
+            "--output",
+            "$(CUSTODY_OUTPUT)/fill"
+        ])
+    };
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "overfilled"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": {"method": "Tool", "tool": {
+                   "image": "localhost/custody/postgres:15",
+                   "command": psql("select repeat('x', 1048576) from generate_series(1, 24)"),
+                   "credentialsSecretRef": {"name": "orders-credentials"},
+                   "scratchSize": "8Mi"}}}}),
+    )
+    .await;
+    let (reason, message) = backup_fails(&namespace, "overfilled").await;
+    eprintln!("a tool that overfilled its scratch space: {reason}: {message}");
+    match reason.as_str() {
+        // The mover measured it before reading anything.
+        "ToolOutputTooLarge" => assert!(
+            message.contains(&(8u64 << 20).to_string()) && message.contains("scratchSize"),
+            "{message}"
+        ),
+        // The kubelet saw it first: its eviction's reason is in the Backup.
+        "ToolFailed" => assert!(message.contains("evicted"), "{message}"),
+        other => panic!("an overfilled scratch space failed as {other}: {message}"),
+    }
+
+    // A tool that hangs is stopped at its timeoutSeconds, the Backup says so, and the Cluster
+    // is free again (the restore below takes its Lease).
+    let hung_at = std::time::Instant::now();
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "hung"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": {"method": "Tool", "tool": {
+                   "image": "localhost/custody/postgres:15",
+                   "command": ["psql", "--host=$(CUSTODY_POD_IP)", "--no-password", "--command", "select pg_sleep(3600)"],
+                   "credentialsSecretRef": {"name": "orders-credentials"},
+                   "timeoutSeconds": 5}}}}),
+    )
+    .await;
+    let (reason, message) = backup_fails(&namespace, "hung").await;
+    let hung_took = hung_at.elapsed();
+    eprintln!(
+        "a tool that hangs, timeoutSeconds 5: Failed after {:.1} s: {reason}: {message}",
+        hung_took.as_secs_f64()
+    );
+    assert_eq!(reason, "ToolFailed", "{message}");
+    assert!(message.contains("timeoutSeconds (5 s)"), "{message}");
+    assert!(
+        hung_took < Duration::from_secs(45),
+        "a hung tool held the Cluster {hung_took:?}, far past its 5 s bound"
+    );
+
     let (target, restore_to_answer) =
         restore_postgres(&client, node, &namespace, "nightly", scale).await;
     // The restored tree is pg_basebackup's: it leaves its manifest in the directory it wrote.

@@ -149,6 +149,13 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
             vec!["create pods (its tool runs image postgres:15", "get secrets db-admin"],
         ),
         (
+            "a Backup into a repository of the writer's choosing",
+            refusal::<Backup>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "to-mine"},
+                "spec": {"clusterRef": {"name": "orders"}, "repositoryRef": {"name": "mine"}}})).await,
+            vec!["create pods (it copies the Cluster's volumes into repository mine"],
+        ),
+        (
             "a plan with hooks",
             refusal::<BackupPlan>(&writer, &ns, json!({
                 "apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "nightly"},
@@ -180,7 +187,7 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
     }
     // Nothing of them was written.
     let backups: Api<Backup> = namespace.api();
-    for name in ["exfiltrate", "tool"] {
+    for name in ["exfiltrate", "tool", "to-mine"] {
         assert!(
             backups.get_opt(name).await.unwrap().is_none(),
             "Backup {name}"
@@ -235,6 +242,59 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
     assert_eq!(
         refusal::<custody_kube::api::Restore>(&writer, &ns, restore("own", "orders")).await,
         None
+    );
+    // Restoring another Cluster's Backup into its own is reading that Cluster's data: the
+    // writer must be able to open that Backup's repository itself.
+    repositories
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository", "metadata": {"name": "payroll-repo"},
+                "spec": {"endpoint": "https://s3.example", "bucket": "payroll",
+                         "credentialsSecretRef": {"name": "payroll-s3"},
+                         "encryption": {"keySecretRef": {"name": "payroll-keys"}}}}))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's admin creates payroll's repository");
+    backups
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "payroll-nightly"},
+                "spec": {"clusterRef": {"name": "payroll"}, "repositoryRef": {"name": "payroll-repo"}}}))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's admin backs payroll up");
+    let restore_from = |name: &str, backup: &str| {
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Restore", "metadata": {"name": name},
+               "spec": {"clusterRef": {"name": "orders"}, "backupRef": {"name": backup}}})
+    };
+    let refused = refusal::<custody_kube::api::Restore>(
+        &writer,
+        &ns,
+        restore_from("steal", "payroll-nightly"),
+    )
+    .await
+    .expect("a Restore of another Cluster's Backup is refused");
+    for part in [
+        "get secrets payroll-s3 (it restores the data of Cluster payroll",
+        "get secrets payroll-keys",
+        user.as_str(),
+    ] {
+        assert!(refused.contains(part), "{part:?} not in {refused}");
+    }
+    assert!(!refused.contains("statefulsets"), "{refused}");
+    let refused =
+        refusal::<custody_kube::api::Restore>(&writer, &ns, restore_from("later", "not-yet"))
+            .await
+            .expect("a Restore of a Backup not there yet is refused");
+    assert!(
+        refused.contains(
+            "get secrets (it restores a Backup whose data and repository are not known yet)"
+        ),
+        "{refused}"
     );
     let bindings: Api<RoleBinding> = namespace.api();
     bindings

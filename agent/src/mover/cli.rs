@@ -60,7 +60,17 @@ pub async fn run(
                 snapshot,
                 freeze_claim,
                 max_freeze_seconds,
+                source_limit_bytes,
             } => {
+                // A tool's output larger than its scratch space is refused before it is read.
+                if let Some(limit) = source_limit_bytes {
+                    let (source, limit) = (source.clone(), *limit);
+                    tokio::task::spawn_blocking(move || super::usage::within(&source, limit))
+                        .await
+                        .map_err(|error| {
+                            MoverError::Local(format!("measuring the source: {error}"))
+                        })??;
+                }
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
                 // Frozen last, just before the first read: the freeze lasts only the copy.
                 let held = match (freeze_claim, max_freeze_seconds) {

@@ -17,6 +17,7 @@ pub mod snapshot;
 pub mod snapshot_reader;
 pub mod snapshot_source;
 pub mod upload;
+pub mod usage;
 
 use std::io::{BufReader, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -74,6 +75,10 @@ pub enum MoverError {
         "the volume was thawed after {seconds:.1} s, before it was all read ({reason}); the copy would not be a point in time"
     )]
     FreezeLost { seconds: f64, reason: String },
+    #[error(
+        "the tree to back up takes {used} bytes on disk, more than the {limit} its scratch space allows (the tool's scratchSize): nothing was read. Raise scratchSize, or have the tool write less"
+    )]
+    SourceTooLarge { used: u64, limit: u64 },
 }
 
 impl MoverError {
@@ -116,6 +121,7 @@ impl MoverError {
             MoverError::NotSecured(_) => MoverFailure::SnapshotNotSecured,
             MoverError::FreezeRefused(_) => MoverFailure::FreezeRefused,
             MoverError::FreezeLost { .. } => MoverFailure::FreezeLost,
+            MoverError::SourceTooLarge { .. } => MoverFailure::ToolOutputTooLarge,
         }
     }
 }

@@ -93,6 +93,10 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
     if let Some(job) = &plan.job {
         crate::reconciler::create_job(client, &namespace, job).await?;
     }
+    if let Some(why) = &plan.stop_job {
+        let name = super::decide::job_name(&backup.name_any(), &uid);
+        stop_job(client, &namespace, &name, why).await?;
+    }
     if let Some((claim, how)) = &plan.mark_claim {
         crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
     }
@@ -101,4 +105,27 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         crate::reconciler::publish(&context.base, backup, ACTION, note).await?;
     }
     Ok(crate::reconciler::requeue(plan.requeue))
+}
+
+/// Stops Job `name` now: its deadline set to one second (past already), which makes the Job
+/// controller fail it (`DeadlineExceeded`) and stop its pod; `why` goes on the Job first, and
+/// the Backup's failure names it.
+async fn stop_job(client: &kube::Client, namespace: &str, name: &str, why: &str) -> Result<()> {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {super::decide::ANNOTATION_STOPPED: why}},
+        "spec": {"activeDeadlineSeconds": 1},
+    });
+    jobs.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| crate::error::Error::Patch {
+        object: format!("Job {namespace}/{name}"),
+        source,
+    })?;
+    tracing::warn!(namespace, job = name, why, "stopped a backup Job");
+    Ok(())
 }

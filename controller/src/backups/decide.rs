@@ -313,6 +313,72 @@ pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> 
     })
 }
 
+/// Annotation on a Job custody stopped before its end: why (a tool past its time bound).
+pub const ANNOTATION_STOPPED: &str = "custody.io/stopped";
+
+/// Why custody stopped `job`, if it did.
+pub fn stopped(job: &Job) -> Option<String> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_STOPPED)
+        .cloned()
+}
+
+/// Where the tool of a running Job stands against its `timeoutSeconds`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolClock {
+    /// No bound, or the tool exited.
+    Unbounded,
+    /// Bounded, and the tool has not started yet (its pod pending, its image pulling): its
+    /// start is looked for every few seconds, as nothing else announces it.
+    Starting,
+    /// Running; its bound passes in this many seconds.
+    Left(u64),
+    /// Running past its bound: why its Job is stopped.
+    Overdue(String),
+}
+
+/// The tool's time against `timeout_seconds`, counted from the start of its container (an
+/// image pull or a pending pod does not count: the Job deadline bounds those).
+pub fn tool_clock(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    timeout_seconds: Option<i64>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> ToolClock {
+    let Some(timeout) = timeout_seconds.filter(|timeout| *timeout > 0) else {
+        return ToolClock::Unbounded;
+    };
+    let tools = || {
+        pods.iter().flat_map(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|status| status.init_container_statuses.iter().flatten())
+                .filter(|container| container.name == "tool")
+                .filter_map(|container| container.state.as_ref())
+                .map(move |state| (pod, state))
+        })
+    };
+    if tools().any(|(_, state)| state.terminated.is_some()) {
+        return ToolClock::Unbounded;
+    }
+    let running = tools().find_map(|(pod, state)| {
+        let started = state.running.as_ref()?.started_at.clone()?;
+        Some((pod.metadata.name.clone().unwrap_or_default(), started.0))
+    });
+    let Some((pod, started)) = running else {
+        return ToolClock::Starting;
+    };
+    let ran = now.duration_since(started).as_secs().max(0);
+    if ran >= timeout {
+        ToolClock::Overdue(format!(
+            "the backup tool ran {ran} s in pod {pod}, past its timeoutSeconds ({timeout} s): custody stopped its Job"
+        ))
+    } else {
+        ToolClock::Left((timeout - ran) as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests;
 

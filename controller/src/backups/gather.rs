@@ -38,6 +38,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         tool_failure: None,
         listing: None,
         job_pod_problem: None,
+        tool_clock: decide::ToolClock::Unbounded,
         others: Vec::new(),
         origin_cluster: None,
         parent_snapshot: None,
@@ -126,7 +127,10 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                         crate::mover_job::pods_of(client, &namespace, &job_name, job.as_ref())
                             .await?;
                     facts.report = report(&pods);
-                    facts.tool_failure = decide::tool_failure(&pods);
+                    facts.tool_failure = job
+                        .as_ref()
+                        .and_then(decide::stopped)
+                        .or_else(|| decide::tool_failure(&pods));
                     let status = facts.backup.status.as_ref();
                     if status.and_then(|status| status.consistency) == Some(Capture::Hooks) {
                         // The post hook runs in the pod that mounts the claim now.
@@ -154,6 +158,17 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             facts.job_pod_problem =
                 crate::mover_job::start_problem(client, &namespace, &job_name, job.as_ref())
                     .await?;
+            let timeout = super::consistency::chosen(
+                facts.backup.spec.consistency.as_ref(),
+                cluster.spec.consistency.as_ref(),
+            )
+            .and_then(|chosen| chosen.tool.as_ref())
+            .and_then(|tool| tool.timeout_seconds);
+            if timeout.is_some() {
+                let pods =
+                    crate::mover_job::pods_of(client, &namespace, &job_name, job.as_ref()).await?;
+                facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
+            }
         }
         JobFact::Foreign => {}
     }

@@ -209,11 +209,20 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         (LABEL_CLAIM_UID, inputs.claim_uid),
     ]);
     let mut env = custody_kube::s3::mover_env(&inputs.repository.spec);
-    // A tool's tree is backed up as the volume; else the volume itself.
+    // A tool's tree is backed up as the volume, and refused if it overfilled its scratch
+    // space; else the volume itself.
     let source = match &inputs.tool {
         Some(_) => TOOL_TREE,
         None => SOURCE_PATH,
     };
+    let source_limit_bytes = inputs.tool.and_then(|run| {
+        crate::quantity::bytes(
+            run.tool
+                .scratch_size
+                .as_deref()
+                .unwrap_or(DEFAULT_TOOL_SCRATCH),
+        )
+    });
     let invocation = match &inputs.snapshot {
         Some(snapshot) => {
             env.push(master_key_env(snapshot.repository));
@@ -234,6 +243,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                 consistency: capture_name(snapshot.consistency),
                 parent: snapshot.parent.map(str::to_string),
                 freeze: inputs.freeze.clone(),
+                source_limit_bytes,
             })
         }
         None => Invocation::Backup {
@@ -242,6 +252,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             backup_uid: uid.clone(),
             cluster_uid: inputs.cluster_uid.to_string(),
             freeze: inputs.freeze.clone(),
+            source_limit_bytes,
         },
     };
     let container = match &inputs.backup.spec.command {

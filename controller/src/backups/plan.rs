@@ -77,6 +77,8 @@ pub struct Facts {
     pub listing: Option<Result<Listing, (&'static str, String)>>,
     /// Why the running Job's pod does not start, if something is known to keep it.
     pub job_pod_problem: Option<String>,
+    /// The running tool against its `timeoutSeconds`.
+    pub tool_clock: decide::ToolClock,
     /// Every Backup, in every namespace, when a command's dump is attributed.
     pub others: Vec<Backup>,
     /// The UID of this Kubernetes cluster's `kube-system` namespace, sealed in a snapshot as
@@ -98,6 +100,8 @@ pub struct Plan {
     pub hold_secret: Option<String>,
     pub status: Option<BackupStatus>,
     pub job: Option<Job>,
+    /// Stop the running Job (its deadline set to now), recording why on it.
+    pub stop_job: Option<String>,
     /// The claim to mark as holding known data, `(claim, how custody knows)`: a completed
     /// Backup copied it.
     pub mark_claim: Option<(String, String)>,
@@ -119,6 +123,7 @@ impl Plan {
             hold_secret: None,
             status: None,
             job: None,
+            stop_job: None,
             mark_claim: None,
             publish_gate_ca: false,
             hook: None,
@@ -247,14 +252,35 @@ pub fn plan(facts: &Facts) -> Plan {
                     (waiting(reasons::JOB_POD_NOT_STARTING, message), events)
                 }
             };
+            // A tool past its bound: its Job is stopped, and the Backup fails once it ended.
+            if let decide::ToolClock::Overdue(why) = &facts.tool_clock {
+                return Plan {
+                    status: next_status(
+                        backup,
+                        status,
+                        BackupPhase::Running,
+                        &waiting(reasons::RUNNING, format!("stopping Job {job_name}: {why}")),
+                        facts.now,
+                    ),
+                    stop_job: Some(why.clone()),
+                    requeue: Some(Duration::from_secs(2)),
+                    ..Plan::wait_for_change()
+                };
+            }
+            let mut requeue = if facts.job_pod_problem.is_some() {
+                15
+            } else {
+                60
+            };
+            match facts.tool_clock {
+                decide::ToolClock::Left(seconds) => requeue = requeue.min(seconds + 1),
+                decide::ToolClock::Starting => requeue = requeue.min(5),
+                decide::ToolClock::Unbounded | decide::ToolClock::Overdue(_) => {}
+            }
             Plan {
                 status: next_status(backup, status, BackupPhase::Running, &ready, facts.now),
                 events,
-                requeue: Some(Duration::from_secs(if facts.job_pod_problem.is_some() {
-                    15
-                } else {
-                    60
-                })),
+                requeue: Some(Duration::from_secs(requeue)),
                 ..Plan::wait_for_change()
             }
         }

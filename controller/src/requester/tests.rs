@@ -53,10 +53,25 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
     let (plain_cluster, hooked_cluster) = (cluster(None), cluster(Some(HOOKS)));
     let (hooked_plan, tool_plan) = (plan(HOOKS), plan(TOOL));
     let (plain_repository, encrypted_repository) = (repository(false), repository(true));
+    let other_secrets = ["s3".to_string(), "keys".to_string()];
     let backup_of = |spec| Object::Backup {
         spec,
         command_credentials: None,
+        cluster_repository: ClusterRepository::Named("main"),
     };
+    let plan_of = |spec| Object::BackupPlan {
+        spec,
+        cluster_repository: ClusterRepository::Named("main"),
+    };
+    let to_main = backup(json!({"clusterRef": {"name": "db"}, "repositoryRef": {"name": "main"}}));
+    let to_mine = backup(json!({"clusterRef": {"name": "db"}, "repositoryRef": {"name": "mine"}}));
+    let command_to_mine = backup(
+        json!({"clusterRef": {"name": "db"}, "repositoryRef": {"name": "mine"},
+        "command": {"image": "dumper", "command": ["dump"], "prefix": "dumps"}}),
+    );
+    let plan_to_mine = serde_json::from_value::<BackupPlanSpec>(json!({
+        "clusterRef": {"name": "db"}, "schedule": "0 3 * * *", "repositoryRef": {"name": "mine"}}))
+    .unwrap();
     let cases: Vec<(&str, Object<'_>, Vec<&str>)> = vec![
         (
             "a Backup of a stopped application",
@@ -81,6 +96,7 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             Object::Backup {
                 spec: &command,
                 command_credentials: Some("s3"),
+                cluster_repository: ClusterRepository::Named("main"),
             },
             vec!["create pods", "get secrets s3"],
         ),
@@ -91,13 +107,46 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
         ),
         (
             "a plan with hooks",
-            Object::BackupPlan(&hooked_plan),
+            plan_of(&hooked_plan),
             vec!["create pods/exec"],
         ),
         (
             "a plan with a tool",
-            Object::BackupPlan(&tool_plan),
+            plan_of(&tool_plan),
             vec!["create pods", "get secrets pg"],
+        ),
+        (
+            "a Backup into its Cluster's repository, named",
+            backup_of(&to_main),
+            vec![],
+        ),
+        (
+            "a Backup into another repository: reading the volumes",
+            backup_of(&to_mine),
+            vec!["create pods"],
+        ),
+        (
+            "a Backup into a repository, its Cluster naming none or not there",
+            Object::Backup {
+                spec: &to_main,
+                command_credentials: None,
+                cluster_repository: ClusterRepository::Unknown,
+            },
+            vec!["create pods"],
+        ),
+        (
+            "a command into another repository: create pods once",
+            Object::Backup {
+                spec: &command_to_mine,
+                command_credentials: Some("mine-s3"),
+                cluster_repository: ClusterRepository::Named("main"),
+            },
+            vec!["create pods", "get secrets mine-s3"],
+        ),
+        (
+            "a plan into another repository",
+            plan_of(&plan_to_mine),
+            vec!["create pods"],
         ),
         (
             "a Cluster",
@@ -110,16 +159,43 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             vec!["update statefulsets.apps db", "create pods/exec"],
         ),
         (
-            "a Restore of a Cluster",
+            "a Restore of a Cluster from its own Backup",
             Object::Restore {
                 stateful_set: Some("db"),
+                source: Source::OwnCluster,
             },
             vec!["update statefulsets.apps db"],
         ),
         (
             "a Restore of no Cluster yet: any StatefulSet",
-            Object::Restore { stateful_set: None },
+            Object::Restore {
+                stateful_set: None,
+                source: Source::OwnCluster,
+            },
             vec!["update statefulsets.apps"],
+        ),
+        (
+            "a Restore from another Cluster's Backup: what opens its repository",
+            Object::Restore {
+                stateful_set: Some("db"),
+                source: Source::OtherCluster {
+                    cluster: "payroll",
+                    secrets: &other_secrets,
+                },
+            },
+            vec![
+                "update statefulsets.apps db",
+                "get secrets s3",
+                "get secrets keys",
+            ],
+        ),
+        (
+            "a Restore from a Backup not known yet: any Secret",
+            Object::Restore {
+                stateful_set: Some("db"),
+                source: Source::Unknown,
+            },
+            vec!["update statefulsets.apps db", "get secrets"],
         ),
         (
             "a repository",
@@ -145,6 +221,7 @@ fn an_object_is_refused_naming_each_permission_its_writer_lacks() {
     let needed = required(Object::Backup {
         spec: &hooked,
         command_credentials: None,
+        cluster_repository: ClusterRepository::Unknown,
     });
     assert_eq!(needed.len(), 2);
     assert_eq!(verdict("alice", "shop", &needed, &[true, true]), None);

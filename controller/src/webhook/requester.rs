@@ -18,7 +18,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 
 use super::{WebhookContext, count};
 use crate::error::{Error, Result};
-use crate::requester::{Access, Object, required, verdict};
+use crate::requester::{Access, ClusterRepository, Object, Source, required, verdict};
 
 /// The path the API server calls.
 pub const PATH: &str = "/validate-requester";
@@ -29,37 +29,88 @@ fn read<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Result<K> {
         .map_err(|error| Error::Webhook(format!("reading the object: {error}")))
 }
 
-/// The credentials Secret of the repository a Backup writes to (its own `repositoryRef`, else
-/// its Cluster's), when both exist.
-async fn command_credentials(
+/// The repository Cluster `name` names, if it exists and names one.
+async fn cluster_repository(
+    context: &WebhookContext,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<String>> {
+    Ok(
+        Api::<Cluster>::namespaced(context.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(Error::read(format!("Cluster {namespace}/{name}")))?
+            .and_then(|cluster| cluster.spec.repository_ref)
+            .map(|reference| reference.name),
+    )
+}
+
+fn named(repository: &Option<String>) -> ClusterRepository<'_> {
+    match repository {
+        Some(name) => ClusterRepository::Named(name),
+        None => ClusterRepository::Unknown,
+    }
+}
+
+/// The repository a Backup uses (its own `repositoryRef`, else its Cluster's), when both
+/// exist.
+async fn repository_of(
     context: &WebhookContext,
     namespace: &str,
     backup: &Backup,
-) -> Result<Option<String>> {
+) -> Result<Option<BackupRepository>> {
     let repository = match &backup.spec.repository_ref {
         Some(reference) => Some(reference.name.clone()),
-        None => Api::<Cluster>::namespaced(context.client.clone(), namespace)
-            .get_opt(&backup.spec.cluster_ref.name)
-            .await
-            .map_err(Error::read(format!(
-                "Cluster {namespace}/{}",
-                backup.spec.cluster_ref.name
-            )))?
-            .and_then(|cluster| cluster.spec.repository_ref)
-            .map(|reference| reference.name),
+        None => cluster_repository(context, namespace, &backup.spec.cluster_ref.name).await?,
     };
     let Some(repository) = repository else {
         return Ok(None);
     };
-    Ok(
-        Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
-            .get_opt(&repository)
-            .await
-            .map_err(Error::read(format!(
-                "BackupRepository {namespace}/{repository}"
-            )))?
-            .map(|repository| repository.spec.credentials_secret_ref.name),
-    )
+    Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
+        .get_opt(&repository)
+        .await
+        .map_err(Error::read(format!(
+            "BackupRepository {namespace}/{repository}"
+        )))
+}
+
+/// Whose data a Restore's Backup holds, as read from the API server.
+enum RestoreSource {
+    OwnCluster,
+    OtherCluster {
+        cluster: String,
+        secrets: Vec<String>,
+    },
+    Unknown,
+}
+
+/// The Restore's Backup: of its own Cluster, or of another, with the Secrets that open that
+/// Backup's repository (its own `repositoryRef`, else its Cluster's).
+async fn restore_source(
+    context: &WebhookContext,
+    namespace: &str,
+    restore: &Restore,
+) -> Result<RestoreSource> {
+    let name = &restore.spec.backup_ref.name;
+    let Some(backup) = Api::<Backup>::namespaced(context.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(Error::read(format!("Backup {namespace}/{name}")))?
+    else {
+        return Ok(RestoreSource::Unknown);
+    };
+    let cluster = backup.spec.cluster_ref.name.clone();
+    if cluster == restore.spec.cluster_ref.name {
+        return Ok(RestoreSource::OwnCluster);
+    }
+    let Some(repository) = repository_of(context, namespace, &backup).await? else {
+        return Ok(RestoreSource::Unknown);
+    };
+    let mut secrets = vec![repository.spec.credentials_secret_ref.name.clone()];
+    if let Some(encryption) = &repository.spec.encryption {
+        secrets.push(encryption.key_secret_ref.name.clone());
+    }
+    Ok(RestoreSource::OtherCluster { cluster, secrets })
 }
 
 /// Whether a write by `user` is the controller's own (`own`): a BackupPlan's run or an
@@ -166,15 +217,28 @@ async fn decide(
         "Backup" => {
             let backup: Backup = read(object)?;
             let credentials = match &backup.spec.command {
-                Some(_) => command_credentials(context, &namespace, &backup).await?,
+                Some(_) => repository_of(context, &namespace, &backup)
+                    .await?
+                    .map(|repository| repository.spec.credentials_secret_ref.name),
                 None => None,
             };
+            let cluster =
+                cluster_repository(context, &namespace, &backup.spec.cluster_ref.name).await?;
             required(Object::Backup {
                 spec: &backup.spec,
                 command_credentials: credentials.as_deref(),
+                cluster_repository: named(&cluster),
             })
         }
-        "BackupPlan" => required(Object::BackupPlan(&read::<BackupPlan>(object)?.spec)),
+        "BackupPlan" => {
+            let plan: BackupPlan = read(object)?;
+            let cluster =
+                cluster_repository(context, &namespace, &plan.spec.cluster_ref.name).await?;
+            required(Object::BackupPlan {
+                spec: &plan.spec,
+                cluster_repository: named(&cluster),
+            })
+        }
         "Cluster" => required(Object::Cluster(&read::<Cluster>(object)?.spec)),
         "Restore" => {
             let restore: Restore = read(object)?;
@@ -185,10 +249,18 @@ async fn decide(
                     "Cluster {namespace}/{}",
                     restore.spec.cluster_ref.name
                 )))?;
+            let source = restore_source(context, &namespace, &restore).await?;
             required(Object::Restore {
                 stateful_set: cluster
                     .as_ref()
                     .map(|cluster| cluster.spec.stateful_set_ref.name.as_str()),
+                source: match &source {
+                    RestoreSource::OwnCluster => Source::OwnCluster,
+                    RestoreSource::OtherCluster { cluster, secrets } => {
+                        Source::OtherCluster { cluster, secrets }
+                    }
+                    RestoreSource::Unknown => Source::Unknown,
+                },
             })
         }
         "BackupRepository" => required(Object::BackupRepository(

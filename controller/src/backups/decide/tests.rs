@@ -541,3 +541,77 @@ fn the_parent_is_the_clusters_last_completed_snapshot_in_the_repository() {
     assert_eq!(parent_snapshot(&backups, "orders", "new"), None);
     assert_eq!(parent_snapshot(&backups[3..5], "orders", "r"), None);
 }
+
+/// A tool's time bound counts from its container's start; past it the Job is stopped, and a
+/// Job custody stopped says why.
+#[test]
+fn a_tool_past_its_timeout_is_overdue() {
+    let pod = |name: &str, state: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job-pod"},
+            "status": {"initContainerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": state,
+            }]},
+        }))
+        .unwrap()
+    };
+    let started = serde_json::json!({"running": {"startedAt": "2026-12-03T10:00:00Z"}});
+    let now = |time: &str| time.parse::<k8s_openapi::jiff::Timestamp>().unwrap();
+    let rows: [(Option<i64>, k8s_openapi::api::core::v1::Pod, &str, ToolClock); 8] = [
+        (None, pod("tool", started.clone()), "2026-12-03T11:00:00Z", ToolClock::Unbounded),
+        (Some(0), pod("tool", started.clone()), "2026-12-03T11:00:00Z", ToolClock::Unbounded),
+        (Some(60), pod("tool", started.clone()), "2026-12-03T10:00:20Z", ToolClock::Left(40)),
+        (Some(60), pod("tool", started.clone()), "2026-12-03T10:00:59Z", ToolClock::Left(1)),
+        (
+            Some(60),
+            pod("tool", started.clone()),
+            "2026-12-03T10:01:00Z",
+            ToolClock::Overdue(
+                "the backup tool ran 60 s in pod job-pod, past its timeoutSeconds (60 s): custody stopped its Job".into(),
+            ),
+        ),
+        // Waiting for its image: not started yet; exited: done.
+        (
+            Some(60),
+            pod("tool", serde_json::json!({"waiting": {"reason": "ImagePullBackOff"}})),
+            "2026-12-03T11:00:00Z",
+            ToolClock::Starting,
+        ),
+        (
+            Some(60),
+            pod("tool", serde_json::json!({"terminated": {"exitCode": 0}})),
+            "2026-12-03T11:00:00Z",
+            ToolClock::Unbounded,
+        ),
+        // Another init container is not the tool.
+        (Some(60), pod("custody-wait", started.clone()), "2026-12-03T11:00:00Z", ToolClock::Starting),
+    ];
+    for (timeout, pod, at, want) in rows {
+        assert_eq!(
+            tool_clock(&[pod], timeout, now(at)),
+            want,
+            "{timeout:?} at {at}"
+        );
+    }
+    // No pod yet: the tool has not started.
+    assert_eq!(
+        tool_clock(&[], Some(1), now("2026-12-03T11:00:00Z")),
+        ToolClock::Starting
+    );
+    assert_eq!(
+        tool_clock(&[], None, now("2026-12-03T11:00:00Z")),
+        ToolClock::Unbounded
+    );
+
+    let mut job = job("Backup", UID, true, Some(UID));
+    assert_eq!(stopped(&job), None);
+    job.metadata.annotations = Some(
+        [(
+            ANNOTATION_STOPPED.to_string(),
+            "past its timeoutSeconds".to_string(),
+        )]
+        .into(),
+    );
+    assert_eq!(stopped(&job).as_deref(), Some("past its timeoutSeconds"));
+}

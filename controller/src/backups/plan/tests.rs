@@ -98,6 +98,7 @@ fn facts() -> Facts {
         tool_failure: None,
         listing: None,
         job_pod_problem: None,
+        tool_clock: super::decide::ToolClock::Unbounded,
         others: Vec::new(),
         origin_cluster: Some(ORIGIN.into()),
         parent_snapshot: None,
@@ -1069,6 +1070,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
                 mount_path: Some("/var/lib/postgresql/data".into()),
                 scratch_size: Some("2Gi".into()),
                 run_as_user: None,
+                timeout_seconds: None,
             }),
             hooks: None,
         });
@@ -1156,6 +1158,12 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     assert!(
         args.windows(2)
             .any(|window| window == ["--source", "/output"]),
+        "{args:?}"
+    );
+    // The mover refuses a tree larger than the scratch size, whether the kubelet saw it or not.
+    assert!(
+        args.windows(2)
+            .any(|window| window == ["--source-limit-bytes", "2147483648"]),
         "{args:?}"
     );
     assert!(
@@ -1448,4 +1456,56 @@ fn a_job_whose_pod_does_not_start_says_why_once() {
 
 fn plan_events(facts: &Facts) -> Vec<Note> {
     plan(facts).events
+}
+
+/// A tool past its `timeoutSeconds` has its Job stopped (nothing else), and the Backup, once
+/// the Job failed, says why; a tool within its bound is looked at again when the bound passes.
+#[test]
+fn a_tool_past_its_timeout_has_its_job_stopped_and_the_backup_fails_naming_it() {
+    let mut running = started(facts(), JobState::Running);
+    running.tool_clock = super::decide::ToolClock::Left(5);
+    let within = plan(&running);
+    assert_eq!(within.stop_job, None);
+    assert_eq!(within.requeue, Some(Duration::from_secs(6)));
+    running.tool_clock = super::decide::ToolClock::Left(600);
+    assert_eq!(plan(&running).requeue, Some(Duration::from_secs(60)));
+    // Not started yet: nothing announces its start, so it is looked for.
+    running.tool_clock = super::decide::ToolClock::Starting;
+    assert_eq!(plan(&running).requeue, Some(Duration::from_secs(5)));
+
+    let why = "the backup tool ran 31 s in pod p, past its timeoutSeconds (30 s): custody stopped its Job";
+    running.tool_clock = super::decide::ToolClock::Overdue(why.into());
+    let stopping = plan(&running);
+    assert_eq!(stopping.stop_job.as_deref(), Some(why));
+    assert_eq!(
+        stopping.lease,
+        LeaseStep::Keep,
+        "the Lease is held until the Job ended"
+    );
+    assert_eq!(stopping.job, None);
+    let status = stopping.status.expect("a status");
+    assert_eq!(status.phase, Some(BackupPhase::Running));
+    assert!(
+        status.conditions[0].message.contains(why),
+        "{:?}",
+        status.conditions
+    );
+
+    let mut ended = started(
+        facts(),
+        JobState::Failed {
+            message: "DeadlineExceeded: Job was active longer than specified deadline".into(),
+        },
+    );
+    ended.tool_failure = Some(why.into());
+    let failed = plan(&ended);
+    let status = failed.status.expect("a status");
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "ToolFailed");
+    assert!(
+        status.conditions[0]
+            .message
+            .contains("timeoutSeconds (30 s)")
+    );
+    assert_eq!(failed.lease, LeaseStep::Release);
 }

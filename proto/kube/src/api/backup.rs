@@ -229,10 +229,19 @@ pub struct BackupTool {
     #[schemars(length(max = 255))]
     pub data_path: Option<String>,
     /// The most scratch space the tool's output may take (an `emptyDir` size limit, removed
-    /// with the Job's pod). Default `10Gi`.
+    /// with the Job's pod, and the tool's ephemeral-storage request). Default `10Gi`. Output
+    /// that takes more on disk fails the Backup (`ToolOutputTooLarge`) before it is read,
+    /// even when the tool exited before the kubelet noticed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("scratchSize is a positive quantity such as 10Gi"))]
     pub scratch_size: Option<String>,
+    /// The longest the tool may run, in seconds, from its start: past it the Job's pod is
+    /// stopped and the Backup fails (`ToolFailed`, naming the bound), which gives the Cluster
+    /// back to other Backups and Restores. Without it only the controller's Job deadline
+    /// (`--job-deadline-seconds`, one day by default) bounds a tool that hangs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub timeout_seconds: Option<i64>,
 }
 
 /// The ways custody makes a copy of a running application's volume.
