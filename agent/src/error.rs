@@ -17,4 +17,10 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
+    #[error("listening for the gate on {address}: {source}")]
+    ListenGate {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
 }

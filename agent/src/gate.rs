@@ -37,18 +37,31 @@ pub async fn serve(
         address: address.to_string(),
         source,
     };
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::ListenGate {
+            address: address.to_string(),
+            source,
+        })?;
     tracing::info!(%address, "serving the gate");
-    Server::builder()
+    custody_kube::grpc::bounded(Server::builder())
         .tls_config(ServerTlsConfig::new().identity(identity))
         .map_err(serve_error)?
-        .add_service(GateServer::new(GateService { agent }))
-        .serve_with_shutdown(address, stop)
+        .add_service(GateServer::new(GateService {
+            reviewer: custody_kube::authn::Reviewer::new(agent.client.clone()),
+            agent,
+        }))
+        .serve_with_incoming_shutdown(
+            custody_kube::grpc::counted_incoming(listener, custody_kube::grpc::MAX_CONNECTIONS),
+            stop,
+        )
         .await
         .map_err(serve_error)
 }
 
 struct GateService {
     agent: Arc<Agent>,
+    reviewer: custody_kube::authn::Reviewer,
 }
 
 type Progress = Pin<Box<dyn Stream<Item = Result<WaitProgress, Status>> + Send>>;
@@ -59,6 +72,31 @@ impl GateService {
         metrics::count(&self.agent.metrics.gate_refusals, reason);
         tracing::info!(reason, message = status.message(), "gate call refused");
         status
+    }
+
+    fn refused(&self, refusal: authn::Refusal) -> Status {
+        let status = if refusal.unauthenticated() {
+            Status::unauthenticated(refusal.to_string())
+        } else {
+            Status::permission_denied(refusal.to_string())
+        };
+        self.refuse(refusal.reason(), status)
+    }
+
+    /// A token refused before its review, too many reviews at once, or a review that failed.
+    fn review_failed(&self, error: custody_kube::authn::ReviewError) -> Status {
+        use custody_kube::authn::ReviewError;
+        match error {
+            ReviewError::Refused(refusal) => self.refused(refusal),
+            ReviewError::Busy => self.refuse(
+                "TooManyReviews",
+                Status::resource_exhausted(error.to_string()),
+            ),
+            ReviewError::Failed(_) => {
+                tracing::warn!(%error, "TokenReview failed");
+                self.refuse("TokenReviewFailed", Status::unavailable(error.to_string()))
+            }
+        }
     }
 
     fn known_pod(&self, uid: &str) -> Option<KnownPod> {
@@ -91,15 +129,11 @@ impl GateService {
                 Status::unauthenticated("no bearer token: present the pod's projected token"),
             ));
         };
-        let review = custody_kube::authn::review(&self.agent.client, token, names::GATE_AUDIENCE)
-            .await
-            .map_err(|error| {
-                tracing::warn!(%error, "TokenReview failed");
-                self.refuse(
-                    "TokenReviewFailed",
-                    Status::unavailable(format!("cannot review the token: {error}")),
-                )
-            })?;
+        let review = self.reviewer.review(token, names::GATE_AUDIENCE).await;
+        if custody_kube::authn::asked(&review) {
+            self.agent.metrics.token_reviews.inc();
+        }
+        let review = review.map_err(|error| self.review_failed(error))?;
         // The pod may have been created a moment ago: wait for the watch to be in sync before
         // deciding it is not on this node.
         if !self.agent.wait_until_synced().await {
@@ -108,13 +142,7 @@ impl GateService {
         let caller = authn::gate_caller(&review, &self.agent.options.node_name, |uid| {
             self.known_pod(uid)
         })
-        .map_err(|refusal| {
-            let status = match refusal {
-                authn::Refusal::Unauthenticated(_) => Status::unauthenticated(refusal.to_string()),
-                _ => Status::permission_denied(refusal.to_string()),
-            };
-            self.refuse(refusal.reason(), status)
-        })?;
+        .map_err(|refusal| self.refused(refusal))?;
         tracing::debug!(namespace = caller.namespace, pod = caller.name, "gate call");
         Ok(caller)
     }

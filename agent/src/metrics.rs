@@ -30,6 +30,8 @@ pub struct Metrics {
     pub gate_refusals: Family<ReasonLabels, Counter>,
     /// Gate streams that ended with the pod released.
     pub gate_releases: Counter,
+    /// TokenReviews the gate asked of the API server.
+    pub token_reviews: Counter,
     /// Restored volumes on the node by state.
     pub volumes: Family<StateLabels, Gauge>,
     /// How far the node's clock is ahead of the controller's, from the best recent sample.
@@ -74,6 +76,12 @@ impl Default for Metrics {
             "gate_refusals",
             "Gate calls refused, by reason",
             gate_refusals.clone(),
+        );
+        let token_reviews = Counter::default();
+        registry.register(
+            "gate_token_reviews",
+            "TokenReviews the gate asked of the API server (junk and other audiences never cost one)",
+            token_reviews.clone(),
         );
         let gate_releases = Counter::default();
         registry.register(
@@ -135,6 +143,7 @@ impl Default for Metrics {
             verified_bytes,
             gate_refusals,
             gate_releases,
+            token_reviews,
             volumes,
             clock_offset_seconds,
             clock_round_trip_seconds,

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub agent_reports: Counter,
     /// Reports refused, by reason.
     pub report_refusals: Family<ReasonLabels, Counter>,
+    /// TokenReviews the report service asked of the API server.
+    pub report_token_reviews: Counter,
     /// Each node's clock offset from the controller's, from its agent's best sample.
     pub node_clock_offset_seconds: Family<NodeLabels, FloatGauge>,
     pub node_clock_round_trip_seconds: Family<NodeLabels, FloatGauge>,
@@ -93,6 +95,12 @@ impl Default for Metrics {
             "Agent reports refused, by reason",
             report_refusals.clone(),
         );
+        let report_token_reviews = Counter::default();
+        registry.register(
+            "agent_report_token_reviews",
+            "TokenReviews the report service asked of the API server",
+            report_token_reviews.clone(),
+        );
         let node_clock_offset_seconds = Family::<NodeLabels, FloatGauge>::default();
         registry.register(
             "node_clock_offset_seconds",
@@ -116,6 +124,7 @@ impl Default for Metrics {
             webhook_decisions,
             agent_reports,
             report_refusals,
+            report_token_reviews,
             node_clock_offset_seconds,
             node_clock_round_trip_seconds,
             reconciliations,

@@ -43,6 +43,7 @@ pub struct Settings {
 
 struct Service {
     client: Client,
+    reviewer: custody_kube::authn::Reviewer,
     settings: Settings,
     metrics: Arc<Metrics>,
     /// The nodes whose agents reported to this process.
@@ -68,7 +69,7 @@ pub async fn run(
         address: address.to_string(),
         message: source.to_string(),
     };
-    let mut server = Server::builder();
+    let mut server = custody_kube::grpc::bounded(Server::builder());
     if let Some((cert, key)) = &settings.tls {
         let read = |path: &std::path::Path| {
             std::fs::read(path).map_err(|error| Error::ServeReports {
@@ -82,6 +83,7 @@ pub async fn run(
             .map_err(serve_error)?;
     }
     let service = Arc::new(Service {
+        reviewer: custody_kube::authn::Reviewer::new(client.clone()),
         client: client.clone(),
         settings: settings.clone(),
         metrics,
@@ -89,9 +91,18 @@ pub async fn run(
     });
     tracing::info!(%address, tls = settings.tls.is_some(), "serving agent reports");
     let silence = watch_for_silence(service.clone());
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| Error::ServeReports {
+            address: address.to_string(),
+            message: format!("listening: {error}"),
+        })?;
     let served = server
         .add_service(AgentReportServer::from_arc(service))
-        .serve_with_shutdown(address, stop);
+        .serve_with_incoming_shutdown(
+            custody_kube::grpc::counted_incoming(listener, custody_kube::grpc::MAX_CONNECTIONS),
+            stop,
+        );
     tokio::select! {
         result = served => result.map_err(serve_error),
         () = silence => Ok(()),
@@ -166,21 +177,32 @@ impl Service {
         };
         let token = custody_kube::authn::bearer_token(request.metadata())
             .ok_or_else(|| refuse("NoToken", Status::unauthenticated("no bearer token")))?;
-        let review = custody_kube::authn::review(&self.client, token, names::REPORT_AUDIENCE)
-            .await
-            .map_err(|error| {
-                refuse(
-                    "TokenReviewFailed",
-                    Status::unavailable(format!("cannot review the token: {error}")),
-                )
-            })?;
-        authn::report_caller(&review, &self.settings.agent_account, node).map_err(|refusal| {
-            let status = match refusal {
-                authn::Refusal::Unauthenticated(_) => Status::unauthenticated(refusal.to_string()),
-                _ => Status::permission_denied(refusal.to_string()),
+        let refused = |refusal: authn::Refusal| {
+            let status = if refusal.unauthenticated() {
+                Status::unauthenticated(refusal.to_string())
+            } else {
+                Status::permission_denied(refusal.to_string())
             };
             refuse(refusal.reason(), status)
-        })
+        };
+        let review = self.reviewer.review(token, names::REPORT_AUDIENCE).await;
+        if custody_kube::authn::asked(&review) {
+            self.metrics.report_token_reviews.inc();
+        }
+        let review = review.map_err(|error| {
+            use custody_kube::authn::ReviewError;
+            match error {
+                ReviewError::Refused(refusal) => refused(refusal),
+                ReviewError::Busy => refuse(
+                    "TooManyReviews",
+                    Status::resource_exhausted(error.to_string()),
+                ),
+                ReviewError::Failed(_) => {
+                    refuse("TokenReviewFailed", Status::unavailable(error.to_string()))
+                }
+            }
+        })?;
+        authn::report_caller(&review, &self.settings.agent_account, node).map_err(refused)
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -457,7 +458,7 @@ pub fn controller(
 ) -> futures::future::BoxFuture<'static, ()> {
     let client = context.base.client.clone();
     let repositories: Api<BackupRepository> = reconciler::scoped(client.clone(), namespace);
-    let secrets: Api<Secret> = reconciler::scoped(client.clone(), namespace);
+    let secrets: Api<PartialObjectMeta<Secret>> = reconciler::scoped(client.clone(), namespace);
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = reconciler::scoped(client, namespace);
     // A maintenance Job's end reaches its repository at once.
     let controller = Controller::new(repositories, watcher::Config::default()).owns(
@@ -469,6 +470,9 @@ pub fn controller(
         )),
     );
     let store = controller.store();
+    // Secrets' metadata only (an `Api` of `PartialObjectMeta` asks for nothing else): every
+    // Secret of the cluster is watched, and their data, which the controller reads only for
+    // its repositories, would pass through its memory with each list.
     let controller = controller.watches(secrets, watcher::Config::default(), move |secret| {
         let namespace = secret.namespace();
         let name = secret.name_any();

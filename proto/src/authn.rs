@@ -51,6 +51,10 @@ pub enum Refusal {
         "the token names no node; the report service needs a token of a pod scheduled to its node"
     )]
     NoNode,
+    #[error("the bearer token is not a ServiceAccount token: {0}")]
+    Malformed(String),
+    #[error("the token expired")]
+    Expired,
 }
 
 impl Refusal {
@@ -66,8 +70,72 @@ impl Refusal {
             Refusal::PodMismatch { .. } => "PodMismatch",
             Refusal::NotTheAgent { .. } => "NotTheAgent",
             Refusal::NoNode => "NoNode",
+            Refusal::Malformed(_) => "MalformedToken",
+            Refusal::Expired => "TokenExpired",
         }
     }
+
+    /// Whether the caller is not who it says (gRPC `Unauthenticated`), rather than known and
+    /// not allowed (`PermissionDenied`).
+    pub fn unauthenticated(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Unauthenticated(_)
+                | Refusal::WrongAudience(_)
+                | Refusal::Malformed(_)
+                | Refusal::Expired
+        )
+    }
+}
+
+/// The longest bearer token considered (a projected ServiceAccount token is about 1 KiB).
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+
+/// Checks, before anything asks the API server, that `token` can be a pod-bound ServiceAccount
+/// token for `audience` that has not expired at `now` (Unix seconds): a JWT whose unverified
+/// claims say so. It proves nothing (the TokenReview does); it keeps junk, other audiences,
+/// expired and unbound tokens from costing a TokenReview each.
+pub fn token_shape(token: &str, audience: &str, now: i64) -> Result<(), Refusal> {
+    use base64::Engine;
+    let malformed = |why: &str| Err(Refusal::Malformed(why.to_string()));
+    if token.len() > MAX_TOKEN_BYTES {
+        return malformed("longer than 16 KiB");
+    }
+    let parts: Vec<&str> = token.split('.').collect();
+    let [header, payload, signature] = parts.as_slice() else {
+        return malformed("not a JWT (three dot-separated parts)");
+    };
+    if header.is_empty() || signature.is_empty() {
+        return malformed("not a signed JWT");
+    }
+    let Ok(payload) =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('='))
+    else {
+        return malformed("its claims are not base64url");
+    };
+    let Ok(claims) = serde_json::from_slice::<serde_json::Value>(&payload) else {
+        return malformed("its claims are not JSON");
+    };
+    let audiences = match &claims["aud"] {
+        serde_json::Value::String(one) => vec![one.as_str()],
+        serde_json::Value::Array(many) => many.iter().filter_map(|one| one.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    if !audiences.contains(&audience) {
+        return Err(Refusal::WrongAudience(audience.to_string()));
+    }
+    match claims["exp"].as_i64() {
+        Some(exp) if exp > now => {}
+        Some(_) => return Err(Refusal::Expired),
+        None => return malformed("it has no expiry"),
+    }
+    if claims["kubernetes.io"]["pod"]["uid"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
+        return Err(Refusal::NotBoundToPod);
+    }
+    Ok(())
 }
 
 /// The pod a gate caller is, once proven.

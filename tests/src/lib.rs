@@ -485,3 +485,13 @@ pub fn free_port() -> u16 {
         .expect("binding a free port")
         .port()
 }
+
+/// The peak resident memory of process `pid` (`VmHWM`), in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc status")
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}

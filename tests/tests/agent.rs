@@ -383,3 +383,116 @@ async fn the_gate_answers_a_pod_only_about_itself_and_only_on_its_node() {
     node_b.delete().await;
     namespace.delete().await;
 }
+
+/// A counter's value in Prometheus text (`name` with its labels, as exported), 0 if absent.
+fn counter(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Issue 23: 1,000 junk calls cost the API server no TokenReview and the agent little memory.
+/// Each bearer token is looked at before it is reviewed: junk, another audience and expired
+/// tokens are refused at once; 100 forged tokens (the right claims, a stranger's signature)
+/// can only be told apart by the API server, and at most eight of their reviews run at once
+/// (the rest refused `ResourceExhausted`); at most 256 connections are open at once, the rest
+/// wait to be accepted. The gate still answers a real pod afterwards.
+#[tokio::test]
+async fn junk_calls_to_the_gate_are_refused_before_any_token_review() {
+    let namespace = TestNamespace::create("gate-junk").await;
+    let client = namespace.client.clone();
+    let ns = namespace.name.as_str();
+    let node = FakeKubelet::new(&client, &format!("{ns}-a")).await;
+    let pki = Pki::new(&[names::AGENT_SERVER_NAME]);
+    let pod = create_pod(
+        &client,
+        ns,
+        PodSpec {
+            name: "a",
+            node: &node.node,
+            service_account: "db",
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    let agent = AgentProcess::start(&node, &pki, AgentArgs::default());
+    let token = pod_token(&client, &pod, names::GATE_AUDIENCE).await;
+    ask_gate(agent.gate, &pki, Some(&token))
+        .await
+        .expect("the pod's own call");
+    let pid = agent.child.0.as_ref().expect("running").id();
+    let (memory_before, metrics_before) = (custody_tests::peak_rss_kib(pid), agent.metrics());
+
+    let claims = |audience: &str, exp: i64| {
+        json!({
+            "iss": "https://kubernetes.default.svc",
+            "sub": format!("system:serviceaccount:{ns}:db"),
+            "aud": [audience], "iat": exp - 3600, "exp": exp,
+            "kubernetes.io": {"namespace": ns, "pod": {"name": "a", "uid": uid(&pod)},
+                              "node": {"name": node.node}},
+        })
+    };
+    let keys = tempfile::tempdir().unwrap();
+    let stranger = stranger_key(keys.path());
+    let now = unix_now();
+    let other_audience = sign_jwt(
+        &claims("https://kubernetes.default.svc", now + 600),
+        &stranger,
+    );
+    let expired = sign_jwt(&claims(names::GATE_AUDIENCE, now - 60), &stranger);
+    let forged = sign_jwt(&claims(names::GATE_AUDIENCE, now + 600), &stranger);
+    let tokens: Vec<String> = (0..1000)
+        .map(|index| match index % 10 {
+            0 => forged.clone(),
+            1..=3 => other_audience.clone(),
+            4..=6 => expired.clone(),
+            _ => format!("junk-{index}"),
+        })
+        .collect();
+    let calls = tokens
+        .iter()
+        .map(|token| ask_gate(agent.gate, &pki, Some(token)));
+    let answers = futures::future::join_all(calls).await;
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
+    for answer in answers {
+        match answer {
+            Ok(answer) => panic!("a junk call was answered: {answer:?}"),
+            Err(status) => *codes.entry(format!("{:?}", status.code())).or_default() += 1,
+        }
+    }
+    let metrics = agent.metrics();
+    let reviews = counter(&metrics, "custody_agent_gate_token_reviews_total")
+        - counter(&metrics_before, "custody_agent_gate_token_reviews_total");
+    let grown = custody_tests::peak_rss_kib(pid).saturating_sub(memory_before);
+    eprintln!(
+        "1000 junk gate calls: {codes:?}; TokenReviews {reviews}; agent peak RSS {memory_before} KiB -> +{grown} KiB"
+    );
+    assert!(
+        reviews <= 100.0,
+        "{reviews} TokenReviews for 100 forged tokens"
+    );
+    for (reason, at_least) in [
+        ("MalformedToken", 300.0),
+        ("WrongAudience", 300.0),
+        ("TokenExpired", 300.0),
+    ] {
+        let series = format!("custody_agent_gate_refusals_total{{reason=\"{reason}\"}}");
+        let refused = counter(&metrics, &series) - counter(&metrics_before, &series);
+        assert!(
+            refused >= at_least,
+            "{reason}: {refused} refused\n{metrics}"
+        );
+    }
+    assert!(
+        grown < 16 << 10,
+        "1000 junk calls grew the agent's peak memory {grown} KiB"
+    );
+    // Still answering.
+    let answer = ask_gate(agent.gate, &pki, Some(&token))
+        .await
+        .expect("the pod's own call after the junk");
+    assert_eq!(answer.pod, format!("{ns}/a"));
+    node.delete().await;
+    namespace.delete().await;
+}

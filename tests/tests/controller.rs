@@ -251,3 +251,111 @@ async fn unknown_custody_annotations_are_reported_and_cleared() {
         .expect("exits within 10 s of SIGTERM");
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
 }
+
+/// Issue 23: the controller's memory does not grow with Secrets it does not use. It watches
+/// every Secret (a repository is checked again when its credentials change), but their names
+/// only: 200 unrelated Secrets of 256 KiB (50 MiB) leave a controller started among them near
+/// the peak memory of one started before them, in the same run. Watching whole Secrets, the
+/// first list alone carried all 50 MiB (base64 in JSON, then decoded) through its memory.
+#[tokio::test]
+async fn unrelated_secrets_do_not_grow_the_controllers_memory() {
+    let namespace = TestNamespace::create("secrets-memory").await;
+    let ns = namespace.name.clone();
+    let repositories = namespace.api::<custody_kube::api::BackupRepository>();
+    repositories
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+                "metadata": {"name": "watched"},
+                "spec": {"endpoint": "http://127.0.0.1:1", "bucket": "bkt",
+                         "credentialsSecretRef": {"name": "late-credentials"}}}))
+            .unwrap(),
+        )
+        .await
+        .expect("create BackupRepository");
+    let ready = |port: u16| async move {
+        eventually("/readyz answering 200", TIMEOUT, || async {
+            match http_get(port, "/readyz").await? {
+                (200, _) => Ok(()),
+                (code, body) => Err(format!("{code} {body}")),
+            }
+        })
+        .await;
+    };
+    let reason = |reason: &'static str| {
+        let repositories = repositories.clone();
+        async move {
+            await_condition(
+                &repositories,
+                "watched",
+                reason,
+                TIMEOUT,
+                move |repository: &custody_kube::api::BackupRepository| {
+                    repository
+                        .status
+                        .as_ref()
+                        .and_then(|status| {
+                            status
+                                .conditions
+                                .iter()
+                                .find(|condition| condition.type_ == "Ready")
+                        })
+                        .is_some_and(|ready| ready.reason == reason)
+                },
+            )
+            .await;
+        }
+    };
+
+    let port = free_port();
+    let mut before = start_controller(&ns, port);
+    ready(port).await;
+    reason("SecretNotFound").await;
+    let before_pid = before.0.as_ref().expect("running").id();
+    let baseline = custody_tests::peak_rss_kib(before_pid);
+    before.terminate(Duration::from_secs(10));
+
+    let secrets = namespace.api::<k8s_openapi::api::core::v1::Secret>();
+    let filler = "x".repeat(256 << 10);
+    for index in 0..200 {
+        secrets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": format!("unrelated-{index}")},
+                    "stringData": {"blob": filler},
+                }))
+                .unwrap(),
+            )
+            .await
+            .expect("create Secret");
+    }
+    let port = free_port();
+    let mut among = start_controller(&ns, port);
+    ready(port).await;
+    // Its Secret watch is live: the credentials appearing re-check the repository at once.
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "late-credentials"},
+                "stringData": {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"},
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("create Secret");
+    reason("EndpointUnreachable").await;
+    let peak = custody_tests::peak_rss_kib(among.0.as_ref().expect("running").id());
+    among.terminate(Duration::from_secs(10));
+    let grown = peak.saturating_sub(baseline);
+    eprintln!(
+        "controller peak RSS: {baseline} KiB started before 200 Secrets of 256 KiB (50 MiB), {peak} KiB started among them: +{grown} KiB"
+    );
+    assert!(
+        grown < 25 << 10,
+        "the controller's peak memory grew {grown} KiB with 50 MiB of Secrets it does not use"
+    );
+    namespace.delete().await;
+}

@@ -61,21 +61,31 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
         names::AGENT_SERVER_NAME,
     )
     .map_err(refused)?;
-    let mut request = tonic::Request::new(FreezeRequest {
-        claim_name: claim.to_string(),
-        max_seconds,
-    });
-    request.metadata_mut().insert(
-        "authorization",
+    let authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", token.trim())
             .parse()
-            .map_err(|_| refused("the token is not a valid header value".into()))?,
-    );
-    let mut stream = GateClient::new(channel)
-        .freeze(request)
-        .await
-        .map_err(|status| refused(status.message().to_string()))?
-        .into_inner();
+            .map_err(|_| refused("the token is not a valid header value".into()))?;
+    let mut client = GateClient::new(channel);
+    // The gate reviews at most a few tokens at once and refuses a call beyond them
+    // (`ResourceExhausted`): asked again for a while, before nothing is frozen yet.
+    let mut busy = 0;
+    let mut stream = loop {
+        let mut request = tonic::Request::new(FreezeRequest {
+            claim_name: claim.to_string(),
+            max_seconds,
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", authorization.clone());
+        match client.freeze(request).await {
+            Ok(response) => break response.into_inner(),
+            Err(status) if status.code() == tonic::Code::ResourceExhausted && busy < 30 => {
+                busy += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(status) => return Err(refused(status.message().to_string())),
+        }
+    };
     let frozen = stream
         .message()
         .await

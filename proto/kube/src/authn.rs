@@ -41,3 +41,57 @@ pub async fn review(
         extra: user.extra.unwrap_or_default().into_iter().collect(),
     })
 }
+
+/// How many TokenReviews one server has in flight at most; a call beyond them is refused
+/// (`ResourceExhausted`, tried again by custody's own clients) rather than queued.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
+
+/// Why a caller was not reviewed, or its review failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// Refused before any review: not a token that could be right.
+    #[error(transparent)]
+    Refused(#[from] custody_proto::authn::Refusal),
+    /// As many reviews as allowed are in flight.
+    #[error("{MAX_REVIEWS_IN_FLIGHT} token reviews are in flight: try again")]
+    Busy,
+    /// The API server could not be asked.
+    #[error("cannot review the token: {0}")]
+    Failed(#[source] kube::Error),
+}
+
+/// TokenReviews of one server: a token's shape checked first
+/// ([`custody_proto::authn::token_shape`]), at most [`MAX_REVIEWS_IN_FLIGHT`] at once.
+pub struct Reviewer {
+    client: kube::Client,
+    in_flight: tokio::sync::Semaphore,
+}
+
+impl Reviewer {
+    pub fn new(client: kube::Client) -> Reviewer {
+        Reviewer {
+            client,
+            in_flight: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+        }
+    }
+
+    /// Reviews `token` for `audience` if its shape allows and a review slot is free.
+    pub async fn review(&self, token: &str, audience: &str) -> Result<Review, ReviewError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs() as i64);
+        custody_proto::authn::token_shape(token, audience, now)?;
+        let _slot = self
+            .in_flight
+            .try_acquire()
+            .map_err(|_| ReviewError::Busy)?;
+        review(&self.client, token, audience)
+            .await
+            .map_err(ReviewError::Failed)
+    }
+}
+
+/// Whether a review's outcome came from asking the API server.
+pub fn asked(outcome: &Result<Review, ReviewError>) -> bool {
+    matches!(outcome, Ok(_) | Err(ReviewError::Failed(_)))
+}

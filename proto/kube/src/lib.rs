@@ -10,6 +10,7 @@
 pub mod api;
 pub mod authn;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod process;
 pub mod s3;

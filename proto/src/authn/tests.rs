@@ -212,3 +212,116 @@ fn reports_come_from_the_agent_on_the_node_they_describe() {
         assert_eq!(refusal.reason(), reason, "{name}: {refusal}");
     }
 }
+
+/// A token's shape is checked before a TokenReview: junk, another audience, an expired or an
+/// unbound token never costs one; a token that may be right goes on to the review.
+#[test]
+fn only_a_token_that_may_be_right_is_reviewed() {
+    use base64::Engine;
+    let encode = |value: &serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string())
+    };
+    let jwt = |claims: serde_json::Value| {
+        format!(
+            "{}.{}.c2lnbmF0dXJl",
+            encode(&serde_json::json!({"alg": "RS256"})),
+            encode(&claims)
+        )
+    };
+    let claims = |aud: serde_json::Value, exp: serde_json::Value, pod: serde_json::Value| serde_json::json!({"aud": aud, "exp": exp, "kubernetes.io": {"pod": pod}});
+    let now = 1_800_000_000;
+    let pod = serde_json::json!({"name": "db-0", "uid": "u-1"});
+    let good = jwt(claims(
+        serde_json::json!([names::GATE_AUDIENCE]),
+        serde_json::json!(now + 600),
+        pod.clone(),
+    ));
+    let rows: Vec<(&str, String, Option<&str>)> = vec![
+        ("a pod-bound token for the gate", good.clone(), None),
+        (
+            "an audience given as one string",
+            jwt(claims(
+                serde_json::json!(names::GATE_AUDIENCE),
+                serde_json::json!(now + 1),
+                pod.clone(),
+            )),
+            None,
+        ),
+        ("junk", "junk-1".into(), Some("MalformedToken")),
+        ("four parts", format!("{good}.x"), Some("MalformedToken")),
+        (
+            "no signature",
+            good.rsplit_once('.').unwrap().0.to_string() + ".",
+            Some("MalformedToken"),
+        ),
+        (
+            "claims not base64",
+            "a.!!!.c".into(),
+            Some("MalformedToken"),
+        ),
+        (
+            "claims not JSON",
+            format!(
+                "a.{}.c",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("nope")
+            ),
+            Some("MalformedToken"),
+        ),
+        (
+            "too long",
+            format!("{good}{}", "A".repeat(MAX_TOKEN_BYTES)),
+            Some("MalformedToken"),
+        ),
+        (
+            "another audience",
+            jwt(claims(
+                serde_json::json!(["https://kubernetes.default.svc"]),
+                serde_json::json!(now + 600),
+                pod.clone(),
+            )),
+            Some("WrongAudience"),
+        ),
+        (
+            "expired",
+            jwt(claims(
+                serde_json::json!([names::GATE_AUDIENCE]),
+                serde_json::json!(now),
+                pod.clone(),
+            )),
+            Some("TokenExpired"),
+        ),
+        (
+            "no expiry",
+            jwt(claims(
+                serde_json::json!([names::GATE_AUDIENCE]),
+                serde_json::Value::Null,
+                pod.clone(),
+            )),
+            Some("MalformedToken"),
+        ),
+        (
+            "bound to no pod",
+            jwt(claims(
+                serde_json::json!([names::GATE_AUDIENCE]),
+                serde_json::json!(now + 600),
+                serde_json::Value::Null,
+            )),
+            Some("NotBoundToPod"),
+        ),
+    ];
+    for (name, token, expected) in rows {
+        let found = token_shape(&token, names::GATE_AUDIENCE, now).err();
+        assert_eq!(
+            found.as_ref().map(Refusal::reason),
+            expected,
+            "{name}: {found:?}"
+        );
+    }
+    // Which refusals mean "not who it says".
+    assert!(Refusal::Malformed("x".into()).unauthenticated());
+    assert!(Refusal::Expired.unauthenticated());
+    assert!(Refusal::WrongAudience("a".into()).unauthenticated());
+    assert!(Refusal::Unauthenticated("a".into()).unauthenticated());
+    assert!(!Refusal::NotBoundToPod.unauthenticated());
+    assert!(!Refusal::NoNode.unauthenticated());
+}
