@@ -168,7 +168,12 @@ pub async fn deployed_identities(
 ) -> (tempfile::NamedTempFile, tempfile::NamedTempFile) {
     let root = crate::repo_root().join("deploy");
     let mut documents = Vec::new();
-    for file in ["namespace.yaml", "controller.yaml", "agent.yaml"] {
+    for file in [
+        "namespace.yaml",
+        "controller.yaml",
+        "agent.yaml",
+        "roles.yaml",
+    ] {
         let text = std::fs::read_to_string(root.join(file)).expect("deploy manifest");
         for document in text.split("\n---\n") {
             let kind = document

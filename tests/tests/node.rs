@@ -51,6 +51,8 @@ const INSTALLED: &[&str] = &[
     "clusterrolebinding/custody-agent",
     "mutatingwebhookconfiguration/custody-restore-gate",
     "validatingwebhookconfiguration/custody-requester-check",
+    "clusterrole/custody-view",
+    "clusterrole/custody-edit",
 ];
 
 /// Tests under way that use the install (they run in parallel; the last one removes it).

@@ -372,3 +372,107 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
         .await;
     namespace.delete().await;
 }
+
+/// Issue 23: the people who use custody get its objects through Kubernetes' own roles, as
+/// `deploy/roles.yaml` aggregates them: `view` reads, `edit` and `admin` also write, and none of
+/// them writes any `*/status` (custody's alone) or NodeAgents (the agents'). Asked of the real
+/// API server with SubjectAccessReviews, the ClusterRoles aggregated by its controller-manager.
+#[tokio::test]
+async fn custody_objects_are_read_through_view_and_written_through_edit_never_their_status() {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let namespace = TestNamespace::create("user-roles").await;
+    let ns = namespace.name.clone();
+    let _identities = custody_tests::scenario::deployed_identities(&namespace.client).await;
+    let bindings: Api<RoleBinding> = namespace.api();
+    for (user, role) in [("viewer", "view"), ("editor", "edit"), ("owner", "admin")] {
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": user},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+                }))
+                .unwrap(),
+            )
+            .await
+            .expect("binding a user");
+    }
+    let reviews: Api<SubjectAccessReview> = Api::all(namespace.client.clone());
+    let rows: Vec<(&str, &str, &str, Option<&str>, bool)> = vec![
+        ("viewer", "get", "backups", None, true),
+        ("viewer", "list", "restores", None, true),
+        ("viewer", "watch", "backuprepositories", None, true),
+        ("viewer", "create", "backups", None, false),
+        ("viewer", "delete", "restores", None, false),
+        ("viewer", "patch", "backups", Some("status"), false),
+        ("editor", "create", "backups", None, true),
+        ("editor", "delete", "restores", None, true),
+        ("editor", "update", "clusters", None, true),
+        ("editor", "create", "backupplans", None, true),
+        ("editor", "patch", "backuprepositories", None, true),
+        ("editor", "patch", "backups", Some("status"), false),
+        ("editor", "update", "restores", Some("status"), false),
+        ("editor", "patch", "clusters", Some("status"), false),
+        ("editor", "patch", "nodeagents", None, false),
+        ("owner", "create", "restores", None, true),
+        ("owner", "update", "backups", Some("status"), false),
+        ("owner", "update", "backupplans", Some("status"), false),
+        (
+            "owner",
+            "update",
+            "backuprepositories",
+            Some("status"),
+            false,
+        ),
+    ];
+    eventually(
+        "the aggregated roles to answer as deploy/roles.yaml says",
+        TIMEOUT,
+        || {
+            let (reviews, rows, ns) = (reviews.clone(), rows.clone(), ns.clone());
+            async move {
+                let mut wrong = Vec::new();
+                for (user, verb, resource, subresource, expected) in rows {
+                    let review = SubjectAccessReview {
+                        spec: SubjectAccessReviewSpec {
+                            user: Some(user.to_string()),
+                            groups: Some(vec!["system:authenticated".to_string()]),
+                            resource_attributes: Some(ResourceAttributes {
+                                namespace: Some(ns.clone()),
+                                verb: Some(verb.to_string()),
+                                group: Some("custody.io".to_string()),
+                                resource: Some(resource.to_string()),
+                                subresource: subresource.map(str::to_string),
+                                ..ResourceAttributes::default()
+                            }),
+                            ..SubjectAccessReviewSpec::default()
+                        },
+                        ..SubjectAccessReview::default()
+                    };
+                    let allowed = reviews
+                        .create(&PostParams::default(), &review)
+                        .await
+                        .map_err(|error| error.to_string())?
+                        .status
+                        .is_some_and(|status| status.allowed);
+                    if allowed != expected {
+                        wrong.push(format!(
+                            "{user} {verb} {resource}{}: {allowed}",
+                            subresource.map(|sub| format!("/{sub}")).unwrap_or_default()
+                        ));
+                    }
+                }
+                if wrong.is_empty() {
+                    Ok(())
+                } else {
+                    Err(wrong.join("; "))
+                }
+            }
+        },
+    )
+    .await;
+    namespace.delete().await;
+}
