@@ -45,16 +45,17 @@ pub async fn serve(
         })?;
     tracing::info!(%address, "serving the gate");
     custody_kube::grpc::bounded(Server::builder())
-        .tls_config(ServerTlsConfig::new().identity(identity))
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(identity)
+                .timeout(custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT),
+        )
         .map_err(serve_error)?
         .add_service(GateServer::new(GateService {
             reviewer: custody_kube::authn::Reviewer::new(agent.client.clone()),
             agent,
         }))
-        .serve_with_incoming_shutdown(
-            custody_kube::grpc::counted_incoming(listener, custody_kube::grpc::MAX_CONNECTIONS),
-            stop,
-        )
+        .serve_with_incoming_shutdown(custody_kube::grpc::counted_incoming(listener), stop)
         .await
         .map_err(serve_error)
 }
@@ -129,16 +130,33 @@ impl GateService {
                 Status::unauthenticated("no bearer token: present the pod's projected token"),
             ));
         };
-        let review = self.reviewer.review(token, names::GATE_AUDIENCE).await;
+        // The pod the token claims must be one this agent knows on its node before the API
+        // server is asked (a forged token naming another pod costs no review). The pod may
+        // have been created a moment ago: the watch is in sync first.
+        if !self.agent.wait_until_synced().await {
+            return Err(Status::unavailable("the agent is shutting down"));
+        }
+        let own_node = &self.agent.options.node_name;
+        let known =
+            |claimed: &authn::Claimed| match (&claimed.node, self.known_pod(&claimed.pod_uid)) {
+                (Some(node), _) if node != own_node => Err(authn::Refusal::OtherNode {
+                    expected: own_node.clone(),
+                    found: node.clone(),
+                }),
+                (_, Some(pod)) if &pod.node_name == own_node => Ok(()),
+                _ => Err(authn::Refusal::PodNotOnThisNode(format!(
+                    "with UID {}",
+                    claimed.pod_uid
+                ))),
+            };
+        let review = self
+            .reviewer
+            .review(token, names::GATE_AUDIENCE, known)
+            .await;
         if custody_kube::authn::asked(&review) {
             self.agent.metrics.token_reviews.inc();
         }
         let review = review.map_err(|error| self.review_failed(error))?;
-        // The pod may have been created a moment ago: wait for the watch to be in sync before
-        // deciding it is not on this node.
-        if !self.agent.wait_until_synced().await {
-            return Err(Status::unavailable("the agent is shutting down"));
-        }
         let caller = authn::gate_caller(&review, &self.agent.options.node_name, |uid| {
             self.known_pod(uid)
         })

@@ -1,38 +1,70 @@
 //! Kubernetes resource quantities (`10Gi`, `500M`, `1.5Gi`, `1e9`) as whole bytes.
 
-/// The quantity `text` in bytes, rounded up; `None` when it is not a quantity (the schema
-/// refuses those before custody sees them) or is negative.
+/// The quantity `text` in bytes, rounded up (exact: integer arithmetic); `None` when it is not
+/// a quantity (the schema refuses those before custody sees them) or is negative. A quantity
+/// too large for 64 bits is `u64::MAX`.
 pub fn bytes(text: &str) -> Option<u64> {
     let text = text.trim();
+    let text = text.strip_prefix('+').unwrap_or(text);
     let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        exponent if exponent.starts_with(['e', 'E']) => {
-            10f64.powi(exponent[1..].parse::<i32>().ok()?)
-        }
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    if !whole
+        .bytes()
+        .chain(fraction.bytes())
+        .all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    // value = digits / 10^fraction.len(), times 2^binary, times 10^decimal.
+    let digits: u128 = format!("{whole}{fraction}")
+        .trim_start_matches('0')
+        .parse()
+        .or_else(|error: std::num::ParseIntError| match error.kind() {
+            std::num::IntErrorKind::Empty => Ok(0),
+            _ => Err(()),
+        })
+        .ok()?;
+    let (binary, mut decimal): (u32, i32) = match suffix {
+        "" => (0, 0),
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
+        "m" => (0, -3),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        exponent if exponent.starts_with(['e', 'E']) => (0, exponent[1..].parse().ok()?),
         _ => return None,
     };
-    let bytes = (value * factor).ceil();
-    (bytes.is_finite() && bytes >= 0.0).then(|| bytes.min(u64::MAX as f64) as u64)
+    decimal -= i32::try_from(fraction.len()).ok()?;
+    let scaled = |value: u128| -> Option<u128> {
+        let value = value.checked_mul(1u128.checked_shl(binary)?)?;
+        if decimal >= 0 {
+            value.checked_mul(10u128.checked_pow(decimal.unsigned_abs())?)
+        } else {
+            let divisor = 10u128.checked_pow(decimal.unsigned_abs())?;
+            Some(value.div_ceil(divisor))
+        }
+    };
+    Some(match scaled(digits) {
+        Some(bytes) => u64::try_from(bytes).unwrap_or(u64::MAX),
+        None if digits == 0 => 0,
+        None => u64::MAX,
+    })
 }
 
 #[cfg(test)]
@@ -58,6 +90,14 @@ mod tests {
             ("10Gb", None),
             ("ten", None),
             ("-1Gi", None),
+            ("1.1e2", Some(110)),
+            ("0.5Ki", Some(512)),
+            (".5Ki", Some(512)),
+            ("1e100", Some(u64::MAX)),
+            ("100Ei", Some(u64::MAX)),
+            ("1e-3", Some(1)),
+            ("0", Some(0)),
+            ("1.2.3", None),
         ];
         for (text, want) in rows {
             assert_eq!(bytes(text), want, "{text}");

@@ -79,7 +79,11 @@ pub async fn run(
         };
         let identity = Identity::from_pem(read(cert)?, read(key)?);
         server = server
-            .tls_config(ServerTlsConfig::new().identity(identity))
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(identity)
+                    .timeout(custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT),
+            )
             .map_err(serve_error)?;
     }
     let service = Arc::new(Service {
@@ -99,10 +103,7 @@ pub async fn run(
         })?;
     let served = server
         .add_service(AgentReportServer::from_arc(service))
-        .serve_with_incoming_shutdown(
-            custody_kube::grpc::counted_incoming(listener, custody_kube::grpc::MAX_CONNECTIONS),
-            stop,
-        );
+        .serve_with_incoming_shutdown(custody_kube::grpc::counted_incoming(listener), stop);
     tokio::select! {
         result = served => result.map_err(serve_error),
         () = silence => Ok(()),
@@ -185,7 +186,10 @@ impl Service {
             };
             refuse(refusal.reason(), status)
         };
-        let review = self.reviewer.review(token, names::REPORT_AUDIENCE).await;
+        let review = self
+            .reviewer
+            .review(token, names::REPORT_AUDIENCE, |_| Ok(()))
+            .await;
         if custody_kube::authn::asked(&review) {
             self.metrics.report_token_reviews.inc();
         }

@@ -76,7 +76,11 @@ pub enum Object<'a> {
         spec: &'a BackupPlanSpec,
         cluster_repository: ClusterRepository<'a>,
     },
-    Cluster(&'a ClusterSpec),
+    /// A Cluster, with whose data its `spec.restore` restores (`OwnCluster` without one).
+    Cluster {
+        spec: &'a ClusterSpec,
+        source: Source<'a>,
+    },
     /// A Restore, with the StatefulSet of the Cluster it writes (`None`: no such Cluster yet,
     /// which asks for every StatefulSet of the namespace) and whose data it restores.
     Restore {
@@ -189,7 +193,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             );
             needed
         }
-        Object::Cluster(spec) => {
+        Object::Cluster { spec, source } => {
             let mut needed = vec![Access {
                 group: "apps",
                 ..Access::new(
@@ -203,6 +207,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
                 .named(&spec.stateful_set_ref.name)
             }];
             needed.extend(consistency(spec.consistency.as_ref()));
+            needed.extend(restore_source(source));
             needed
         }
         Object::Restore {
@@ -222,26 +227,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
                 Some(name) => access.named(name),
                 None => access,
             }];
-            match source {
-                Source::OwnCluster => {}
-                Source::OtherCluster { cluster, secrets } => {
-                    needed.extend(secrets.iter().map(|secret| {
-                        Access::new(
-                            "get",
-                            "secrets",
-                            format!(
-                                "it restores the data of Cluster {cluster}, read from the repository this Secret opens"
-                            ),
-                        )
-                        .named(secret)
-                    }));
-                }
-                Source::Unknown => needed.push(Access::new(
-                    "get",
-                    "secrets",
-                    "it restores a Backup whose data and repository are not known yet".into(),
-                )),
-            }
+            needed.extend(restore_source(source));
             needed
         }
         Object::BackupRepository(spec) => {
@@ -268,6 +254,31 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             }
             needed
         }
+    }
+}
+
+/// What restoring another Cluster's data takes: the rights that read it directly.
+fn restore_source(source: Source<'_>) -> Vec<Access> {
+    match source {
+        Source::OwnCluster => Vec::new(),
+        Source::OtherCluster { cluster, secrets } => secrets
+            .iter()
+            .map(|secret| {
+                Access::new(
+                    "get",
+                    "secrets",
+                    format!(
+                        "it restores the data of Cluster {cluster}, read from the repository this Secret opens"
+                    ),
+                )
+                .named(secret)
+            })
+            .collect(),
+        Source::Unknown => vec![Access::new(
+            "get",
+            "secrets",
+            "it restores a Backup whose data and repository are not known yet".into(),
+        )],
     }
 }
 

@@ -91,11 +91,23 @@ impl Refusal {
 /// The longest bearer token considered (a projected ServiceAccount token is about 1 KiB).
 pub const MAX_TOKEN_BYTES: usize = 16 << 10;
 
+/// Seconds a token may look expired by the agent's clock and still be reviewed (the API server's
+/// clock decides).
+pub const EXPIRY_LEEWAY_SECONDS: i64 = 60;
+
+/// What an unreviewed token claims: the pod it is bound to, and its node when it names one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    pub pod_uid: String,
+    pub node: Option<String>,
+}
+
 /// Checks, before anything asks the API server, that `token` can be a pod-bound ServiceAccount
 /// token for `audience` that has not expired at `now` (Unix seconds): a JWT whose unverified
-/// claims say so. It proves nothing (the TokenReview does); it keeps junk, other audiences,
-/// expired and unbound tokens from costing a TokenReview each.
-pub fn token_shape(token: &str, audience: &str, now: i64) -> Result<(), Refusal> {
+/// claims say so. Returns the pod (and node) it claims to be bound to. It proves nothing (the
+/// TokenReview does); it keeps junk, other audiences, expired and unbound tokens from costing a
+/// TokenReview each.
+pub fn token_shape(token: &str, audience: &str, now: i64) -> Result<Claimed, Refusal> {
     use base64::Engine;
     let malformed = |why: &str| Err(Refusal::Malformed(why.to_string()));
     if token.len() > MAX_TOKEN_BYTES {
@@ -125,17 +137,18 @@ pub fn token_shape(token: &str, audience: &str, now: i64) -> Result<(), Refusal>
         return Err(Refusal::WrongAudience(audience.to_string()));
     }
     match claims["exp"].as_i64() {
-        Some(exp) if exp > now => {}
+        Some(exp) if exp + EXPIRY_LEEWAY_SECONDS > now => {}
         Some(_) => return Err(Refusal::Expired),
         None => return malformed("it has no expiry"),
     }
-    if claims["kubernetes.io"]["pod"]["uid"]
-        .as_str()
-        .is_none_or(str::is_empty)
-    {
-        return Err(Refusal::NotBoundToPod);
+    let bound = &claims["kubernetes.io"];
+    match bound["pod"]["uid"].as_str() {
+        Some(uid) if !uid.is_empty() => Ok(Claimed {
+            pod_uid: uid.to_string(),
+            node: bound["node"]["name"].as_str().map(str::to_string),
+        }),
+        _ => Err(Refusal::NotBoundToPod),
     }
-    Ok(())
 }
 
 /// The pod a gate caller is, once proven.

@@ -286,6 +286,21 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
         assert!(refused.contains(part), "{part:?} not in {refused}");
     }
     assert!(!refused.contains("statefulsets"), "{refused}");
+    // The same through a Cluster whose spec.restore names that Backup (custody then creates
+    // the Restore itself).
+    let refused = refusal::<Cluster>(
+        &writer,
+        &ns,
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "orders-copy"},
+               "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
+                        "restore": {"backupRef": {"name": "payroll-nightly"}}}}),
+    )
+    .await
+    .expect("a Cluster restoring another Cluster's Backup is refused");
+    assert!(
+        refused.contains("get secrets payroll-s3 (it restores the data of Cluster payroll"),
+        "{refused}"
+    );
     let refused =
         refusal::<custody_kube::api::Restore>(&writer, &ns, restore_from("later", "not-yet"))
             .await

@@ -8,23 +8,39 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-/// Bytes on disk under `root` (itself included), without following symlinks.
+/// Bytes on disk under `root` (itself included), without following symlinks. Memory grows
+/// with the tree's depth (one open directory per level) and its files with several links, not
+/// with its size.
 pub fn disk_usage(root: &Path) -> std::io::Result<u64> {
     let mut seen = HashSet::new();
     let mut total = 0u64;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        let metadata = std::fs::symlink_metadata(&path)?;
+    let mut count = |metadata: &std::fs::Metadata| {
         if metadata.nlink() > 1
             && !metadata.is_dir()
             && !seen.insert((metadata.dev(), metadata.ino()))
         {
-            continue;
+            return;
         }
         total = total.saturating_add(metadata.blocks().saturating_mul(512));
-        if metadata.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                pending.push(entry?.path());
+    };
+    let metadata = std::fs::symlink_metadata(root)?;
+    count(&metadata);
+    if !metadata.is_dir() {
+        return Ok(total);
+    }
+    let mut open = vec![std::fs::read_dir(root)?];
+    while let Some(entries) = open.last_mut() {
+        match entries.next() {
+            None => {
+                open.pop();
+            }
+            Some(entry) => {
+                let entry = entry?;
+                let metadata = entry.metadata()?;
+                count(&metadata);
+                if metadata.is_dir() {
+                    open.push(std::fs::read_dir(entry.path())?);
+                }
             }
         }
     }
@@ -53,7 +69,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         let empty = disk_usage(root).unwrap();
-        std::fs::write(root.join("a"), vec![1u8; 1 << 20]).unwrap();
+        // Data no filesystem compresses away.
+        let noise = |seed: u64| -> Vec<u8> {
+            let mut state = seed;
+            (0..1 << 20)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (state >> 56) as u8
+                })
+                .collect()
+        };
+        std::fs::write(root.join("a"), noise(1)).unwrap();
         let one = disk_usage(root).unwrap();
         assert!(one >= empty + (1 << 20), "{empty} then {one}");
         std::fs::hard_link(root.join("a"), root.join("b")).unwrap();
@@ -70,7 +98,7 @@ mod tests {
             with_sparse < one + (1 << 20),
             "a sparse file counts its blocks: {with_sparse}"
         );
-        std::fs::write(root.join("sub/c"), vec![2u8; 1 << 20]).unwrap();
+        std::fs::write(root.join("sub/c"), noise(2)).unwrap();
         let used = disk_usage(root).unwrap();
         assert!(used >= one + (1 << 20));
         assert_eq!(within(root, used).unwrap(), used);

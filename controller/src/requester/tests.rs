@@ -150,12 +150,18 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
         ),
         (
             "a Cluster",
-            Object::Cluster(&plain_cluster),
+            Object::Cluster {
+                spec: &plain_cluster,
+                source: Source::OwnCluster,
+            },
             vec!["update statefulsets.apps db"],
         ),
         (
             "a Cluster with hooks",
-            Object::Cluster(&hooked_cluster),
+            Object::Cluster {
+                spec: &hooked_cluster,
+                source: Source::OwnCluster,
+            },
             vec!["update statefulsets.apps db", "create pods/exec"],
         ),
         (
@@ -196,6 +202,21 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
                 source: Source::Unknown,
             },
             vec!["update statefulsets.apps db", "get secrets"],
+        ),
+        (
+            "a Cluster that restores another Cluster's Backup",
+            Object::Cluster {
+                spec: &plain_cluster,
+                source: Source::OtherCluster {
+                    cluster: "payroll",
+                    secrets: &other_secrets,
+                },
+            },
+            vec![
+                "update statefulsets.apps db",
+                "get secrets s3",
+                "get secrets keys",
+            ],
         ),
         (
             "a repository",

@@ -84,14 +84,27 @@ enum RestoreSource {
     Unknown,
 }
 
-/// The Restore's Backup: of its own Cluster, or of another, with the Secrets that open that
-/// Backup's repository (its own `repositoryRef`, else its Cluster's).
+impl RestoreSource {
+    fn borrowed(&self) -> Source<'_> {
+        match self {
+            RestoreSource::OwnCluster => Source::OwnCluster,
+            RestoreSource::OtherCluster { cluster, secrets } => {
+                Source::OtherCluster { cluster, secrets }
+            }
+            RestoreSource::Unknown => Source::Unknown,
+        }
+    }
+}
+
+/// Backup `name`, restored into Cluster `target`: of that Cluster, or of another, with the
+/// Secrets that open the repository it was written to (recorded in its status, else its own
+/// `repositoryRef`, else its Cluster's).
 async fn restore_source(
     context: &WebhookContext,
     namespace: &str,
-    restore: &Restore,
+    name: &str,
+    target: &str,
 ) -> Result<RestoreSource> {
-    let name = &restore.spec.backup_ref.name;
     let Some(backup) = Api::<Backup>::namespaced(context.client.clone(), namespace)
         .get_opt(name)
         .await
@@ -100,10 +113,23 @@ async fn restore_source(
         return Ok(RestoreSource::Unknown);
     };
     let cluster = backup.spec.cluster_ref.name.clone();
-    if cluster == restore.spec.cluster_ref.name {
+    if cluster == target {
         return Ok(RestoreSource::OwnCluster);
     }
-    let Some(repository) = repository_of(context, namespace, &backup).await? else {
+    let recorded = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.artifact.as_ref())
+        .map(|artifact| artifact.repository.clone())
+        .filter(|name| !name.is_empty());
+    let repository = match recorded {
+        Some(name) => Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?,
+        None => repository_of(context, namespace, &backup).await?,
+    };
+    let Some(repository) = repository else {
         return Ok(RestoreSource::Unknown);
     };
     let mut secrets = vec![repository.spec.credentials_secret_ref.name.clone()];
@@ -239,7 +265,20 @@ async fn decide(
                 cluster_repository: named(&cluster),
             })
         }
-        "Cluster" => required(Object::Cluster(&read::<Cluster>(object)?.spec)),
+        "Cluster" => {
+            let cluster: Cluster = read(object)?;
+            let source = match &cluster.spec.restore {
+                Some(restore) => {
+                    restore_source(context, &namespace, &restore.backup_ref.name, &request.name)
+                        .await?
+                }
+                None => RestoreSource::OwnCluster,
+            };
+            required(Object::Cluster {
+                spec: &cluster.spec,
+                source: source.borrowed(),
+            })
+        }
         "Restore" => {
             let restore: Restore = read(object)?;
             let cluster = Api::<Cluster>::namespaced(context.client.clone(), &namespace)
@@ -249,18 +288,18 @@ async fn decide(
                     "Cluster {namespace}/{}",
                     restore.spec.cluster_ref.name
                 )))?;
-            let source = restore_source(context, &namespace, &restore).await?;
+            let source = restore_source(
+                context,
+                &namespace,
+                &restore.spec.backup_ref.name,
+                &restore.spec.cluster_ref.name,
+            )
+            .await?;
             required(Object::Restore {
                 stateful_set: cluster
                     .as_ref()
                     .map(|cluster| cluster.spec.stateful_set_ref.name.as_str()),
-                source: match &source {
-                    RestoreSource::OwnCluster => Source::OwnCluster,
-                    RestoreSource::OtherCluster { cluster, secrets } => {
-                        Source::OtherCluster { cluster, secrets }
-                    }
-                    RestoreSource::Unknown => Source::Unknown,
-                },
+                source: source.borrowed(),
             })
         }
         "BackupRepository" => required(Object::BackupRepository(

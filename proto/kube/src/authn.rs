@@ -75,12 +75,18 @@ impl Reviewer {
         }
     }
 
-    /// Reviews `token` for `audience` if its shape allows and a review slot is free.
-    pub async fn review(&self, token: &str, audience: &str) -> Result<Review, ReviewError> {
+    /// Reviews `token` for `audience` if its shape allows, `pod` accepts the pod UID it claims
+    /// (the gate: a pod it knows on its node) and a review slot is free.
+    pub async fn review(
+        &self,
+        token: &str,
+        audience: &str,
+        pod: impl FnOnce(&custody_proto::authn::Claimed) -> Result<(), custody_proto::authn::Refusal>,
+    ) -> Result<Review, ReviewError> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs() as i64);
-        custody_proto::authn::token_shape(token, audience, now)?;
+        pod(&custody_proto::authn::token_shape(token, audience, now)?)?;
         let _slot = self
             .in_flight
             .try_acquire()

@@ -282,13 +282,22 @@ fn only_a_token_that_may_be_right_is_reviewed() {
             Some("WrongAudience"),
         ),
         (
-            "expired",
+            "expired, past the leeway",
             jwt(claims(
                 serde_json::json!([names::GATE_AUDIENCE]),
-                serde_json::json!(now),
+                serde_json::json!(now - EXPIRY_LEEWAY_SECONDS),
                 pod.clone(),
             )),
             Some("TokenExpired"),
+        ),
+        (
+            "expired by this clock, within the leeway: the API server decides",
+            jwt(claims(
+                serde_json::json!([names::GATE_AUDIENCE]),
+                serde_json::json!(now - EXPIRY_LEEWAY_SECONDS + 1),
+                pod.clone(),
+            )),
+            None,
         ),
         (
             "no expiry",
@@ -309,6 +318,13 @@ fn only_a_token_that_may_be_right_is_reviewed() {
             Some("NotBoundToPod"),
         ),
     ];
+    assert_eq!(
+        token_shape(&good, names::GATE_AUDIENCE, now),
+        Ok(Claimed {
+            pod_uid: "u-1".into(),
+            node: None
+        })
+    );
     for (name, token, expected) in rows {
         let found = token_shape(&token, names::GATE_AUDIENCE, now).err();
         assert_eq!(
