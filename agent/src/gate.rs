@@ -76,28 +76,17 @@ impl GateService {
     }
 
     fn refused(&self, refusal: authn::Refusal) -> Status {
-        let status = if refusal.unauthenticated() {
-            Status::unauthenticated(refusal.to_string())
-        } else {
-            Status::permission_denied(refusal.to_string())
-        };
-        self.refuse(refusal.reason(), status)
+        let (reason, status) = custody_kube::authn::refusal_status(&refusal);
+        self.refuse(reason, status)
     }
 
     /// A token refused before its review, too many reviews at once, or a review that failed.
     fn review_failed(&self, error: custody_kube::authn::ReviewError) -> Status {
-        use custody_kube::authn::ReviewError;
-        match error {
-            ReviewError::Refused(refusal) => self.refused(refusal),
-            ReviewError::Busy => self.refuse(
-                "TooManyReviews",
-                Status::resource_exhausted(error.to_string()),
-            ),
-            ReviewError::Failed(_) => {
-                tracing::warn!(%error, "TokenReview failed");
-                self.refuse("TokenReviewFailed", Status::unavailable(error.to_string()))
-            }
+        if let custody_kube::authn::ReviewError::Failed(_) = error {
+            tracing::warn!(%error, "TokenReview failed");
         }
+        let (reason, status) = error.status();
+        self.refuse(reason, status)
     }
 
     fn known_pod(&self, uid: &str) -> Option<KnownPod> {

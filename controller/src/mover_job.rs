@@ -205,16 +205,17 @@ pub async fn pods_of(
 }
 
 /// Why a running Job's pod does not start (see [`crate::backups::decide::pod_not_starting`]):
-/// reads its pods and, when it has none, the Job controller's latest `FailedCreate` Event
-/// about it (a Pod Security or quota refusal leaves no pod, only that Event).
+/// from its `pods` ([`pods_of`]) and, when it has none, the Job controller's latest
+/// `FailedCreate` Event about it (a Pod Security or quota refusal leaves no pod, only that
+/// Event).
 pub async fn start_problem(
     client: &kube::Client,
     namespace: &str,
     job_name: &str,
     job: Option<&k8s_openapi::api::batch::v1::Job>,
+    pods: &[k8s_openapi::api::core::v1::Pod],
 ) -> crate::error::Result<Option<String>> {
     use kube::api::{Api, ListParams};
-    let pods = pods_of(client, namespace, job_name, job).await?;
     let mut refused = None;
     if pods.is_empty()
         && let Some(uid) = job.and_then(|job| job.metadata.uid.as_deref())
@@ -233,7 +234,7 @@ pub async fn start_problem(
         refused = latest_message(events);
     }
     Ok(crate::backups::decide::pod_not_starting(
-        &pods,
+        pods,
         refused.as_deref(),
     ))
 }

@@ -178,14 +178,6 @@ impl Service {
         };
         let token = custody_kube::authn::bearer_token(request.metadata())
             .ok_or_else(|| refuse("NoToken", Status::unauthenticated("no bearer token")))?;
-        let refused = |refusal: authn::Refusal| {
-            let status = if refusal.unauthenticated() {
-                Status::unauthenticated(refusal.to_string())
-            } else {
-                Status::permission_denied(refusal.to_string())
-            };
-            refuse(refusal.reason(), status)
-        };
         let review = self
             .reviewer
             .review(token, names::REPORT_AUDIENCE, |_| Ok(()))
@@ -194,19 +186,13 @@ impl Service {
             self.metrics.report_token_reviews.inc();
         }
         let review = review.map_err(|error| {
-            use custody_kube::authn::ReviewError;
-            match error {
-                ReviewError::Refused(refusal) => refused(refusal),
-                ReviewError::Busy => refuse(
-                    "TooManyReviews",
-                    Status::resource_exhausted(error.to_string()),
-                ),
-                ReviewError::Failed(_) => {
-                    refuse("TokenReviewFailed", Status::unavailable(error.to_string()))
-                }
-            }
+            let (reason, status) = error.status();
+            refuse(reason, status)
         })?;
-        authn::report_caller(&review, &self.settings.agent_account, node).map_err(refused)
+        authn::report_caller(&review, &self.settings.agent_account, node).map_err(|refusal| {
+            let (reason, status) = custody_kube::authn::refusal_status(&refusal);
+            refuse(reason, status)
+        })
     }
 }
 

@@ -8,6 +8,7 @@
 
 use custody_kube::api::{
     BackupPlanSpec, BackupRepositorySpec, BackupSpec, ClusterSpec, Consistency, ConsistencyMethod,
+    LocalObjectReference,
 };
 
 /// One thing custody would do for an object, as the permission a user needs to do it directly.
@@ -103,10 +104,10 @@ pub enum ClusterRepository<'a> {
 /// writer mounting them would: it needs `create pods`, unless its other permissions have it.
 fn other_repository(
     needed: &mut Vec<Access>,
-    repository: Option<&str>,
+    repository: Option<&LocalObjectReference>,
     cluster_repository: ClusterRepository<'_>,
 ) {
-    let Some(repository) = repository else {
+    let Some(repository) = repository.map(|reference| reference.name.as_str()) else {
         return;
     };
     if matches!(cluster_repository, ClusterRepository::Named(named) if named == repository) {
@@ -172,9 +173,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             }
             other_repository(
                 &mut needed,
-                spec.repository_ref
-                    .as_ref()
-                    .map(|reference| reference.name.as_str()),
+                spec.repository_ref.as_ref(),
                 cluster_repository,
             );
             needed
@@ -186,9 +185,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             let mut needed = consistency(spec.consistency.as_ref());
             other_repository(
                 &mut needed,
-                spec.repository_ref
-                    .as_ref()
-                    .map(|reference| reference.name.as_str()),
+                spec.repository_ref.as_ref(),
                 cluster_repository,
             );
             needed

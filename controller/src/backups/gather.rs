@@ -155,8 +155,10 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             }
         }
         JobFact::Owned(JobState::Running) => {
+            let pods =
+                crate::mover_job::pods_of(client, &namespace, &job_name, job.as_ref()).await?;
             facts.job_pod_problem =
-                crate::mover_job::start_problem(client, &namespace, &job_name, job.as_ref())
+                crate::mover_job::start_problem(client, &namespace, &job_name, job.as_ref(), &pods)
                     .await?;
             let timeout = super::consistency::chosen(
                 facts.backup.spec.consistency.as_ref(),
@@ -164,11 +166,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             )
             .and_then(|chosen| chosen.tool.as_ref())
             .and_then(|tool| tool.timeout_seconds);
-            if timeout.is_some() {
-                let pods =
-                    crate::mover_job::pods_of(client, &namespace, &job_name, job.as_ref()).await?;
-                facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
-            }
+            facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
         }
         JobFact::Foreign => {}
     }

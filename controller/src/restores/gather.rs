@@ -214,11 +214,14 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         {
             facts.job_finished.insert(name.clone(), finished);
         }
-        if fact == JobFact::Owned(JobState::Running)
-            && let Some(problem) =
-                crate::mover_job::start_problem(client, &namespace, name, job.as_ref()).await?
-        {
-            facts.job_problems.insert(name.clone(), problem);
+        if fact == JobFact::Owned(JobState::Running) {
+            let pods = crate::mover_job::pods_of(client, &namespace, name, job.as_ref()).await?;
+            if let Some(problem) =
+                crate::mover_job::start_problem(client, &namespace, name, job.as_ref(), &pods)
+                    .await?
+            {
+                facts.job_problems.insert(name.clone(), problem);
+            }
         }
         facts.jobs.push((name.clone(), fact));
     }

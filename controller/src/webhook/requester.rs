@@ -52,26 +52,36 @@ fn named(repository: &Option<String>) -> ClusterRepository<'_> {
     }
 }
 
-/// The repository a Backup uses (its own `repositoryRef`, else its Cluster's), when both
-/// exist.
+/// BackupRepository `name`, if it exists.
+async fn repository(
+    context: &WebhookContext,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<BackupRepository>> {
+    Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))
+}
+
+/// The repository a Backup uses: its own `repositoryRef`, else `cluster_repository` (what its
+/// Cluster names), when that exists.
 async fn repository_of(
     context: &WebhookContext,
     namespace: &str,
     backup: &Backup,
+    cluster_repository: Option<&str>,
 ) -> Result<Option<BackupRepository>> {
-    let repository = match &backup.spec.repository_ref {
-        Some(reference) => Some(reference.name.clone()),
-        None => cluster_repository(context, namespace, &backup.spec.cluster_ref.name).await?,
-    };
-    let Some(repository) = repository else {
-        return Ok(None);
-    };
-    Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
-        .get_opt(&repository)
-        .await
-        .map_err(Error::read(format!(
-            "BackupRepository {namespace}/{repository}"
-        )))
+    match backup
+        .spec
+        .repository_ref
+        .as_ref()
+        .map(|reference| reference.name.as_str())
+        .or(cluster_repository)
+    {
+        Some(name) => repository(context, namespace, name).await,
+        None => Ok(None),
+    }
 }
 
 /// Whose data a Restore's Backup holds, as read from the API server.
@@ -123,11 +133,11 @@ async fn restore_source(
         .map(|artifact| artifact.repository.clone())
         .filter(|name| !name.is_empty());
     let repository = match recorded {
-        Some(name) => Api::<BackupRepository>::namespaced(context.client.clone(), namespace)
-            .get_opt(&name)
-            .await
-            .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?,
-        None => repository_of(context, namespace, &backup).await?,
+        Some(name) => repository(context, namespace, &name).await?,
+        None => {
+            let of_cluster = cluster_repository(context, namespace, &cluster).await?;
+            repository_of(context, namespace, &backup, of_cluster.as_deref()).await?
+        }
     };
     let Some(repository) = repository else {
         return Ok(RestoreSource::Unknown);
@@ -242,14 +252,14 @@ async fn decide(
     let needed = match request.kind.kind.as_str() {
         "Backup" => {
             let backup: Backup = read(object)?;
+            let cluster =
+                cluster_repository(context, &namespace, &backup.spec.cluster_ref.name).await?;
             let credentials = match &backup.spec.command {
-                Some(_) => repository_of(context, &namespace, &backup)
+                Some(_) => repository_of(context, &namespace, &backup, cluster.as_deref())
                     .await?
                     .map(|repository| repository.spec.credentials_secret_ref.name),
                 None => None,
             };
-            let cluster =
-                cluster_repository(context, &namespace, &backup.spec.cluster_ref.name).await?;
             required(Object::Backup {
                 spec: &backup.spec,
                 command_credentials: credentials.as_deref(),

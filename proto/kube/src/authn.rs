@@ -101,3 +101,31 @@ impl Reviewer {
 pub fn asked(outcome: &Result<Review, ReviewError>) -> bool {
     matches!(outcome, Ok(_) | Err(ReviewError::Failed(_)))
 }
+
+/// The gRPC status a refused caller gets (`Unauthenticated` when it is not who it says,
+/// `PermissionDenied` when it is and may not), and the reason it is counted under.
+pub fn refusal_status(refusal: &custody_proto::authn::Refusal) -> (&'static str, tonic::Status) {
+    let status = if refusal.unauthenticated() {
+        tonic::Status::unauthenticated(refusal.to_string())
+    } else {
+        tonic::Status::permission_denied(refusal.to_string())
+    };
+    (refusal.reason(), status)
+}
+
+impl ReviewError {
+    /// The gRPC status a caller gets, and the reason it is counted under.
+    pub fn status(&self) -> (&'static str, tonic::Status) {
+        match self {
+            ReviewError::Refused(refusal) => refusal_status(refusal),
+            ReviewError::Busy => (
+                "TooManyReviews",
+                tonic::Status::resource_exhausted(self.to_string()),
+            ),
+            ReviewError::Failed(_) => (
+                "TokenReviewFailed",
+                tonic::Status::unavailable(self.to_string()),
+            ),
+        }
+    }
+}
