@@ -19,6 +19,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the reconcilers and serve /metrics, /healthz and /readyz.
     Run(Box<RunOptions>),
+    /// Let go of everything custody holds before it is removed: delete its webhook
+    /// configurations, stop the controller, remove custody's finalizers (and no others).
+    Uninstall(Box<crate::uninstall::UninstallOptions>),
     /// Print the CustomResourceDefinitions of every custody kind as YAML.
     Crds {
         /// Write one file per CRD into this directory instead of printing.
@@ -38,6 +41,12 @@ pub struct RunOptions {
     /// Nodes are then marked silent only when their agent reported to this process.
     #[arg(long, env = "CUSTODY_NAMESPACE")]
     pub namespace: Option<String>,
+
+    /// Namespace of custody's own Leases (one per Cluster while a backup or restore runs into
+    /// it). Default: `--namespace` when set, else the controller's own namespace
+    /// ($POD_NAMESPACE), else `custody-system`.
+    #[arg(long, env = "CUSTODY_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
 
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(long, env = "CUSTODY_HTTP_ADDRESS", default_value = "0.0.0.0:8080")]
@@ -158,4 +167,50 @@ pub struct RunOptions {
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
     pub agent_timeout_seconds: u64,
+}
+
+impl RunOptions {
+    /// Where custody's Leases live (see `--lease-namespace`).
+    pub fn lease_namespace(&self) -> String {
+        lease_namespace(
+            self.lease_namespace.as_deref(),
+            self.namespace.as_deref(),
+            std::env::var("POD_NAMESPACE").ok().as_deref(),
+        )
+    }
+}
+
+/// The first of the flag, the one namespace watched and the controller's own namespace that
+/// is set and not empty; else `custody-system`.
+pub fn lease_namespace(flag: Option<&str>, watched: Option<&str>, own: Option<&str>) -> String {
+    [flag, watched, own]
+        .into_iter()
+        .flatten()
+        .find(|namespace| !namespace.is_empty())
+        .unwrap_or("custody-system")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lease_namespace;
+
+    #[test]
+    fn leases_live_in_custodys_own_namespace() {
+        let rows = [
+            ((Some("leases"), Some("shop"), Some("custody")), "leases"),
+            ((None, Some("shop"), Some("custody")), "shop"),
+            ((None, None, Some("custody")), "custody"),
+            ((Some(""), Some(""), Some("custody")), "custody"),
+            ((None, None, Some("")), "custody-system"),
+            ((None, None, None), "custody-system"),
+        ];
+        for ((flag, watched, own), expected) in rows {
+            assert_eq!(
+                lease_namespace(flag, watched, own),
+                expected,
+                "{flag:?} {watched:?} {own:?}"
+            );
+        }
+    }
 }

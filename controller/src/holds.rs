@@ -6,7 +6,9 @@
 //!   Cluster runs (`BackupInProgress`); a run already going is never interrupted;
 //! - whichever starts first takes the Cluster's claim, a coordination Lease named after the
 //!   Cluster's UID, read and written without a cache: two runs that both passed their check at
-//!   the same moment cannot both take it.
+//!   the same moment cannot both take it. The Leases live in custody's own namespace (the
+//!   controller's), not the Cluster's: custody may write Leases there only, never in users'
+//!   namespaces nor in `kube-system` or `kube-node-lease`.
 
 /// Lease name prefix; the Cluster's UID follows.
 pub const LEASE_PREFIX: &str = "custody-run-";
@@ -202,8 +204,8 @@ mod tests {
 /// The Lease, read and written without a cache.
 pub mod lease {
     use k8s_openapi::api::coordination::v1::Lease;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
-    use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
     use kube::{Client, ResourceExt};
 
     use super::{Claim, claim, lease_name};
@@ -283,18 +285,41 @@ pub mod lease {
         !deleting && !over
     }
 
-    /// A new Lease `name` for the Cluster, held by `me` since `at`, owned by the Cluster so
-    /// that it goes with it.
+    /// Label of custody's Leases: the UID of the Cluster a Lease claims.
+    pub const LABEL_CLUSTER_UID: &str = "custody.io/cluster-uid";
+    /// Annotation of custody's Leases: `namespace/name` of the Cluster, for people.
+    pub const ANNOTATION_CLUSTER: &str = "custody.io/cluster";
+
+    /// A new Lease `name` for the Cluster, held by `me` since `at`. It is in custody's
+    /// namespace, so the Cluster cannot own it: the run gives it back when it ends, also when
+    /// the Cluster went meanwhile ([`settle`]).
     fn created(name: &str, cluster: &custody_kube::api::Cluster, me: &str, at: MicroTime) -> Lease {
         let mut lease = Lease::default();
         lease.metadata.name = Some(name.to_string());
-        lease.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "custody.io/v1alpha1".into(),
-            kind: "Cluster".into(),
-            name: cluster.name_any(),
-            uid: cluster.metadata.uid.clone().unwrap_or_default(),
-            ..OwnerReference::default()
-        }]);
+        lease.metadata.labels = Some(
+            [
+                (
+                    LABEL_CLUSTER_UID.to_string(),
+                    cluster.metadata.uid.clone().unwrap_or_default(),
+                ),
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "custody".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        lease.metadata.annotations = Some(
+            [(
+                ANNOTATION_CLUSTER.to_string(),
+                format!(
+                    "{}/{}",
+                    cluster.namespace().unwrap_or_default(),
+                    cluster.name_any()
+                ),
+            )]
+            .into(),
+        );
         lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
             holder_identity: Some(me.to_string()),
             acquire_time: Some(at),
@@ -324,19 +349,21 @@ pub mod lease {
         }
     }
 
-    /// Takes the Cluster's claim for `me`. Returns `None` when taken (or already held), or the
-    /// holder that keeps it.
+    /// Takes the Cluster's claim for `me`, a Lease in namespace `leases` (custody's own);
+    /// the Cluster and the runs are in `namespace`. Returns `None` when taken (or already
+    /// held), or the holder that keeps it.
     pub async fn acquire(
         client: &Client,
+        leases: &str,
         namespace: &str,
         cluster: &custody_kube::api::Cluster,
         me: &str,
     ) -> Result<Option<String>> {
         let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
         let name = lease_name(&cluster_uid);
-        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let api: Api<Lease> = Api::namespaced(client.clone(), leases);
         let current = api.get_opt(&name).await.map_err(|source| Error::Read {
-            object: format!("Lease {namespace}/{name}"),
+            object: format!("Lease {leases}/{name}"),
             source,
         })?;
         let holder = current
@@ -348,7 +375,7 @@ pub mod lease {
             _ => false,
         };
         let write_error = |source| Error::Create {
-            object: format!("Lease {namespace}/{name}"),
+            object: format!("Lease {leases}/{name}"),
             source,
         };
         match claim(holder.as_deref(), me, live) {
@@ -378,34 +405,53 @@ pub mod lease {
         }
     }
 
-    /// Gives the claim back when `step` says the run is over (nothing to give back once
-    /// the Cluster is gone: a Lease left behind names a run that is over, and is taken over).
+    /// Gives the claim back when `step` says the run is over; once the Cluster is gone, the
+    /// Lease is found by its holder (it is in custody's namespace: nothing deletes it with the
+    /// Cluster).
     pub async fn settle(
         client: &Client,
-        namespace: &str,
+        leases: &str,
         cluster: Option<&custody_kube::api::Cluster>,
         me: &str,
         step: &super::LeaseStep,
     ) -> Result<()> {
+        if *step != super::LeaseStep::Release {
+            return Ok(());
+        }
         match cluster.and_then(|cluster| cluster.metadata.uid.as_deref()) {
-            Some(cluster_uid) if *step == super::LeaseStep::Release => {
-                release(client, namespace, cluster_uid, me).await
-            }
-            _ => Ok(()),
+            Some(cluster_uid) => release(client, leases, cluster_uid, me).await,
+            None => release_any(client, leases, me).await,
         }
     }
 
-    /// Gives the claim back if `me` holds it.
-    pub async fn release(
-        client: &Client,
-        namespace: &str,
-        cluster_uid: &str,
-        me: &str,
-    ) -> Result<()> {
+    /// Gives back every claim `me` holds in `leases`, whichever Cluster it was for.
+    pub async fn release_any(client: &Client, leases: &str, me: &str) -> Result<()> {
+        let api: Api<Lease> = Api::namespaced(client.clone(), leases);
+        let held = api
+            .list(&ListParams::default().labels(LABEL_CLUSTER_UID))
+            .await
+            .map_err(|source| Error::Read {
+                object: format!("Leases in {leases}"),
+                source,
+            })?;
+        for lease in held.items {
+            let holder = lease
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.holder_identity.as_deref());
+            if holder == Some(me) {
+                delete_exactly(&api, leases, &lease).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the claim on the Cluster `cluster_uid` back if `me` holds it.
+    pub async fn release(client: &Client, leases: &str, cluster_uid: &str, me: &str) -> Result<()> {
         let name = lease_name(cluster_uid);
-        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let api: Api<Lease> = Api::namespaced(client.clone(), leases);
         let Some(lease) = api.get_opt(&name).await.map_err(|source| Error::Read {
-            object: format!("Lease {namespace}/{name}"),
+            object: format!("Lease {leases}/{name}"),
             source,
         })?
         else {
@@ -418,11 +464,16 @@ pub mod lease {
         if holder != Some(me) {
             return Ok(());
         }
-        match api.delete(&name, &exactly(&lease)).await {
+        delete_exactly(&api, leases, &lease).await
+    }
+
+    async fn delete_exactly(api: &Api<Lease>, leases: &str, lease: &Lease) -> Result<()> {
+        let name = lease.name_any();
+        match api.delete(&name, &exactly(lease)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
             Err(source) => Err(Error::Delete {
-                object: format!("Lease {namespace}/{name}"),
+                object: format!("Lease {leases}/{name}"),
                 source,
             }),
         }
@@ -513,19 +564,29 @@ pub mod lease {
         }
 
         #[test]
-        fn leases_name_their_holder_and_owner_and_deletes_are_exact() {
+        fn leases_name_their_holder_and_cluster_and_deletes_are_exact() {
             let mut cluster = custody_kube::api::Cluster::new(
                 "orders",
                 serde_json::from_value(serde_json::json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]}))
                     .unwrap(),
             );
             cluster.metadata.uid = Some("c-1".into());
+            cluster.metadata.namespace = Some("shop".into());
             let lease = created("custody-run-c-1", &cluster, "Backup/b-1", at(100));
             assert_eq!(lease.metadata.name.as_deref(), Some("custody-run-c-1"));
-            let owner = &lease.metadata.owner_references.as_ref().unwrap()[0];
+            // In custody's namespace: no owner (a Cluster elsewhere cannot own it), its
+            // Cluster named by label and annotation.
+            assert!(lease.metadata.owner_references.is_none());
             assert_eq!(
-                (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
-                ("Cluster", "orders", "c-1")
+                lease.labels().get(LABEL_CLUSTER_UID).map(String::as_str),
+                Some("c-1")
+            );
+            assert_eq!(
+                lease
+                    .annotations()
+                    .get(ANNOTATION_CLUSTER)
+                    .map(String::as_str),
+                Some("shop/orders")
             );
             let spec = lease.spec.clone().unwrap();
             assert_eq!(spec.holder_identity.as_deref(), Some("Backup/b-1"));

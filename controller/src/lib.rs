@@ -31,6 +31,7 @@ pub mod requester;
 pub mod restores;
 pub mod run;
 pub mod status;
+pub mod uninstall;
 pub mod webhook;
 
 pub use error::{Error, Result};

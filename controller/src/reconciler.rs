@@ -27,6 +27,9 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// The namespace of custody's own Leases (one per Cluster with a run going): the
+    /// controller's, so that custody writes Leases nowhere else.
+    pub leases: String,
 }
 
 /// A custody kind a reconciler watches.

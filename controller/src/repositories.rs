@@ -5,11 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
@@ -201,12 +198,11 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
     }
 }
 
-/// How long until the next check: soon while broken, rarely while fine.
-pub fn recheck_after(probe: &Probe) -> Duration {
-    match probe {
-        Probe::Reachable => Duration::from_secs(300),
-        _ => Duration::from_secs(30),
-    }
+/// How long until the next check: 30 s, broken or fine. The controller neither lists nor
+/// watches Secrets (its ClusterRole cannot): a changed credentials or key Secret (a password
+/// added or removed) is read by name at the next check.
+pub fn recheck_after(_probe: &Probe) -> Duration {
+    Duration::from_secs(30)
 }
 
 /// Classifies a failed HeadBucket.
@@ -450,7 +446,7 @@ pub fn error_policy(
     reconciler::error_policy(&*repository, error, &context.base)
 }
 
-/// The controller: repositories, re-checked when their credentials or key Secret changes.
+/// The controller: repositories, each re-checked every 30 s and when its maintenance Job ends.
 pub fn controller(
     context: Arc<RepositoryContext>,
     namespace: Option<&str>,
@@ -458,9 +454,9 @@ pub fn controller(
 ) -> futures::future::BoxFuture<'static, ()> {
     let client = context.base.client.clone();
     let repositories: Api<BackupRepository> = reconciler::scoped(client.clone(), namespace);
-    let secrets: Api<PartialObjectMeta<Secret>> = reconciler::scoped(client.clone(), namespace);
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = reconciler::scoped(client, namespace);
-    // A maintenance Job's end reaches its repository at once.
+    // A maintenance Job's end reaches its repository at once. Secrets are not watched: see
+    // [`recheck_after`].
     let controller = Controller::new(repositories, watcher::Config::default()).owns(
         jobs,
         watcher::Config::default().labels(&format!(
@@ -469,28 +465,6 @@ pub fn controller(
             crate::maintenance::ROLE_MAINTENANCE
         )),
     );
-    let store = controller.store();
-    // Secrets' metadata only (an `Api` of `PartialObjectMeta` asks for nothing else): every
-    // Secret of the cluster is watched, and their data, which the controller reads only for
-    // its repositories, would pass through its memory with each list.
-    let controller = controller.watches(secrets, watcher::Config::default(), move |secret| {
-        let namespace = secret.namespace();
-        let name = secret.name_any();
-        store
-            .state()
-            .iter()
-            .filter(|repository| {
-                repository.namespace() == namespace
-                    && (repository.spec.credentials_secret_ref.name == name
-                        || repository
-                            .spec
-                            .encryption
-                            .as_ref()
-                            .is_some_and(|encryption| encryption.key_secret_ref.name == name))
-            })
-            .map(|repository| ObjectRef::from_obj(repository.as_ref()))
-            .collect::<Vec<_>>()
-    });
     reconciler::run(controller, reconcile, error_policy, context, stopped)
 }
 

@@ -254,6 +254,67 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
     }
 }
 
+/// The ClusterRole a namespace's admin binds to custody's ServiceAccount in the namespace to
+/// let custody run hooks there: custody has no `pods/exec` anywhere else.
+pub const HOOKS_ROLE: &str = "custody-hooks";
+
+/// What custody itself needs in the object's namespace that only the namespace's admin grants
+/// it: `create pods/exec`, for hooks (ClusterRole [`HOOKS_ROLE`], bound in that namespace).
+/// Everything else custody does, its own ClusterRole grants everywhere.
+pub fn opted_in(object: Object<'_>) -> Vec<Access> {
+    let consistency = match object {
+        Object::Backup { spec, .. } => spec.consistency.as_ref(),
+        Object::BackupPlan { spec, .. } => spec.consistency.as_ref(),
+        Object::Cluster { spec, .. } => spec.consistency.as_ref(),
+        Object::Restore { .. } | Object::BackupRepository(_) => None,
+    };
+    match consistency.map(|consistency| consistency.method) {
+        Some(ConsistencyMethod::Hooks) => vec![Access {
+            subresource: Some("exec"),
+            ..Access::new(
+                "create",
+                "pods",
+                "its hooks run commands in the application's pods".into(),
+            )
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// How `kubectl create rolebinding` names custody's own user: `--serviceaccount NS:NAME`
+/// for a ServiceAccount, else `--user NAME`.
+pub fn subject_flag(user: &str) -> String {
+    match user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|account| account.split_once(':'))
+    {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+            format!("--serviceaccount {namespace}:{name}")
+        }
+        _ => format!("--user {user}"),
+    }
+}
+
+/// The refusal of an object that needs what `namespace` has not granted custody's own user
+/// `custody` (`allowed[i]`: whether the API server allows `needed[i]` to it), naming the
+/// command its admin runs to grant it; `None` when every one is granted.
+pub fn opt_in_verdict(
+    custody: &str,
+    namespace: &str,
+    needed: &[Access],
+    allowed: &[bool],
+) -> Option<String> {
+    let missing = missing(needed, allowed);
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "namespace {namespace} has not let custody run hooks: custody would need {}, which it has only where a namespace's admin grants it: kubectl create rolebinding {HOOKS_ROLE} --namespace {namespace} --clusterrole {HOOKS_ROLE} {}",
+        missing.join("; "),
+        subject_flag(custody)
+    ))
+}
+
 /// What restoring another Cluster's data takes: the rights that read it directly.
 fn restore_source(source: Source<'_>) -> Vec<Access> {
     match source {
@@ -332,12 +393,7 @@ pub fn verdict(
     required: &[Access],
     allowed: &[bool],
 ) -> Option<String> {
-    let missing: Vec<String> = required
-        .iter()
-        .zip(allowed.iter().chain(std::iter::repeat(&false)))
-        .filter(|(_, allowed)| !**allowed)
-        .map(|(access, _)| format!("{} ({})", access.permission(), access.because))
-        .collect();
+    let missing = missing(required, allowed);
     if missing.is_empty() {
         return None;
     }
@@ -345,6 +401,17 @@ pub fn verdict(
         "custody would act for {user} with rights {user} does not have in namespace {namespace}: {}. Ask for these permissions, or leave out what needs them",
         missing.join("; ")
     ))
+}
+
+/// Each of `needed` not allowed (`allowed[i]`; a missing answer is a refusal), as the
+/// permission and what custody would do with it.
+fn missing(needed: &[Access], allowed: &[bool]) -> Vec<String> {
+    needed
+        .iter()
+        .zip(allowed.iter().chain(std::iter::repeat(&false)))
+        .filter(|(_, allowed)| !**allowed)
+        .map(|(access, _)| format!("{} ({})", access.permission(), access.because))
+        .collect()
 }
 
 #[cfg(test)]

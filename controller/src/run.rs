@@ -52,6 +52,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
+        leases: options.lease_namespace(),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let health = Health {

@@ -383,7 +383,7 @@ async fn setup_full(
         }],
     }))
     .await;
-    let controller_flags = vec![
+    let mut controller_flags = vec![
         "--mover-image=custody-mover:test".to_string(),
         "--wait-image=custody-wait:test".to_string(),
         format!("--agent-service-account={agents_namespace}:custody-agent"),
@@ -394,6 +394,10 @@ async fn setup_full(
         "--webhook-names=127.0.0.1".to_string(),
         "--webhook-check-seconds=1".to_string(),
     ];
+    if deployed {
+        // Its Leases where deploy/ lets it write them: its own namespace only.
+        controller_flags.push("--lease-namespace=custody-system".to_string());
+    }
     let controller_kubeconfig = identities
         .as_ref()
         .map(|(controller, _)| controller.path().to_path_buf())

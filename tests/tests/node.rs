@@ -21,6 +21,7 @@ use custody_tests::{TestNamespace, await_condition, client, kubectl, repo_root};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -53,6 +54,7 @@ const INSTALLED: &[&str] = &[
     "validatingwebhookconfiguration/custody-requester-check",
     "clusterrole/custody-view",
     "clusterrole/custody-edit",
+    "clusterrole/custody-hooks",
 ];
 
 /// Tests under way that use the install (they run in parallel; the last one removes it).
@@ -1114,6 +1116,83 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
     assert!(
         String::from_utf8_lossy(&listed.stdout).contains("custody"),
         "{listed:?}"
+    );
+
+    // Issue 23, uninstall: `helm uninstall` first runs the chart's pre-delete hook (`custody-
+    // controller uninstall` in a Job): the webhook configurations go, the controller stops,
+    // and custody's finalizers come off users' objects and Secrets, so that the namespace can
+    // be deleted once custody is gone (finish() waits for it).
+    let custody_finalizers = |finalizers: &[String]| {
+        finalizers
+            .iter()
+            .filter(|finalizer| finalizer.starts_with("custody.io/"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
+    assert_eq!(
+        custody_finalizers(nightly.finalizers()),
+        ["custody.io/artifact-cleanup"],
+        "a finalizer the uninstall must remove"
+    );
+    let uninstalled = helm(&[
+        "uninstall",
+        "custody",
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    assert!(
+        uninstalled.status.success(),
+        "helm uninstall: {uninstalled:?}"
+    );
+    let mut left = Vec::new();
+    for backup in namespace
+        .api::<Backup>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        left.push((backup.name_any(), custody_finalizers(backup.finalizers())));
+    }
+    for restore in namespace
+        .api::<Restore>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        left.push((restore.name_any(), custody_finalizers(restore.finalizers())));
+    }
+    for cluster in namespace
+        .api::<Cluster>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        left.push((cluster.name_any(), custody_finalizers(cluster.finalizers())));
+    }
+    let secrets = namespace.api::<k8s_openapi::api::core::v1::Secret>();
+    for secret in secrets.list(&Default::default()).await.unwrap() {
+        left.push((secret.name_any(), custody_finalizers(secret.finalizers())));
+    }
+    left.retain(|(_, finalizers)| !finalizers.is_empty());
+    assert!(left.is_empty(), "custody finalizers left: {left:?}");
+    assert!(
+        Api::<MutatingWebhookConfiguration>::all(setup.client.clone())
+            .get_opt("custody-restore-gate")
+            .await
+            .unwrap()
+            .is_none()
+            && Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+                setup.client.clone()
+            )
+            .get_opt("custody-requester-check")
+            .await
+            .unwrap()
+            .is_none(),
+        "a webhook configuration outlived the uninstall"
     );
     setup.finish().await;
 }
@@ -2384,14 +2463,52 @@ async fn on_a_real_node_hooks_run_in_the_application_pod_around_the_copy() {
             "post": {"container": "db", "command": ["sh", "-c", format!(": > /var/lib/postgresql/data/{post}")]},
         }})
     };
-    create::<Backup>(
+
+    // Issue 23: custody itself has no pods/exec until the namespace's admin grants it. Even
+    // the admin's own Backup with hooks is refused, naming the RoleBinding that grants it.
+    let early: Backup = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "too-early"},
+        "spec": {"clusterRef": {"name": "orders"}, "consistency": hooks(
+            json!({"container": "db", "command": ["true"]}), "never")}}))
+    .unwrap();
+    let ns = &namespace.name;
+    match namespace.api::<Backup>().create(&PostParams::default(), &early).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains(&format!(
+                "namespace {ns} has not let custody run hooks"
+            )) && status.message.contains(&format!(
+                "kubectl create rolebinding custody-hooks --namespace {ns} --clusterrole custody-hooks --serviceaccount custody-system:custody-controller"
+            )),
+            "the refusal names the RoleBinding: {}",
+            status.message
+        ),
+        other => panic!("a Backup with hooks in a namespace that did not opt in: {other:?}"),
+    }
+    create::<k8s_openapi::api::rbac::v1::RoleBinding>(
         &namespace.api(),
-        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "hooked"},
-               "spec": {"clusterRef": {"name": "orders"}, "consistency": hooks(
-                   json!({"container": "db", "timeoutSeconds": 20, "command": ["sh", "-c",
-                          "psql -c checkpoint && : > /var/lib/postgresql/data/hook-pre"]}),
-                   "hook-post")}}),
+        json!({"metadata": {"name": "custody-hooks"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "custody-hooks"},
+               "subjects": [{"kind": "ServiceAccount", "name": "custody-controller", "namespace": "custody-system"}]}),
     )
+    .await;
+    // Granted: admitted (the authorizer sees a new binding within moments).
+    let hooked: Backup = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "hooked"},
+        "spec": {"clusterRef": {"name": "orders"}, "consistency": hooks(
+            json!({"container": "db", "timeoutSeconds": 20, "command": ["sh", "-c",
+                   "psql -c checkpoint && : > /var/lib/postgresql/data/hook-pre"]}),
+            "hook-post")}}))
+    .unwrap();
+    custody_tests::eventually("the Backup with hooks admitted", TIMEOUT, || {
+        let (backups, hooked) = (namespace.api::<Backup>(), hooked.clone());
+        async move {
+            backups
+                .create(&PostParams::default(), &hooked)
+                .await
+                .map(|_| ())
+                .map_err(|error| error.to_string())
+        }
+    })
     .await;
     let hooked = await_condition(
         &namespace.api::<Backup>(),

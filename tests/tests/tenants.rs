@@ -394,9 +394,7 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
 /// API server with SubjectAccessReviews, the ClusterRoles aggregated by its controller-manager.
 #[tokio::test]
 async fn custody_objects_are_read_through_view_and_written_through_edit_never_their_status() {
-    use k8s_openapi::api::authorization::v1::{
-        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-    };
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview};
     let namespace = TestNamespace::create("user-roles").await;
     let ns = namespace.name.clone();
     let _identities = custody_tests::scenario::deployed_identities(&namespace.client).await;
@@ -451,28 +449,20 @@ async fn custody_objects_are_read_through_view_and_written_through_edit_never_th
             async move {
                 let mut wrong = Vec::new();
                 for (user, verb, resource, subresource, expected) in rows {
-                    let review = SubjectAccessReview {
-                        spec: SubjectAccessReviewSpec {
-                            user: Some(user.to_string()),
-                            groups: Some(vec!["system:authenticated".to_string()]),
-                            resource_attributes: Some(ResourceAttributes {
-                                namespace: Some(ns.clone()),
-                                verb: Some(verb.to_string()),
-                                group: Some("custody.io".to_string()),
-                                resource: Some(resource.to_string()),
-                                subresource: subresource.map(str::to_string),
-                                ..ResourceAttributes::default()
-                            }),
-                            ..SubjectAccessReviewSpec::default()
+                    let allowed = allows(
+                        &reviews,
+                        user,
+                        vec!["system:authenticated".to_string()],
+                        ResourceAttributes {
+                            namespace: Some(ns.clone()),
+                            verb: Some(verb.to_string()),
+                            group: Some("custody.io".to_string()),
+                            resource: Some(resource.to_string()),
+                            subresource: subresource.map(str::to_string),
+                            ..ResourceAttributes::default()
                         },
-                        ..SubjectAccessReview::default()
-                    };
-                    let allowed = reviews
-                        .create(&PostParams::default(), &review)
-                        .await
-                        .map_err(|error| error.to_string())?
-                        .status
-                        .is_some_and(|status| status.allowed);
+                    )
+                    .await?;
                     if allowed != expected {
                         wrong.push(format!(
                             "{user} {verb} {resource}{}: {allowed}",
@@ -489,5 +479,324 @@ async fn custody_objects_are_read_through_view_and_written_through_edit_never_th
         },
     )
     .await;
+    namespace.delete().await;
+}
+
+/// Whether the API server allows `user` (in `groups`) what `attributes` ask.
+async fn allows(
+    reviews: &Api<k8s_openapi::api::authorization::v1::SubjectAccessReview>,
+    user: &str,
+    groups: Vec<String>,
+    attributes: k8s_openapi::api::authorization::v1::ResourceAttributes,
+) -> Result<bool, String> {
+    use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewSpec};
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: Some(groups),
+            resource_attributes: Some(attributes),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    Ok(reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|error| error.to_string())?
+        .status
+        .is_some_and(|status| status.allowed))
+}
+
+/// One permission asked of the API server for a subject: `(verb, group, resource[/sub],
+/// namespace, name)`.
+type Permission = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    Option<&'static str>,
+);
+
+/// Issue 23, least privilege: custody's two ServiceAccounts, with exactly the RBAC of `deploy/`,
+/// asked of the real API server with SubjectAccessReviews: every permission a code path of
+/// theirs uses is allowed, and each dangerous one of a list is refused (secrets listed or
+/// watched, exec without the namespace's consent, ConfigMaps and Leases of other owners,
+/// kube-system's and kube-node-lease's objects, RBAC, the agent writing anything). A
+/// namespace that binds `custody-hooks` gives the controller `pods/exec` there and nowhere else.
+#[tokio::test]
+async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview};
+    let namespace = TestNamespace::create("privilege").await;
+    let consenting = TestNamespace::create("privilege-hooks").await;
+    let _identities = custody_tests::scenario::deployed_identities(&namespace.client).await;
+    Api::<RoleBinding>::namespaced(consenting.client.clone(), &consenting.name)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "custody-hooks"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "custody-hooks"},
+                "subjects": [{"kind": "ServiceAccount", "name": "custody-controller", "namespace": "custody-system"}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's consent to hooks");
+    // `NS`: a user's namespace; `HOOKS`: one that consented to hooks.
+    let (ns, hooks) = (namespace.name.clone(), consenting.name.clone());
+    const NS: Option<&str> = Some("NS");
+    const HOOKS: Option<&str> = Some("HOOKS");
+    const SYSTEM: Option<&str> = Some("custody-system");
+    const KUBE: Option<&str> = Some("kube-system");
+    const ALL: Option<&str> = None;
+    let controller_needs: Vec<Permission> = vec![
+        ("watch", "custody.io", "backups", ALL, None),
+        ("update", "custody.io", "backups/status", NS, None),
+        ("patch", "custody.io", "restores/status", NS, None),
+        ("patch", "custody.io", "clusters", NS, None),
+        ("patch", "custody.io", "nodeagents/status", ALL, None),
+        ("create", "batch", "jobs", NS, None),
+        ("patch", "batch", "jobs", NS, None),
+        ("delete", "batch", "jobs", NS, None),
+        ("watch", "", "pods", ALL, None),
+        ("patch", "", "pods/status", NS, None),
+        ("patch", "", "persistentvolumeclaims", NS, None),
+        ("get", "", "secrets", NS, Some("s3-credentials")),
+        ("patch", "", "secrets", NS, Some("s3-credentials")),
+        ("create", "", "secrets", NS, None),
+        ("get", "", "configmaps", NS, Some("custody-gate-ca")),
+        ("create", "", "configmaps", NS, Some("custody-gate-ca")),
+        ("patch", "", "configmaps", NS, Some("custody-gate-ca")),
+        ("get", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("list", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("create", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("update", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("delete", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("create", "", "secrets", SYSTEM, None),
+        ("update", "", "secrets", SYSTEM, Some("custody-webhook-tls")),
+        ("get", "", "namespaces", ALL, Some("kube-system")),
+        ("get", "", "nodes", ALL, None),
+        ("list", "", "events", NS, None),
+        ("create", "events.k8s.io", "events", NS, None),
+        ("watch", "apps", "statefulsets", ALL, None),
+        ("create", "authentication.k8s.io", "tokenreviews", ALL, None),
+        (
+            "create",
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            ALL,
+            None,
+        ),
+        (
+            "patch",
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            ALL,
+            Some("custody-restore-gate"),
+        ),
+        (
+            "patch",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            ALL,
+            Some("custody-requester-check"),
+        ),
+        ("create", "", "pods/exec", HOOKS, None),
+        ("get", "", "pods/exec", HOOKS, None),
+        // `custody-controller uninstall`, run as the controller's account by the Helm hook.
+        (
+            "delete",
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            ALL,
+            Some("custody-restore-gate"),
+        ),
+        (
+            "patch",
+            "apps",
+            "deployments/scale",
+            SYSTEM,
+            Some("custody-controller"),
+        ),
+    ];
+    let controller_refused: Vec<Permission> = vec![
+        ("list", "", "secrets", ALL, None),
+        ("list", "", "secrets", NS, None),
+        ("watch", "", "secrets", ALL, None),
+        ("list", "", "secrets", KUBE, None),
+        ("create", "", "pods/exec", NS, None),
+        ("create", "", "pods/exec", KUBE, None),
+        ("create", "", "pods", KUBE, None),
+        ("delete", "", "pods", NS, None),
+        ("patch", "", "configmaps", KUBE, Some("coredns")),
+        ("create", "", "configmaps", KUBE, None),
+        ("patch", "", "configmaps", NS, Some("app-settings")),
+        (
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            KUBE,
+            Some("kube-scheduler"),
+        ),
+        (
+            "delete",
+            "coordination.k8s.io",
+            "leases",
+            Some("kube-node-lease"),
+            None,
+        ),
+        ("create", "coordination.k8s.io", "leases", NS, None),
+        ("update", "coordination.k8s.io", "leases", NS, None),
+        ("update", "", "nodes", ALL, None),
+        ("delete", "", "persistentvolumeclaims", NS, None),
+        (
+            "create",
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            NS,
+            None,
+        ),
+        (
+            "create",
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            ALL,
+            None,
+        ),
+        (
+            "bind",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            ALL,
+            None,
+        ),
+        (
+            "escalate",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            ALL,
+            None,
+        ),
+        ("impersonate", "", "serviceaccounts", ALL, None),
+        ("patch", "apps", "deployments/scale", KUBE, Some("coredns")),
+        (
+            "patch",
+            "apps",
+            "deployments",
+            SYSTEM,
+            Some("another-deployment"),
+        ),
+        ("create", "", "serviceaccounts/token", KUBE, None),
+        (
+            "patch",
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            ALL,
+            Some("another-webhook"),
+        ),
+        (
+            "delete",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            ALL,
+            Some("another-webhook"),
+        ),
+    ];
+    let agent_needs: Vec<Permission> = vec![
+        ("watch", "", "pods", ALL, None),
+        ("get", "", "persistentvolumeclaims", NS, None),
+        ("watch", "custody.io", "restores", ALL, None),
+        ("get", "custody.io", "backups", NS, None),
+        ("get", "batch", "jobs", NS, None),
+        ("create", "authentication.k8s.io", "tokenreviews", ALL, None),
+    ];
+    let agent_refused: Vec<Permission> = vec![
+        ("get", "", "secrets", NS, None),
+        ("list", "", "secrets", ALL, None),
+        ("create", "batch", "jobs", NS, None),
+        ("patch", "", "pods/status", NS, None),
+        ("create", "", "pods/exec", HOOKS, None),
+        ("delete", "", "pods", NS, None),
+        ("update", "coordination.k8s.io", "leases", SYSTEM, None),
+        ("patch", "custody.io", "restores/status", NS, None),
+        ("patch", "custody.io", "backups", NS, None),
+        ("create", "", "configmaps", NS, None),
+    ];
+    let account = |name: &str| {
+        (
+            format!("system:serviceaccount:custody-system:{name}"),
+            vec![
+                "system:serviceaccounts".to_string(),
+                "system:serviceaccounts:custody-system".to_string(),
+                "system:authenticated".to_string(),
+            ],
+        )
+    };
+    let mut rows = Vec::new();
+    for (name, needs, refused) in [
+        ("custody-controller", &controller_needs, &controller_refused),
+        ("custody-agent", &agent_needs, &agent_refused),
+    ] {
+        let (user, groups) = account(name);
+        for (permission, expected) in needs
+            .iter()
+            .map(|permission| (permission, true))
+            .chain(refused.iter().map(|permission| (permission, false)))
+        {
+            rows.push((user.clone(), groups.clone(), *permission, expected));
+        }
+    }
+    let reviews: Api<SubjectAccessReview> = Api::all(namespace.client.clone());
+    let place = move |namespace: Option<&str>| match namespace {
+        Some("NS") => Some(ns.clone()),
+        Some("HOOKS") => Some(hooks.clone()),
+        other => other.map(str::to_string),
+    };
+    eventually(
+        "custody's accounts allowed exactly what deploy/ grants",
+        TIMEOUT,
+        || {
+            let (reviews, rows, place) = (reviews.clone(), rows.clone(), place.clone());
+            async move {
+                let mut wrong = Vec::new();
+                for (user, groups, (verb, group, resource, namespace, name), expected) in rows {
+                    let (resource, subresource) = match resource.split_once('/') {
+                        Some((resource, subresource)) => (resource, Some(subresource)),
+                        None => (resource, None),
+                    };
+                    let allowed = allows(
+                        &reviews,
+                        &user,
+                        groups,
+                        ResourceAttributes {
+                            namespace: place(namespace),
+                            verb: Some(verb.to_string()),
+                            group: Some(group.to_string()),
+                            resource: Some(resource.to_string()),
+                            subresource: subresource.map(str::to_string),
+                            name: name.map(str::to_string),
+                            ..ResourceAttributes::default()
+                        },
+                    )
+                    .await?;
+                    if allowed != expected {
+                        wrong.push(format!(
+                            "{user}: {verb} {resource}{}{} in {}: {}",
+                            subresource.map(|sub| format!("/{sub}")).unwrap_or_default(),
+                            name.map(|name| format!(" {name}")).unwrap_or_default(),
+                            namespace.unwrap_or("every namespace"),
+                            if allowed { "allowed" } else { "refused" }
+                        ));
+                    }
+                }
+                if wrong.is_empty() {
+                    Ok(())
+                } else {
+                    Err(wrong.join("; "))
+                }
+            }
+        },
+    )
+    .await;
+    consenting.delete().await;
     namespace.delete().await;
 }

@@ -26,7 +26,8 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
     let me = holds::holder("Backup", &uid);
     if plan.lease == LeaseStep::TakeFirst
         && let Some(cluster) = &facts.cluster
-        && let Some(holder) = holds::lease::acquire(client, &namespace, cluster, &me).await?
+        && let Some(holder) =
+            holds::lease::acquire(client, &context.base.leases, &namespace, cluster, &me).await?
     {
         plan = plan::cluster_busy(facts, &holder);
     }
@@ -100,7 +101,14 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
     if let Some((claim, how)) = &plan.mark_claim {
         crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
     }
-    holds::lease::settle(client, &namespace, facts.cluster.as_ref(), &me, &plan.lease).await?;
+    holds::lease::settle(
+        client,
+        &context.base.leases,
+        facts.cluster.as_ref(),
+        &me,
+        &plan.lease,
+    )
+    .await?;
     for note in &plan.events {
         crate::reconciler::publish(&context.base, backup, ACTION, note).await?;
     }

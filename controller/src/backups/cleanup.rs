@@ -499,6 +499,14 @@ async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
             )));
         }
     }
+    // A Backup deleted while it ran gives its Cluster's claim back: the Lease is in custody's
+    // namespace, where nothing else would ever delete it.
+    crate::holds::lease::release_any(
+        client,
+        &context.base.leases,
+        &crate::holds::holder("Backup", backup.metadata.uid.as_deref().unwrap_or_default()),
+    )
+    .await?;
     // The artifact is dealt with: a write that lost a race is tried again on a fresh read
     // here, not left to a reconcile that would start the cleanup over.
     let api: Api<Backup> = Api::namespaced(client.clone(), &namespace);

@@ -133,6 +133,13 @@ pub async fn exec(client: &kube::Client, namespace: &str, run: &Run) -> HookResu
             let limit = timeout(&run.hook);
             match tokio::time::timeout(limit, attach(client, namespace, pod, &run.hook)).await {
                 Ok(Ok(outcome)) => outcome,
+                Ok(Err(error)) if forbidden(&error) => (
+                    false,
+                    format!(
+                        "custody may not exec in pod {pod}: namespace {namespace} has not granted it pods/exec; its admin binds ClusterRole {role} to custody's ServiceAccount there (as installed from deploy/: kubectl create rolebinding {role} --namespace {namespace} --clusterrole {role} --serviceaccount custody-system:custody-controller)",
+                        role = crate::requester::HOOKS_ROLE
+                    ),
+                ),
                 Ok(Err(kube::Error::Api(status))) => (
                     false,
                     format!("could not run it in pod {pod}: {}", status.message),
@@ -155,6 +162,17 @@ pub async fn exec(client: &kube::Client, namespace: &str, run: &Run) -> HookResu
         started_at,
         finished_at: Time(k8s_openapi::jiff::Timestamp::now()),
     }
+}
+
+/// Whether the API server refused the exec itself (403 on the upgrade): custody lacks
+/// `pods/exec` in the namespace.
+fn forbidden(error: &kube::Error) -> bool {
+    matches!(
+        error,
+        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(
+            status
+        )) if status.as_u16() == 403
+    ) || matches!(error, kube::Error::Api(status) if status.code == 403)
 }
 
 /// Runs the hook's command and waits for its status: `(succeeded, exit and output)`.

@@ -266,3 +266,125 @@ fn an_object_is_refused_naming_each_permission_its_writer_lacks() {
     // An answer missing counts as a refusal.
     assert!(verdict("alice", "shop", &needed, &[true]).is_some());
 }
+
+/// Hooks are the one thing custody does only where a namespace's admin let it: every object
+/// with method Hooks needs `create pods/exec` of custody itself, nothing else does.
+#[test]
+fn only_hooks_need_the_namespaces_consent() {
+    let of_backup = |consistency: Option<&str>| {
+        let mut spec = json!({"clusterRef": {"name": "db"}});
+        if let Some(consistency) = consistency {
+            spec["consistency"] = method(consistency);
+        }
+        backup(spec)
+    };
+    let cluster = |consistency: &str| {
+        serde_json::from_value::<ClusterSpec>(json!({"statefulSetRef": {"name": "db"},
+            "volumeClaimTemplates": ["data"], "consistency": method(consistency)}))
+        .unwrap()
+    };
+    let plan = |consistency: &str| {
+        serde_json::from_value::<BackupPlanSpec>(json!({"clusterRef": {"name": "db"},
+            "schedule": "0 3 * * *", "consistency": method(consistency)}))
+        .unwrap()
+    };
+    let repository = serde_json::from_value::<BackupRepositorySpec>(json!({
+        "endpoint": "https://s3.example", "bucket": "bkp", "credentialsSecretRef": {"name": "s3"}}))
+    .unwrap();
+    let (hooked, tool, frozen, plain) = (
+        of_backup(Some(HOOKS)),
+        of_backup(Some(TOOL)),
+        of_backup(Some(r#"{"method": "Freeze"}"#)),
+        of_backup(None),
+    );
+    let (hooked_cluster, tool_cluster) = (cluster(HOOKS), cluster(TOOL));
+    let (hooked_plan, tool_plan) = (plan(HOOKS), plan(TOOL));
+    let backup_of = |spec| Object::Backup {
+        spec,
+        command_credentials: None,
+        cluster_repository: ClusterRepository::Unknown,
+    };
+    let plan_of = |spec| Object::BackupPlan {
+        spec,
+        cluster_repository: ClusterRepository::Unknown,
+    };
+    let cluster_of = |spec| Object::Cluster {
+        spec,
+        source: Source::OwnCluster,
+    };
+    let exec = vec!["create pods/exec".to_string()];
+    let cases: Vec<(&str, Object<'_>, Vec<String>)> = vec![
+        ("Backup with hooks", backup_of(&hooked), exec.clone()),
+        ("BackupPlan with hooks", plan_of(&hooked_plan), exec.clone()),
+        (
+            "Cluster with hooks",
+            cluster_of(&hooked_cluster),
+            exec.clone(),
+        ),
+        ("Backup with a tool", backup_of(&tool), vec![]),
+        ("Backup frozen", backup_of(&frozen), vec![]),
+        ("Backup of a stopped application", backup_of(&plain), vec![]),
+        ("BackupPlan with a tool", plan_of(&tool_plan), vec![]),
+        ("Cluster with a tool", cluster_of(&tool_cluster), vec![]),
+        (
+            "Restore",
+            Object::Restore {
+                stateful_set: Some("db"),
+                source: Source::Unknown,
+            },
+            vec![],
+        ),
+        (
+            "BackupRepository",
+            Object::BackupRepository(&repository),
+            vec![],
+        ),
+    ];
+    for (case, object, expected) in cases {
+        assert_eq!(permissions(&opted_in(object)), expected, "{case}");
+    }
+}
+
+/// Refused while the namespace has not granted it, naming the namespace and the exact command
+/// its admin runs; admitted once granted; a missing answer counts as not granted.
+#[test]
+fn hooks_in_a_namespace_that_did_not_consent_are_refused_naming_the_rolebinding() {
+    let hooked = backup(json!({"clusterRef": {"name": "db"}, "consistency": method(HOOKS)}));
+    let needed = opted_in(Object::Backup {
+        spec: &hooked,
+        command_credentials: None,
+        cluster_repository: ClusterRepository::Unknown,
+    });
+    let custody = "system:serviceaccount:custody-system:custody-controller";
+    assert_eq!(opt_in_verdict(custody, "shop", &needed, &[true]), None);
+    assert_eq!(opt_in_verdict(custody, "shop", &[], &[]), None);
+    for answers in [&[false][..], &[][..]] {
+        let refused = opt_in_verdict(custody, "shop", &needed, answers).expect("refused");
+        assert!(
+            refused.contains("namespace shop has not let custody run hooks")
+                && refused.contains("create pods/exec (its hooks run commands")
+                && refused.ends_with(
+                    "kubectl create rolebinding custody-hooks --namespace shop --clusterrole custody-hooks --serviceaccount custody-system:custody-controller"
+                ),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
+fn custody_is_named_as_kubectl_names_a_subject() {
+    for (user, flag) in [
+        (
+            "system:serviceaccount:custody-system:custody-controller",
+            "--serviceaccount custody-system:custody-controller",
+        ),
+        (
+            "system:serviceaccount:ns:",
+            "--user system:serviceaccount:ns:",
+        ),
+        ("system:serviceaccount:", "--user system:serviceaccount:"),
+        ("kubernetes-admin", "--user kubernetes-admin"),
+    ] {
+        assert_eq!(subject_flag(user), flag, "{user}");
+    }
+}

@@ -43,7 +43,8 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
     let me = holds::holder("Restore", &uid);
     if plan.lease == LeaseStep::TakeFirst
         && let Some(cluster) = &facts.cluster
-        && let Some(holder) = holds::lease::acquire(client, &namespace, cluster, &me).await?
+        && let Some(holder) =
+            holds::lease::acquire(client, &context.base.leases, &namespace, cluster, &me).await?
     {
         plan = plan::cluster_busy(facts, &holder);
     }
@@ -90,7 +91,14 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
             "restore status"
         );
     }
-    holds::lease::settle(client, &namespace, facts.cluster.as_ref(), &me, &plan.lease).await?;
+    holds::lease::settle(
+        client,
+        &context.base.leases,
+        facts.cluster.as_ref(),
+        &me,
+        &plan.lease,
+    )
+    .await?;
     for note in &plan.events {
         crate::reconciler::publish(&context.base, restore, ACTION, note).await?;
     }
@@ -182,9 +190,11 @@ pub async fn teardown(
     if plan.waiting {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    if let Some(cluster_uid) = &facts.cluster_uid {
-        let me = holds::holder("Restore", &uid);
-        holds::lease::release(client, &namespace, cluster_uid, &me).await?;
+    let me = holds::holder("Restore", &uid);
+    let leases = &context.base.leases;
+    match &facts.cluster_uid {
+        Some(cluster_uid) => holds::lease::release(client, leases, cluster_uid, &me).await?,
+        None => holds::lease::release_any(client, leases, &me).await?,
     }
     let restores: Api<Restore> = Api::namespaced(client.clone(), &namespace);
     let what = format!("Restore {namespace}/{}", restore.name_any());

@@ -18,7 +18,9 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 
 use super::{WebhookContext, count};
 use crate::error::{Error, Result};
-use crate::requester::{Access, ClusterRepository, Object, Source, required, verdict};
+use crate::requester::{
+    Access, ClusterRepository, Object, Source, opt_in_verdict, opted_in, required, verdict,
+};
 
 /// The path the API server calls.
 pub const PATH: &str = "/validate-requester";
@@ -187,6 +189,19 @@ pub async fn own_user(client: &kube::Client) -> Result<String> {
         .ok_or_else(|| Error::Webhook("the SelfSubjectReview named no user".into()))
 }
 
+/// `access` in `namespace`, as an access review asks it.
+fn attributes(namespace: &str, access: &Access) -> ResourceAttributes {
+    ResourceAttributes {
+        namespace: Some(namespace.to_string()),
+        verb: Some(access.verb.to_string()),
+        group: Some(access.group.to_string()),
+        resource: Some(access.resource.to_string()),
+        subresource: access.subresource.map(str::to_string),
+        name: access.name.clone(),
+        ..ResourceAttributes::default()
+    }
+}
+
 /// Whether the request's user may do `access` in `namespace`.
 async fn allowed(
     context: &WebhookContext,
@@ -201,15 +216,7 @@ async fn allowed(
             groups: user.groups.clone(),
             uid: user.uid.clone(),
             extra: user.extra.clone(),
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(namespace.to_string()),
-                verb: Some(access.verb.to_string()),
-                group: Some(access.group.to_string()),
-                resource: Some(access.resource.to_string()),
-                subresource: access.subresource.map(str::to_string),
-                name: access.name.clone(),
-                ..ResourceAttributes::default()
-            }),
+            resource_attributes: Some(attributes(namespace, access)),
             ..SubjectAccessReviewSpec::default()
         },
         ..SubjectAccessReview::default()
@@ -249,7 +256,7 @@ async fn decide(
         return Ok(response);
     }
     let namespace = request.namespace.clone().unwrap_or_default();
-    let needed = match request.kind.kind.as_str() {
+    let (needed, consent) = match request.kind.kind.as_str() {
         "Backup" => {
             let backup: Backup = read(object)?;
             let cluster =
@@ -260,7 +267,7 @@ async fn decide(
                     .map(|repository| repository.spec.credentials_secret_ref.name),
                 None => None,
             };
-            required(Object::Backup {
+            both(Object::Backup {
                 spec: &backup.spec,
                 command_credentials: credentials.as_deref(),
                 cluster_repository: named(&cluster),
@@ -270,7 +277,7 @@ async fn decide(
             let plan: BackupPlan = read(object)?;
             let cluster =
                 cluster_repository(context, &namespace, &plan.spec.cluster_ref.name).await?;
-            required(Object::BackupPlan {
+            both(Object::BackupPlan {
                 spec: &plan.spec,
                 cluster_repository: named(&cluster),
             })
@@ -284,7 +291,7 @@ async fn decide(
                 }
                 None => RestoreSource::OwnCluster,
             };
-            required(Object::Cluster {
+            both(Object::Cluster {
                 spec: &cluster.spec,
                 source: source.borrowed(),
             })
@@ -305,14 +312,14 @@ async fn decide(
                 &restore.spec.cluster_ref.name,
             )
             .await?;
-            required(Object::Restore {
+            both(Object::Restore {
                 stateful_set: cluster
                     .as_ref()
                     .map(|cluster| cluster.spec.stateful_set_ref.name.as_str()),
                 source: source.borrowed(),
             })
         }
-        "BackupRepository" => required(Object::BackupRepository(
+        "BackupRepository" => both(Object::BackupRepository(
             &read::<BackupRepository>(object)?.spec,
         )),
         _ => return Ok(response),
@@ -337,8 +344,53 @@ async fn decide(
             return Ok(response.deny(refusal));
         }
     };
+    let mut granted = Vec::with_capacity(consent.len());
+    for access in &consent {
+        granted.push(custody_may(context, &namespace, access).await?);
+    }
+    let custody = context.own_user.get().cloned().unwrap_or_default();
+    if let Some(refusal) = opt_in_verdict(&custody, &namespace, &consent, &granted) {
+        tracing::info!(
+            namespace,
+            kind = request.kind.kind,
+            name = request.name,
+            refusal,
+            "custody object refused: the namespace has not granted custody what it needs"
+        );
+        count(context, "NamespaceNotOptedIn");
+        return Ok(response.deny(refusal));
+    }
     count(context, reason);
     Ok(response)
+}
+
+/// What custody would do for `object` with its writer's rights, and with rights of its own
+/// that only the namespace's admin grants.
+fn both(object: Object<'_>) -> (Vec<Access>, Vec<Access>) {
+    (required(object), opted_in(object))
+}
+
+/// Whether custody's own user may do `access` in `namespace` (a SelfSubjectAccessReview,
+/// which every authenticated user may create).
+async fn custody_may(context: &WebhookContext, namespace: &str, access: &Access) -> Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(attributes(namespace, access)),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(context.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|source| Error::Create {
+            object: format!("SelfSubjectAccessReview ({})", access.permission()),
+            source,
+        })?;
+    Ok(answer.status.is_some_and(|status| status.allowed))
 }
 
 pub(super) async fn validate(
