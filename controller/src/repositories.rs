@@ -198,11 +198,19 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
     }
 }
 
-/// How long until the next check: 30 s, broken or fine. The controller neither lists nor
-/// watches Secrets (its ClusterRole cannot): a changed credentials or key Secret (a password
-/// added or removed) is read by name at the next check.
-pub fn recheck_after(_probe: &Probe) -> Duration {
-    Duration::from_secs(30)
+/// How long until the next check. The controller neither lists nor watches Secrets (its
+/// ClusterRole cannot), so a Secret is read by name at each check: every 5 s while the
+/// repository waits for its credentials or key Secret to appear or be filled in (what a user
+/// does next after creating the repository), every 30 s otherwise, broken or fine, so a
+/// rotated password or key is taken within half a minute.
+pub fn recheck_after(probe: &Probe, key: Option<&EncryptionError>) -> Duration {
+    match (probe, key) {
+        (Probe::SecretMissing { .. } | Probe::SecretIncomplete { .. }, _)
+        | (_, Some(EncryptionError::SecretNotFound(_) | EncryptionError::SecretEmpty(_))) => {
+            Duration::from_secs(5)
+        }
+        _ => Duration::from_secs(30),
+    }
 }
 
 /// Classifies a failed HeadBucket.
@@ -415,7 +423,10 @@ pub async fn reconcile(
                 .await?;
         }
     }
-    let mut after = recheck_after(&probe);
+    let mut after = recheck_after(
+        &probe,
+        opened.as_ref().and_then(|opened| opened.as_ref().err()),
+    );
     // Prune and check: a run recorded as going is followed even while the repository cannot
     // be opened; a new one starts only when it can.
     if let Some(encrypted) = &encrypted {
@@ -446,7 +457,8 @@ pub fn error_policy(
     reconciler::error_policy(&*repository, error, &context.base)
 }
 
-/// The controller: repositories, each re-checked every 30 s and when its maintenance Job ends.
+/// The controller: repositories, each re-checked after [`recheck_after`] and when its
+/// maintenance Job ends.
 pub fn controller(
     context: Arc<RepositoryContext>,
     namespace: Option<&str>,

@@ -74,7 +74,52 @@ fn every_probe_outcome_has_its_own_reason() {
         );
         assert_eq!(desired.type_, types::READY);
         assert!(!desired.message.is_empty());
-        assert_eq!(recheck_after(&probe).as_secs(), 30, "{probe:?}");
+    }
+}
+
+/// A repository waiting for its Secret (the controller cannot watch Secrets) looks again in
+/// 5 s; anything else, broken or fine, in 30 s.
+#[test]
+fn a_repository_waiting_for_its_secret_is_checked_sooner() {
+    use crate::encryption::EncryptionError;
+    let missing = Probe::SecretMissing { name: "s3".into() };
+    let incomplete = Probe::SecretIncomplete {
+        name: "s3".into(),
+        key: s3::ACCESS_KEY_ID,
+    };
+    let key_missing = EncryptionError::SecretNotFound("key".into());
+    let key_empty = EncryptionError::SecretEmpty("key".into());
+    let rejected = EncryptionError::KeyRejected {
+        secret: "key".into(),
+        location: "s3://b/p".into(),
+    };
+    let taken = EncryptionError::MasterKeySecretTaken("key-master".into());
+    let unreadable = EncryptionError::Unreadable("config".into());
+    let rows: [(&Probe, Option<&EncryptionError>, u64); 10] = [
+        (&missing, None, 5),
+        (&incomplete, None, 5),
+        (&Probe::Reachable, Some(&key_missing), 5),
+        (&Probe::Reachable, Some(&key_empty), 5),
+        (&Probe::Reachable, None, 30),
+        (&Probe::Reachable, Some(&rejected), 30),
+        (&Probe::Reachable, Some(&taken), 30),
+        (&Probe::Reachable, Some(&unreadable), 30),
+        (&Probe::Unreachable("refused".into()), None, 30),
+        (
+            &Probe::Refused {
+                status: 403,
+                code: None,
+            },
+            None,
+            30,
+        ),
+    ];
+    for (probe, key, seconds) in rows {
+        assert_eq!(
+            recheck_after(probe, key).as_secs(),
+            seconds,
+            "{probe:?} {key:?}"
+        );
     }
 }
 
