@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector;
@@ -13,6 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::cli::AgentOptions;
 use crate::error::Error;
 use crate::state::{Agent, Watch};
+use crate::volume_state::{self, WorkloadVolume};
 use custody_kube::api::Restore;
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -115,9 +116,10 @@ async fn watch<K>(
         .await
 }
 
-/// Starts the verifications the node's view calls for, until the agent stops.
+/// Starts the verifications the node's view calls for, and asks the API server about Restores
+/// its watch does not hold, until the agent stops.
 async fn maintain(agent: Arc<Agent>) {
-    while let Some(starts) = agent.next_starts().await {
+    while let Some((starts, asks)) = agent.next_starts().await {
         for start in starts {
             tracing::info!(
                 namespace = start.volume.namespace,
@@ -128,6 +130,55 @@ async fn maintain(agent: Arc<Agent>) {
                 "verification started"
             );
             tokio::spawn(crate::verification::run(agent.clone(), start));
+        }
+        for volume in asks {
+            tokio::spawn(ask(agent.clone(), volume));
+        }
+    }
+}
+
+/// Asks the API server whether `volume`'s Restore still exists and, when it does not, whether
+/// the claim records that it verified it; asks again 5 s after a failure.
+async fn ask(agent: Arc<Agent>, volume: WorkloadVolume) {
+    let answer = async {
+        let restores: Api<Restore> = Api::namespaced(agent.client.clone(), &volume.namespace);
+        let restore = restores.get_opt(&volume.restore_name).await?;
+        let restore_uid = restore.and_then(|restore| restore.metadata.uid);
+        if restore_uid.as_deref() == Some(volume.restore_uid.as_str()) {
+            return Ok(volume_state::absence(&volume, restore_uid.as_deref(), None));
+        }
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(agent.client.clone(), &volume.namespace);
+        let claim = claims.get_opt(&volume.claim_name).await?;
+        Ok::<_, kube::Error>(volume_state::absence(
+            &volume,
+            restore_uid.as_deref(),
+            claim.and_then(|claim| claim.metadata.annotations).as_ref(),
+        ))
+    }
+    .await;
+    match answer {
+        Ok(absence) => {
+            tracing::info!(
+                namespace = volume.namespace,
+                pod = volume.pod_name,
+                restore = volume.restore_name,
+                claim = volume.claim_name,
+                ?absence,
+                "asked about a Restore the watch does not hold"
+            );
+            agent.answer(&volume, Some(absence));
+        }
+        Err(error) => {
+            tracing::warn!(
+                namespace = volume.namespace,
+                restore = volume.restore_name,
+                claim = volume.claim_name,
+                %error,
+                "asking whether the Restore still exists; again in 5 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            agent.answer(&volume, None);
         }
     }
 }

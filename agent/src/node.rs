@@ -10,7 +10,7 @@ use custody_proto::names;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::volume_state::{
-    self, Decision, Phase, PreparePod, Recorded, State, Verification, VerificationKey,
+    self, Decision, Phase, PreparePod, Restores, State, Verification, VerificationKey,
 };
 
 /// One restored volume of a gated pod.
@@ -229,12 +229,12 @@ fn wait_env(pod: &Pod) -> Option<BTreeMap<String, String>> {
     )
 }
 
-/// Computes the view of the node from its pods, the verifications so far and the ones the
-/// Restores record, and the verifications to start.
+/// Computes the view of the node from its pods, the verifications so far and what is known of
+/// the Restores, and the verifications to start.
 pub fn compute<'a>(
     pods: impl IntoIterator<Item = &'a Pod> + Clone,
     verifications: &BTreeMap<VerificationKey, Verification>,
-    recorded: &Recorded,
+    restores: &Restores,
 ) -> (NodeView, Vec<Start>) {
     let prepare = prepare_pods(pods.clone());
     let mut view = NodeView::default();
@@ -270,7 +270,7 @@ pub fn compute<'a>(
                         state,
                         message,
                         start,
-                    } = volume_state::decide(&volume, &prepare, verifications, recorded);
+                    } = volume_state::decide(&volume, &prepare, verifications, restores);
                     if let Some(key) = start {
                         starts.push(Start {
                             key,

@@ -13,7 +13,10 @@ use tokio::sync::{Notify, watch};
 use crate::cli::AgentOptions;
 use crate::metrics::{Metrics, StateLabels};
 use crate::node::{self, NodeView, Start};
-use crate::volume_state::{Recorded, RecordedVolume, Verification, VerificationKey};
+use crate::volume_state::{
+    Absence, Absences, Recorded, RecordedVolume, Restores, Verification, VerificationKey,
+    WorkloadVolume,
+};
 
 /// Everything the agent's tasks share.
 pub struct Agent {
@@ -24,6 +27,8 @@ pub struct Agent {
     pub restores: Store<Restore>,
     pub metrics: Arc<Metrics>,
     pub(crate) verifications: Mutex<BTreeMap<VerificationKey, Verification>>,
+    /// What the API server said of Restores that gated pods name and the watch does not hold.
+    pub(crate) absences: Mutex<Absences>,
     pub(crate) changed: Notify,
     pub(crate) view: watch::Sender<Arc<NodeView>>,
     /// Which watches have listed everything: the node's pods, the Restores. (The reflector's
@@ -87,6 +92,7 @@ impl Agent {
             restores,
             metrics: Arc::new(Metrics::default()),
             verifications: Mutex::new(BTreeMap::new()),
+            absences: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
             view: watch::channel(Arc::new(NodeView::default())).0,
             synced: watch::channel(Synced::default()).0,
@@ -123,28 +129,91 @@ impl Agent {
     }
 
     /// Waits for a change, then computes the node's view again and publishes it; the
-    /// verifications to start now come back (already recorded as running). `None` when the
-    /// agent stops.
-    pub async fn next_starts(&self) -> Option<Vec<Start>> {
+    /// verifications to start now come back (already recorded as running), with the volumes
+    /// whose Restore the API server must be asked about (already recorded as asking). `None`
+    /// when the agent stops.
+    pub async fn next_starts(&self) -> Option<(Vec<Start>, Vec<WorkloadVolume>)> {
         self.changed.notified().await;
         if !self.wait_until_synced().await {
             return None;
         }
         let pods = self.pods.state();
-        let recorded = recorded(self.restores.state().iter().map(AsRef::as_ref));
+        let known = self.restores.state();
+        let mut absences = self.absences.lock().expect("not poisoned");
+        let mut restores = Restores {
+            recorded: recorded(known.iter().map(AsRef::as_ref)),
+            watched: known
+                .iter()
+                .map(|restore| {
+                    (
+                        restore.metadata.namespace.clone().unwrap_or_default(),
+                        restore.metadata.uid.clone().unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            // What was asked of a Restore the watch now holds is out of date.
+            absences: std::mem::take(&mut *absences)
+                .into_iter()
+                .filter(|((namespace, uid, _), _)| {
+                    !known.iter().any(|restore| {
+                        restore.metadata.namespace.as_deref() == Some(namespace.as_str())
+                            && restore.metadata.uid.as_deref() == Some(uid.as_str())
+                    })
+                })
+                .collect(),
+        };
         let mut verifications = self.verifications.lock().expect("not poisoned");
         let (mut view, starts) =
-            node::compute(pods.iter().map(AsRef::as_ref), &verifications, &recorded);
-        // Forget verifications of pods that left the node.
+            node::compute(pods.iter().map(AsRef::as_ref), &verifications, &restores);
+        // Forget verifications of pods that left the node, and what was asked for them.
         verifications.retain(|key, _| view.pods.contains(&key.pod_uid));
+        let asked: Vec<_> = view
+            .gated
+            .values()
+            .flat_map(|pod| &pod.volumes)
+            .map(|volume| Restores::key(&volume.volume))
+            .collect();
+        restores.absences.retain(|key, _| asked.contains(key));
+        let asks: Vec<WorkloadVolume> = view
+            .gated
+            .values()
+            .flat_map(|pod| &pod.volumes)
+            .map(|volume| &volume.volume)
+            .filter(|volume| restores.to_ask(volume))
+            .cloned()
+            .collect();
+        for volume in &asks {
+            restores
+                .absences
+                .insert(Restores::key(volume), Absence::Asking);
+        }
         if !starts.is_empty() {
             for start in &starts {
                 verifications.insert(start.key.clone(), Verification::Running { note: None });
             }
-            view = node::compute(pods.iter().map(AsRef::as_ref), &verifications, &recorded).0;
+            view = node::compute(pods.iter().map(AsRef::as_ref), &verifications, &restores).0;
         }
+        *absences = restores.absences;
+        drop(absences);
         self.publish(view);
-        Some(starts)
+        Some((starts, asks))
+    }
+
+    /// Records what the API server said of a gated volume's Restore (`None`: asking failed,
+    /// ask again), and wakes the view.
+    pub fn answer(&self, volume: &WorkloadVolume, absence: Option<Absence>) {
+        let mut absences = self.absences.lock().expect("not poisoned");
+        let key = Restores::key(volume);
+        match absence {
+            Some(absence) => {
+                absences.insert(key, absence);
+            }
+            None => {
+                absences.remove(&key);
+            }
+        }
+        drop(absences);
+        self.changed.notify_one();
     }
 
     fn publish(&self, view: NodeView) {

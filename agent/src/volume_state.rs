@@ -8,7 +8,7 @@
 //! is verified afresh.
 
 use custody_proto::reasons::VolumeFailure;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use custody_proto::names;
 
@@ -143,6 +143,61 @@ pub enum RecordedVolume {
 /// What the Restores' statuses record, by `(namespace, Restore UID, claim)`.
 pub type Recorded = BTreeMap<(String, String, String), RecordedVolume>;
 
+/// What the API server said of a gated volume whose Restore is not in the agent's watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Absence {
+    /// The agent is asking.
+    Asking,
+    /// The Restore exists after all (the watch had not seen it yet).
+    RestoreExists,
+    /// No Restore of that name, or one with another UID (`replaced_by`). `verified`: the claim
+    /// carries that Restore's record
+    /// ([`custody_proto::names::verified_by_restore`]), so it was verified before the Restore
+    /// was deleted.
+    RestoreGone {
+        replaced_by: Option<String>,
+        verified: bool,
+    },
+}
+
+/// The [`Absence`]s by `(namespace, Restore UID, claim)`.
+pub type Absences = BTreeMap<(String, String, String), Absence>;
+
+/// What the agent knows of the Restores its gated pods name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restores {
+    /// What their statuses record.
+    pub recorded: Recorded,
+    /// Those in the agent's watch, by `(namespace, UID)`.
+    pub watched: BTreeSet<(String, String)>,
+    /// What the API server said of those not in the watch.
+    pub absences: Absences,
+}
+
+impl Restores {
+    /// The key of `volume` in [`Recorded`] and [`Absences`].
+    pub fn key(volume: &WorkloadVolume) -> (String, String, String) {
+        (
+            volume.namespace.clone(),
+            volume.restore_uid.clone(),
+            volume.claim_name.clone(),
+        )
+    }
+
+    /// Whether the agent must ask the API server about `volume`'s Restore: it is not in the
+    /// watch and nobody asked yet.
+    pub fn to_ask(&self, volume: &WorkloadVolume) -> bool {
+        !self.is_watched(volume)
+            && !self.absences.contains_key(&Self::key(volume))
+            && self.recorded.get(&Self::key(volume)) != Some(&RecordedVolume::Verified)
+    }
+
+    fn is_watched(&self, volume: &WorkloadVolume) -> bool {
+        self.watched
+            .contains(&(volume.namespace.clone(), volume.restore_uid.clone()))
+    }
+}
+
 /// Decides one volume's state.
 ///
 /// A claim the Restore's status records as verified is verified, for good: its pod is released
@@ -153,6 +208,11 @@ pub type Recorded = BTreeMap<(String, String, String), RecordedVolume>;
 /// already ended (verified or failed): the node then says what the Restore says (its Job gave
 /// up, its deadline passed) instead of "restoring" forever, and starts no verification.
 ///
+/// A Restore not in the agent's watch is asked for. One that is gone (deleted, or replaced by
+/// another of its name) decides from the claim alone: verified when the claim carries that
+/// Restore's record, failed otherwise: nothing will ever write or verify that volume for it,
+/// so the pod is neither released onto what the volume holds nor left waiting in silence.
+///
 /// `prepare` may hold any pods; only those for the same namespace, claim and Restore UID
 /// count. A succeeded pod wins over active ones (its output is what the volume holds); among
 /// several succeeded pods the one already verified (or being verified) is kept, so that a
@@ -161,13 +221,10 @@ pub fn decide(
     volume: &WorkloadVolume,
     prepare: &[PreparePod],
     verifications: &BTreeMap<VerificationKey, Verification>,
-    recorded: &Recorded,
+    restores: &Restores,
 ) -> Decision {
-    let record = recorded.get(&(
-        volume.namespace.clone(),
-        volume.restore_uid.clone(),
-        volume.claim_name.clone(),
-    ));
+    let key = Restores::key(volume);
+    let record = restores.recorded.get(&key);
     if record == Some(&RecordedVolume::Verified) {
         return Decision {
             state: State::Verified { at_unix_nanos: 0 },
@@ -177,6 +234,57 @@ pub fn decide(
             ),
             start: None,
         };
+    }
+    if !restores.is_watched(volume) {
+        match restores.absences.get(&key) {
+            None | Some(Absence::Asking) => {
+                return Decision {
+                    state: State::Pending,
+                    message: format!(
+                        "Restore {} is not in the agent's watch: asking the API server whether it still exists",
+                        volume.restore_name
+                    ),
+                    start: None,
+                };
+            }
+            Some(Absence::RestoreExists) => {}
+            Some(Absence::RestoreGone { verified: true, .. }) => {
+                return Decision {
+                    state: State::Verified { at_unix_nanos: 0 },
+                    message: format!(
+                        "verified by Restore {} before it was deleted (annotation {} on claim {}; not read again)",
+                        volume.restore_name,
+                        names::verified_by_restore(&volume.restore_uid),
+                        volume.claim_name
+                    ),
+                    start: None,
+                };
+            }
+            Some(Absence::RestoreGone {
+                verified: false,
+                replaced_by,
+            }) => {
+                let (reason, gone) = match replaced_by {
+                    None => (VolumeFailure::RestoreNotFound, "was deleted".to_string()),
+                    Some(uid) => (
+                        VolumeFailure::RestoreReplaced,
+                        format!("was replaced by another of its name (UID {uid})"),
+                    ),
+                };
+                let message = format!(
+                    "Restore {} (UID {}) {gone} before it recorded claim {} as verified: what the volume holds is unknown, so the pod is not released. Restore the Cluster again (its pods are held until that Restore verifies), or recreate the pod to run on the volume as it is",
+                    volume.restore_name, volume.restore_uid, volume.claim_name
+                );
+                return Decision {
+                    state: State::Failed {
+                        reason,
+                        message: message.clone(),
+                    },
+                    message,
+                    start: None,
+                };
+            }
+        }
     }
     let decision = from_pods(volume, prepare, verifications);
     match (record, &decision.state) {
@@ -198,6 +306,25 @@ pub fn decide(
             }
         }
         _ => decision,
+    }
+}
+
+/// What the API server's answers say of `volume`'s Restore: `restore_uid` is the UID of the
+/// Restore of its name (`None`: there is none), `claim` the annotations of its claim (`None`:
+/// no such claim).
+pub fn absence(
+    volume: &WorkloadVolume,
+    restore_uid: Option<&str>,
+    claim: Option<&BTreeMap<String, String>>,
+) -> Absence {
+    if restore_uid == Some(volume.restore_uid.as_str()) {
+        return Absence::RestoreExists;
+    }
+    Absence::RestoreGone {
+        replaced_by: restore_uid.map(str::to_string),
+        verified: claim.is_some_and(|annotations| {
+            annotations.contains_key(&names::verified_by_restore(&volume.restore_uid))
+        }),
     }
 }
 

@@ -203,8 +203,12 @@ pub async fn create_job(
     }
 }
 
-/// Whether claim `claim` carries the known-data mark; `None` when it does not exist.
-pub async fn known_data(client: &Client, namespace: &str, claim: &str) -> Result<Option<bool>> {
+/// The annotations of claim `claim`; `None` when it does not exist.
+pub async fn claim_annotations(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+) -> Result<Option<std::collections::BTreeMap<String, String>>> {
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), namespace);
     Ok(claims
@@ -213,11 +217,14 @@ pub async fn known_data(client: &Client, namespace: &str, claim: &str) -> Result
         .map_err(Error::read(format!(
             "PersistentVolumeClaim {namespace}/{claim}"
         )))?
-        .map(|claim| {
-            claim
-                .annotations()
-                .contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
-        }))
+        .map(|claim| claim.metadata.annotations.unwrap_or_default()))
+}
+
+/// Whether claim `claim` carries the known-data mark; `None` when it does not exist.
+pub async fn known_data(client: &Client, namespace: &str, claim: &str) -> Result<Option<bool>> {
+    Ok(claim_annotations(client, namespace, claim)
+        .await?
+        .map(|annotations| annotations.contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)))
 }
 
 /// Marks claim `claim` as holding real data, saying how custody knows (`how`): see
@@ -228,11 +235,48 @@ pub async fn mark_known_data(
     claim: &str,
     how: &str,
 ) -> Result<()> {
+    annotate_claim(
+        client,
+        namespace,
+        claim,
+        serde_json::json!({ custody_proto::names::ANNOTATION_KNOWN_DATA: how }),
+    )
+    .await
+}
+
+/// Marks claim `claim` as verified by Restore `restore` (`restore_uid`): the known-data mark
+/// (`how`) and that Restore's own record
+/// ([`custody_proto::names::verified_by_restore`]), which outlives the Restore.
+pub async fn mark_verified_by_restore(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+    how: &str,
+    restore: &str,
+    restore_uid: &str,
+) -> Result<()> {
+    annotate_claim(
+        client,
+        namespace,
+        claim,
+        serde_json::json!({
+            custody_proto::names::ANNOTATION_KNOWN_DATA: how,
+            custody_proto::names::verified_by_restore(restore_uid): restore,
+        }),
+    )
+    .await
+}
+
+/// Merges `annotations` into claim `claim`'s; a claim that is gone is left so.
+async fn annotate_claim(
+    client: &Client,
+    namespace: &str,
+    claim: &str,
+    annotations: serde_json::Value,
+) -> Result<()> {
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        custody_proto::names::ANNOTATION_KNOWN_DATA: how,
-    }}});
+    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
     match claims
         .patch(
             claim,

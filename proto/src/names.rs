@@ -48,6 +48,17 @@ pub const ENV_RESTORED_CLAIMS: &str = "CUSTODY_RESTORED_CLAIMS";
 /// verified it, or a Backup copied it), with which run. A pod labelled with a Cluster that no
 /// longer exists is admitted only when every claim it mounts carries this.
 pub const ANNOTATION_KNOWN_DATA: &str = "custody.io/known-data";
+/// On a PersistentVolumeClaim, one annotation per Restore that verified it: this prefix, the
+/// Restore's UID, and its name as the value (see [`verified_by_restore`]). The record lives
+/// on the claim, so it outlives the Restore and goes with the claim: a claim deleted and made
+/// again under its name has none. A pod still carrying `custody-wait` for a Restore that is
+/// gone is released only when its claim carries that Restore's record.
+pub const ANNOTATION_VERIFIED_BY_RESTORE_PREFIX: &str = "verified.custody.io/";
+
+/// The annotation key recording, on a claim, that the Restore with UID `restore_uid` verified it.
+pub fn verified_by_restore(restore_uid: &str) -> String {
+    format!("{ANNOTATION_VERIFIED_BY_RESTORE_PREFIX}{restore_uid}")
+}
 /// The label that names a pod's Cluster: pods carrying it go through the admission webhook.
 pub const LABEL_CLUSTER: &str = "custody.io/cluster";
 

@@ -1063,7 +1063,26 @@ async fn on_a_real_node_deleting_the_cluster_cancels_its_restore_and_leaves_the_
         .get("data-shop-0")
         .await
         .expect("the claim stays");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The agent says why the pod stays held, instead of waiting for a prepareData pod that
+    // will never come: its Restore was deleted before it verified the claim.
+    let failed = reported_volume(
+        &setup.client,
+        setup.node,
+        "the agent reports the held volume failed",
+        |volume| volume.pod_name == "shop-0" && volume.state == VolumeState::Failed,
+    )
+    .await;
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("RestoreNotFound"),
+        "{failed:?}"
+    );
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains("was deleted before it recorded claim data-shop-0 as verified"),
+        "{message}"
+    );
+    eprintln!("cancel: the held pod's volume: RestoreNotFound: {message}");
     let pod = pods.get("shop-0").await.unwrap();
     let status = pod.status.as_ref().unwrap();
     never_started(status);
@@ -1072,6 +1091,36 @@ async fn on_a_real_node_deleting_the_cluster_cancels_its_restore_and_leaves_the_
         "the restore was not finished"
     );
     setup.finish().await;
+}
+
+/// The first volume node `node`'s agent reports (its NodeAgent's `status.restoredVolumes`)
+/// that `wanted` accepts, waited for.
+async fn reported_volume(
+    client: &kube::Client,
+    node: &str,
+    what: &str,
+    wanted: impl Fn(&custody_kube::api::ReportedVolume) -> bool,
+) -> custody_kube::api::ReportedVolume {
+    let agents = Api::<NodeAgent>::all(client.clone());
+    let wanted = &wanted;
+    custody_tests::eventually(what, TIMEOUT, || {
+        let agents = agents.clone();
+        async move {
+            let status = agents
+                .get(node)
+                .await
+                .map_err(|error| error.to_string())?
+                .status
+                .unwrap_or_default();
+            status
+                .restored_volumes
+                .iter()
+                .find(|volume| wanted(volume))
+                .cloned()
+                .ok_or_else(|| format!("{:?}", status.restored_volumes))
+        }
+    })
+    .await
 }
 
 /// #13: custody installed with its Helm chart (`helm install custody deploy/helm/custody -n
@@ -1342,10 +1391,37 @@ async fn on_a_real_node_a_completed_restore_is_not_held_again_after_an_agent_rol
         })
     };
     await_condition(pods, "shop-0", "custody-wait run again", TIMEOUT, restarted).await;
-    let after = await_condition(pods, "shop-0", "ready again", TIMEOUT, |pod: &Pod| {
-        restarted(pod) && ready(pod)
-    })
-    .await;
+    // Settled after `runs` runs of custody-wait: it ended released and the application runs
+    // in the new sandbox (a Ready condition alone may still be the old sandbox's).
+    let settled = |runs: i32| {
+        move |pod: &Pod| {
+            pod.status.as_ref().is_some_and(|status| {
+                let released = status
+                    .init_container_statuses
+                    .iter()
+                    .flatten()
+                    .next()
+                    .is_some_and(|wait| {
+                        wait.restart_count >= runs - 1
+                            && wait.state.as_ref().is_some_and(|state| {
+                                state
+                                    .terminated
+                                    .as_ref()
+                                    .is_some_and(|ended| ended.exit_code == 0)
+                            })
+                    });
+                let running = status.container_statuses.iter().flatten().all(|container| {
+                    container.ready
+                        && container
+                            .state
+                            .as_ref()
+                            .is_some_and(|state| state.running.is_some())
+                });
+                released && running
+            }) && ready(pod)
+        }
+    };
+    let after = await_condition(pods, "shop-0", "ready again", TIMEOUT, settled(2)).await;
     let wait = &after
         .status
         .as_ref()
@@ -1382,11 +1458,74 @@ async fn on_a_real_node_a_completed_restore_is_not_held_again_after_an_agent_rol
         "{status:?}"
     );
     let restore = namespace.api::<Restore>().get("shop").await.unwrap();
+    let restore_uid = restore.metadata.uid.clone().unwrap();
     assert_eq!(restore.status.unwrap().phase, Some(RestorePhase::Completed));
     assert_eq!(
         std::fs::read(target.path().join("new-table")).unwrap(),
         b"rows"
     );
+
+    // The Restore is deleted; its record stays on the claim. (The Cluster, whose
+    // `spec.restore` still names the Backup, makes a new Restore of that name, with another
+    // UID.) The pod's custody-wait still names the deleted Restore: should the kubelet run it
+    // again, the agent answers from that record instead of waiting for the Restore's
+    // prepareData pod for ever.
+    namespace
+        .api::<Restore>()
+        .delete("shop", &Default::default())
+        .await
+        .unwrap();
+    custody_tests::eventually("the Restore that verified the pod gone", TIMEOUT, || {
+        let restores = namespace.api::<Restore>();
+        let restore_uid = restore_uid.clone();
+        async move {
+            match restores.get_opt("shop").await {
+                Ok(Some(restore)) if restore.metadata.uid.as_deref() == Some(&restore_uid) => {
+                    Err("still there".to_string())
+                }
+                Ok(_) => Ok(()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
+    let claim = namespace
+        .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .get("data-shop-0")
+        .await
+        .unwrap();
+    let record = custody_proto::names::verified_by_restore(&restore_uid);
+    assert_eq!(
+        claim.annotations().get(&record).map(String::as_str),
+        Some("shop"),
+        "{:?}",
+        claim.annotations()
+    );
+    // The agent, which no longer watches that Restore, asks the API server and answers the
+    // pod's custody-wait from the claim's record: Verified, not "waiting for the prepareData
+    // pod" (what it said before the record existed).
+    let volume = reported_volume(
+        &setup.client,
+        node,
+        "the agent reports the pod's volume verified with its Restore gone",
+        |volume| {
+            volume.pod_name == "shop-0"
+                && volume.restore_uid == restore_uid
+                && volume.state == VolumeState::Verified
+                && volume
+                    .message
+                    .as_deref()
+                    .is_some_and(|message| message.contains("before it was deleted"))
+        },
+    )
+    .await;
+    eprintln!(
+        "rollout: with its Restore gone: {}",
+        volume.message.unwrap_or_default()
+    );
+    let released = pods.get("shop-0").await.unwrap();
+    assert!(ready(&released));
+    assert_eq!(released.metadata.uid, before.metadata.uid);
     setup.finish().await;
 }
 

@@ -1,5 +1,14 @@
 use super::*;
-use crate::volume_state::{Outcome, RecordedVolume};
+
+/// What is known of the Restores when the test's Restore is in the agent's watch.
+fn watched(recorded: Recorded) -> Restores {
+    Restores {
+        recorded,
+        watched: [("db".to_string(), "restore-uid".to_string())].into(),
+        absences: Absences::new(),
+    }
+}
+use crate::volume_state::{Absences, Outcome, Recorded, RecordedVolume};
 
 fn pod(value: serde_json::Value) -> Pod {
     serde_json::from_value(value).expect("pod")
@@ -53,7 +62,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
         prepare("prep-wal", "wal-pg-0", "Running"),
         bystander(),
     ];
-    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0].key.prepare_pod_uid, "prep-data-uid");
     assert_eq!(starts[0].volume.volume, "data");
@@ -92,7 +101,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
         (key("data", "prep-data"), verified(10)),
         (key("wal", "prep-wal"), verified(20)),
     ]);
-    let (view, starts) = compute(&done, &verifications, &Recorded::new());
+    let (view, starts) = compute(&done, &verifications, &watched(Recorded::new()));
     assert!(starts.is_empty());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(progress.released);
@@ -101,7 +110,7 @@ fn a_pod_is_released_only_when_each_restored_claim_is_verified() {
 
     // One verified, one not: still gated.
     let half = BTreeMap::from([(key("data", "prep-data"), verified(10))]);
-    let (view, _) = compute(&done, &half, &Recorded::new());
+    let (view, _) = compute(&done, &half, &watched(Recorded::new()));
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
     assert_eq!(progress.verified_at_unix_nanos, 0);
@@ -125,7 +134,7 @@ fn a_prepare_pod_killed_is_not_a_failed_volume_its_job_tries_again() {
         .unwrap()
         .exit_code = 137;
     let pods = [workload("data-pg-0"), killed];
-    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, _) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     let volume = &view.gated["pod-uid"].volumes[0];
     assert_eq!(volume.state, State::Restoring, "{}", volume.message);
     assert!(
@@ -141,7 +150,7 @@ fn a_failed_prepare_pod_names_its_exit() {
         workload("data-pg-0"),
         prepare("prep-data", "data-pg-0", "Failed"),
     ];
-    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, _) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     let volume = &view.gated["pod-uid"].volumes[0];
     assert!(
         matches!(&volume.state, State::Failed { reason, .. } if reason.as_str() == "PrepareDataFailed")
@@ -156,7 +165,7 @@ fn a_failed_prepare_pod_names_its_exit() {
 #[test]
 fn pods_not_under_restore_pass_and_unknown_pods_get_no_answer() {
     let pods = [bystander()];
-    let (view, _) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, _) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     let progress = view.progress("web-uid", "db", "web").unwrap();
     assert!(progress.released && progress.volumes.is_empty());
     assert_eq!(view.progress("gone-uid", "db", "gone"), None);
@@ -165,7 +174,7 @@ fn pods_not_under_restore_pass_and_unknown_pods_get_no_answer() {
 #[test]
 fn inconsistent_restore_annotations_keep_the_pod_gated() {
     let pods = [workload("data-pg-0,not-mounted")];
-    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     assert!(starts.is_empty());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released);
@@ -195,7 +204,7 @@ fn injected_then_stripped() -> Pod {
 #[test]
 fn removing_labels_and_annotations_does_not_release_a_held_pod() {
     let pods = [injected_then_stripped()];
-    let (view, starts) = compute(&pods, &BTreeMap::new(), &Recorded::new());
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &watched(Recorded::new()));
     assert!(starts.is_empty());
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(!progress.released, "{progress:?}");
@@ -211,7 +220,7 @@ fn removing_labels_and_annotations_does_not_release_a_held_pod() {
         .as_mut()
         .unwrap()[0]
         .env = None;
-    let (view, _) = compute(&[empty], &BTreeMap::new(), &Recorded::new());
+    let (view, _) = compute(&[empty], &BTreeMap::new(), &watched(Recorded::new()));
     assert!(!view.progress("pod-uid", "db", "pg-0").unwrap().released);
 }
 
@@ -227,7 +236,7 @@ fn a_pod_whose_volume_the_restore_records_verified_is_released_without_a_verific
         RecordedVolume::Verified,
     )]
     .into();
-    let (view, starts) = compute(&pods, &BTreeMap::new(), &recorded);
+    let (view, starts) = compute(&pods, &BTreeMap::new(), &watched(recorded.clone()));
     assert!(starts.is_empty(), "{starts:?}");
     let progress = view.progress("pod-uid", "db", "pg-0").unwrap();
     assert!(progress.released, "{progress:?}");

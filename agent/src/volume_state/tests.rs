@@ -1,5 +1,14 @@
 use super::*;
 
+/// What is known of the Restores when the test's Restore is in the agent's watch.
+fn watched(recorded: Recorded) -> Restores {
+    Restores {
+        recorded,
+        watched: [("db".to_string(), "restore-uid".to_string())].into(),
+        absences: Absences::new(),
+    }
+}
+
 fn volume() -> WorkloadVolume {
     WorkloadVolume {
         namespace: "db".into(),
@@ -216,7 +225,12 @@ fn states_follow_the_prepare_pods_and_verifications() {
         },
     ];
     for row in rows {
-        let decision = decide(&volume(), &row.prepare, row.verifications, &Recorded::new());
+        let decision = decide(
+            &volume(),
+            &row.prepare,
+            row.verifications,
+            &watched(Recorded::new()),
+        );
         assert!(
             (row.state)(&decision.state),
             "{}: got {:?}",
@@ -267,7 +281,12 @@ fn a_verification_the_restore_records_stands_without_reading_the_volume() {
             &failed,
         ),
     ] {
-        let decision = decide(&volume(), &prepare, verifications, &recorded);
+        let decision = decide(
+            &volume(),
+            &prepare,
+            verifications,
+            &watched(recorded.clone()),
+        );
         assert!(
             matches!(decision.state, State::Verified { .. }),
             "{name}: {decision:?}"
@@ -289,7 +308,7 @@ fn a_verification_the_restore_records_stands_without_reading_the_volume() {
             RecordedVolume::Verified,
         )]
         .into();
-        let decision = decide(&volume(), &[], &BTreeMap::new(), &recorded);
+        let decision = decide(&volume(), &[], &BTreeMap::new(), &watched(recorded.clone()));
         assert_eq!(decision.state, State::Pending, "{other:?}");
     }
 }
@@ -340,7 +359,12 @@ fn a_failure_the_restore_records_ends_a_volume_this_agent_had_not_finished() {
             &running,
         ),
     ] {
-        let decision = decide(&volume(), &prepare, verifications, &recorded);
+        let decision = decide(
+            &volume(),
+            &prepare,
+            verifications,
+            &watched(recorded.clone()),
+        );
         let State::Failed { reason, message } = &decision.state else {
             panic!("{name}: {decision:?}");
         };
@@ -357,14 +381,14 @@ fn a_failure_the_restore_records_ends_a_volume_this_agent_had_not_finished() {
         &volume(),
         &[prepare("a", Phase::Succeeded)],
         &verified_a,
-        &recorded,
+        &watched(recorded.clone()),
     );
     assert!(matches!(own.state, State::Verified { .. }), "{own:?}");
     let own = decide(
         &volume(),
         &[prepare("a", Phase::Succeeded)],
         &mismatch,
-        &recorded,
+        &watched(recorded.clone()),
     );
     assert!(
         matches!(
@@ -389,7 +413,7 @@ fn a_failure_the_restore_records_ends_a_volume_this_agent_had_not_finished() {
         },
     )]
     .into();
-    let decision = decide(&volume(), &[], &none, &other);
+    let decision = decide(&volume(), &[], &none, &watched(other.clone()));
     assert_eq!(decision.state, State::Pending);
 }
 
@@ -520,4 +544,253 @@ fn workload_volumes_come_from_the_target_and_the_pod_spec() {
         )
         .is_err()
     );
+}
+
+/// A gated pod's Restore that the watch does not hold is asked for, once; gone, it decides
+/// from the claim's record alone: the pod is released only on a claim carrying that Restore's
+/// record, and otherwise fails saying why instead of waiting for a prepareData pod that will
+/// never come. A Restore that exists after all (the watch lagged) decides as usual.
+#[test]
+fn a_restore_that_is_gone_decides_from_the_claims_record() {
+    let restore_key = Restores::key(&volume());
+    let gone = |replaced_by: Option<&str>, verified: bool| Absence::RestoreGone {
+        replaced_by: replaced_by.map(str::to_string),
+        verified,
+    };
+    let succeeded = [prepare("a", Phase::Succeeded)];
+    let verified_a: BTreeMap<VerificationKey, Verification> = [(key("a"), verified())].into();
+    let none = BTreeMap::new();
+    // (name, watched, absence, prepare pods, verifications, state, asks)
+    type Row<'a> = (
+        &'a str,
+        bool,
+        Option<Absence>,
+        &'a [PreparePod],
+        &'a BTreeMap<VerificationKey, Verification>,
+        &'a str,
+        bool,
+    );
+    let rows: [Row; 9] = [
+        (
+            "watched",
+            true,
+            None,
+            &succeeded,
+            &verified_a,
+            "Verified",
+            false,
+        ),
+        (
+            "not watched, not asked",
+            false,
+            None,
+            &succeeded,
+            &verified_a,
+            "Pending",
+            true,
+        ),
+        (
+            "asking",
+            false,
+            Some(Absence::Asking),
+            &succeeded,
+            &verified_a,
+            "Pending",
+            false,
+        ),
+        (
+            "the watch lagged",
+            false,
+            Some(Absence::RestoreExists),
+            &succeeded,
+            &verified_a,
+            "Verified",
+            false,
+        ),
+        (
+            "the watch lagged, nothing yet",
+            false,
+            Some(Absence::RestoreExists),
+            &[],
+            &none,
+            "Pending",
+            false,
+        ),
+        (
+            "gone, recorded on the claim",
+            false,
+            Some(gone(None, true)),
+            &[],
+            &none,
+            "Verified",
+            false,
+        ),
+        (
+            "gone, not recorded",
+            false,
+            Some(gone(None, false)),
+            &[],
+            &none,
+            "Failed",
+            false,
+        ),
+        // Its prepareData pod's output, verified by this agent, no longer counts: the Restore
+        // that vouched for the Backup is gone.
+        (
+            "gone, a verification of its pod",
+            false,
+            Some(gone(None, false)),
+            &succeeded,
+            &verified_a,
+            "Failed",
+            false,
+        ),
+        (
+            "replaced",
+            false,
+            Some(gone(Some("new-uid"), false)),
+            &[],
+            &none,
+            "Failed",
+            false,
+        ),
+    ];
+    for (name, watched_now, absence, prepare, verifications, state, asks) in rows {
+        let mut restores = Restores::default();
+        if watched_now {
+            restores = watched(Recorded::new());
+        }
+        if let Some(absence) = absence {
+            restores.absences.insert(restore_key.clone(), absence);
+        }
+        let decision = decide(&volume(), prepare, verifications, &restores);
+        assert_eq!(decision.state.name(), state, "{name}: {decision:?}");
+        assert_eq!(restores.to_ask(&volume()), asks, "{name}");
+        assert_eq!(decision.start, None, "{name}");
+        assert!(!decision.message.is_empty(), "{name}");
+    }
+    // The failure names the Restore, the claim and what to do.
+    let mut restores = Restores::default();
+    restores
+        .absences
+        .insert(restore_key.clone(), gone(None, false));
+    let decision = decide(&volume(), &[], &none, &restores);
+    assert_eq!(
+        decision.state,
+        State::Failed {
+            reason: VolumeFailure::RestoreNotFound,
+            message: decision.message.clone()
+        }
+    );
+    for part in [
+        "pg-restore",
+        "restore-uid",
+        "data-pg-0",
+        "was deleted",
+        "Restore the Cluster again",
+    ] {
+        assert!(
+            decision.message.contains(part),
+            "{part}: {}",
+            decision.message
+        );
+    }
+    restores
+        .absences
+        .insert(restore_key.clone(), gone(Some("new-uid"), false));
+    let decision = decide(&volume(), &[], &none, &restores);
+    assert!(
+        matches!(
+            decision.state,
+            State::Failed {
+                reason: VolumeFailure::RestoreReplaced,
+                ..
+            }
+        ),
+        "{decision:?}"
+    );
+    // What the Restore's status records while the watch held it still counts.
+    let mut restores = Restores::default();
+    restores
+        .recorded
+        .insert(restore_key.clone(), RecordedVolume::Verified);
+    assert!(!restores.to_ask(&volume()));
+    assert_eq!(
+        decide(&volume(), &[], &none, &restores).state.name(),
+        "Verified"
+    );
+}
+
+/// What the API server's answers mean: the Restore of the pod's UID exists; or it is gone (or
+/// another has its name) and the claim says whether that Restore verified it.
+#[test]
+fn the_answers_about_a_restore_say_whether_it_is_gone_and_verified() {
+    let own = names::verified_by_restore("restore-uid");
+    let annotations = |keys: &[&str]| -> BTreeMap<String, String> {
+        keys.iter()
+            .map(|key| (key.to_string(), "pg-restore".to_string()))
+            .collect()
+    };
+    let with_own = annotations(&[own.as_str(), names::ANNOTATION_KNOWN_DATA]);
+    let known_only = annotations(&[names::ANNOTATION_KNOWN_DATA]);
+    let other = annotations(&["verified.custody.io/other-uid"]);
+    let rows = [
+        (Some("restore-uid"), None, Absence::RestoreExists),
+        (Some("restore-uid"), Some(&with_own), Absence::RestoreExists),
+        (
+            None,
+            Some(&with_own),
+            Absence::RestoreGone {
+                replaced_by: None,
+                verified: true,
+            },
+        ),
+        (
+            None,
+            Some(&known_only),
+            Absence::RestoreGone {
+                replaced_by: None,
+                verified: false,
+            },
+        ),
+        (
+            None,
+            Some(&other),
+            Absence::RestoreGone {
+                replaced_by: None,
+                verified: false,
+            },
+        ),
+        (
+            None,
+            None,
+            Absence::RestoreGone {
+                replaced_by: None,
+                verified: false,
+            },
+        ),
+        (
+            Some("new-uid"),
+            Some(&with_own),
+            Absence::RestoreGone {
+                replaced_by: Some("new-uid".into()),
+                verified: true,
+            },
+        ),
+        (
+            Some("new-uid"),
+            None,
+            Absence::RestoreGone {
+                replaced_by: Some("new-uid".into()),
+                verified: false,
+            },
+        ),
+    ];
+    for (restore_uid, claim, expected) in rows {
+        assert_eq!(
+            absence(&volume(), restore_uid, claim),
+            expected,
+            "{restore_uid:?} {claim:?}"
+        );
+    }
 }

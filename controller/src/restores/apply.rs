@@ -52,7 +52,15 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
         crate::reconciler::create_job(client, &namespace, job).await?;
     }
     for (claim, how) in &plan.mark_claims {
-        crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
+        crate::reconciler::mark_verified_by_restore(
+            client,
+            &namespace,
+            claim,
+            how,
+            &restore.name_any(),
+            &uid,
+        )
+        .await?;
     }
     for (name, job_uid) in &plan.delete_jobs {
         delete_job(
@@ -189,6 +197,23 @@ pub async fn teardown(
     }
     if plan.waiting {
         return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // What this Restore verified keeps its record on the claims once the Restore is gone.
+    let verified = restore
+        .status
+        .as_ref()
+        .map(|status| decide::verified_claims(&status.volumes))
+        .unwrap_or_default();
+    for claim in &verified {
+        crate::reconciler::mark_verified_by_restore(
+            client,
+            &namespace,
+            claim,
+            &plan::verified_by(restore),
+            &restore.name_any(),
+            &uid,
+        )
+        .await?;
     }
     let me = holds::holder("Restore", &uid);
     let leases = &context.base.leases;

@@ -557,6 +557,26 @@ pub fn releasable_pods(reports: &BTreeMap<String, (&ReportedVolume, &str)>) -> B
         .collect()
 }
 
+/// The claims a Restore's status records as verified: each gets that Restore's record on the
+/// claim (see [`needs_record`]) before the Restore can go, so that a pod still carrying
+/// `custody-wait` for it is released later without it, and only on that claim.
+pub fn verified_claims(volumes: &[VolumeRestoreStatus]) -> Vec<String> {
+    volumes
+        .iter()
+        .filter(|volume| volume.state == VolumeState::Verified)
+        .map(|volume| volume.claim_name.clone())
+        .collect()
+}
+
+/// Whether a verified claim with `annotations` (`None`: the claim is gone) still needs the
+/// marks of Restore `restore_uid`: the known-data mark and the Restore's own record.
+pub fn needs_record(annotations: Option<&BTreeMap<String, String>>, restore_uid: &str) -> bool {
+    annotations.is_some_and(|annotations| {
+        !annotations.contains_key(custody_proto::names::ANNOTATION_KNOWN_DATA)
+            || !annotations.contains_key(&custody_proto::names::verified_by_restore(restore_uid))
+    })
+}
+
 /// What cancelling a Restore still has to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Teardown {

@@ -18,7 +18,6 @@ use crate::backups::decide::{JobState, job_state};
 use crate::error::{Error, Result};
 use custody_kube::api::{
     Backup, BackupRepository, Cluster, NodeAgent, ReportedVolume, Restore, RestorePhase,
-    VolumeState,
 };
 use custody_proto::reasons::VolumeFailure;
 
@@ -118,16 +117,11 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         )
         .await?;
         if status.phase == Some(RestorePhase::Completed) {
-            for volume in status
-                .volumes
-                .iter()
-                .filter(|volume| volume.state == VolumeState::Verified)
-            {
-                let claim = &volume.claim_name;
-                let unmarked =
-                    crate::reconciler::known_data(client, &namespace, claim).await? == Some(false);
-                if unmarked {
-                    facts.unmarked_claims.push(claim.clone());
+            for claim in decide::verified_claims(&status.volumes) {
+                let annotations =
+                    crate::reconciler::claim_annotations(client, &namespace, &claim).await?;
+                if decide::needs_record(annotations.as_ref(), &uid) {
+                    facts.unmarked_claims.push(claim);
                 }
             }
         }

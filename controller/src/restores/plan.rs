@@ -91,7 +91,8 @@ pub struct Plan {
     /// This Restore's own Jobs to delete, `(name, UID)`: a completed Restore's volumes are
     /// recorded as verified in its status, so their prepareData Jobs are no longer needed.
     pub delete_jobs: Vec<(String, String)>,
-    /// Claims to mark as holding known data, `(claim, how custody knows)`.
+    /// Claims to mark as holding known data and as verified by this Restore, `(claim, how
+    /// custody knows)`.
     pub mark_claims: Vec<(String, String)>,
     /// The status to write; `None` when it would not change.
     pub status: Option<RestoreStatus>,
@@ -226,10 +227,7 @@ pub fn plan(facts: &Facts) -> Plan {
             // A failed Restore keeps its Jobs (and their pods' logs) until it is deleted.
             Vec::new()
         };
-        let how = format!(
-            "verified by Restore {namespace}/{} ({uid})",
-            restore.name_any()
-        );
+        let how = verified_by(restore);
         return Plan {
             lease: LeaseStep::Release,
             delete_jobs,
@@ -572,6 +570,16 @@ pub fn plan(facts: &Facts) -> Plan {
         release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
         requeue: Some(Duration::from_secs(if over { 60 } else { 5 })),
     }
+}
+
+/// The known-data mark's value on a claim `restore` verified.
+pub fn verified_by(restore: &Restore) -> String {
+    format!(
+        "verified by Restore {}/{} ({})",
+        restore.namespace().unwrap_or_default(),
+        restore.name_any(),
+        restore.metadata.uid.as_deref().unwrap_or_default()
+    )
 }
 
 /// The plan when another run holds the Cluster's Lease: wait, naming it.

@@ -817,3 +817,49 @@ fn reported_pods_are_those_of_this_restore_in_this_namespace() {
         BTreeSet::from(["db-0".to_string()])
     );
 }
+
+/// The claims a Restore verified get its record, once, and only while they exist: a claim
+/// with the known-data mark of another run (a Backup's) still gets this Restore's own record.
+#[test]
+fn verified_claims_get_the_restores_record_once() {
+    let volume = |claim: &str, state| VolumeRestoreStatus {
+        claim_name: claim.into(),
+        state,
+        ..VolumeRestoreStatus::default()
+    };
+    let volumes = [
+        volume("data-db-0", VolumeState::Verified),
+        volume("wal-db-0", VolumeState::Failed),
+        volume("logs-db-0", VolumeState::Restoring),
+        volume("data-db-1", VolumeState::Verified),
+    ];
+    assert_eq!(verified_claims(&volumes), ["data-db-0", "data-db-1"]);
+
+    let own = custody_proto::names::verified_by_restore(UID);
+    let other = custody_proto::names::verified_by_restore("another-restore");
+    let known = custody_proto::names::ANNOTATION_KNOWN_DATA;
+    let annotations = |keys: &[&str]| -> BTreeMap<String, String> {
+        keys.iter()
+            .map(|key| (key.to_string(), "db".to_string()))
+            .collect()
+    };
+    let rows = [
+        ("the claim is gone", None, false),
+        ("no mark", Some(annotations(&[])), true),
+        ("a Backup's mark only", Some(annotations(&[known])), true),
+        (
+            "another Restore's record",
+            Some(annotations(&[known, &other])),
+            true,
+        ),
+        (
+            "this Restore's record only",
+            Some(annotations(&[&own])),
+            true,
+        ),
+        ("both", Some(annotations(&[known, &own])), false),
+    ];
+    for (name, annotations, needed) in rows {
+        assert_eq!(needs_record(annotations.as_ref(), UID), needed, "{name}");
+    }
+}
