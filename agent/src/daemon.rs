@@ -137,6 +137,9 @@ async fn maintain(agent: Arc<Agent>) {
     }
 }
 
+/// How long an answer that a Restore the watch lacks exists is trusted.
+const REASK_EXISTING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Asks the API server whether `volume`'s Restore still exists and, when it does not, whether
 /// the claim records that it verified it; asks again 5 s after a failure.
 async fn ask(agent: Arc<Agent>, volume: WorkloadVolume) {
@@ -167,7 +170,15 @@ async fn ask(agent: Arc<Agent>, volume: WorkloadVolume) {
                 ?absence,
                 "asked about a Restore the watch does not hold"
             );
+            let exists = absence == volume_state::Absence::RestoreExists;
             agent.answer(&volume, Some(absence));
+            if exists {
+                // Good until the watch holds that Restore (then the answer is dropped); should
+                // the Restore go before the watch ever saw it, the answer would stay true for
+                // ever: asked again in 10 s while the watch still lacks it.
+                tokio::time::sleep(REASK_EXISTING).await;
+                agent.answer(&volume, None);
+            }
         }
         Err(error) => {
             tracing::warn!(

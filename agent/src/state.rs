@@ -249,3 +249,6 @@ impl Agent {
         self.record(key, Verification::Running { note: Some(note) });
     }
 }
+
+#[cfg(test)]
+mod tests;

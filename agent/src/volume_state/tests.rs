@@ -570,7 +570,7 @@ fn a_restore_that_is_gone_decides_from_the_claims_record() {
         &'a str,
         bool,
     );
-    let rows: [Row; 9] = [
+    let rows: [Row; 10] = [
         (
             "watched",
             true,
@@ -608,13 +608,22 @@ fn a_restore_that_is_gone_decides_from_the_claims_record() {
             false,
         ),
         (
-            "the watch lagged, nothing yet",
+            "the watch lagged, nothing verified yet",
             false,
             Some(Absence::RestoreExists),
-            &[],
+            &succeeded,
+            &none,
+            "Verifying",
+            false,
+        ),
+        (
+            "not watched, nothing verified yet",
+            false,
+            None,
+            &succeeded,
             &none,
             "Pending",
-            false,
+            true,
         ),
         (
             "gone, recorded on the claim",
@@ -666,7 +675,13 @@ fn a_restore_that_is_gone_decides_from_the_claims_record() {
         let decision = decide(&volume(), prepare, verifications, &restores);
         assert_eq!(decision.state.name(), state, "{name}: {decision:?}");
         assert_eq!(restores.to_ask(&volume()), asks, "{name}");
-        assert_eq!(decision.start, None, "{name}");
+        // A verification starts only for a Restore known to exist.
+        let starts = name == "the watch lagged, nothing verified yet";
+        assert_eq!(
+            decision.start,
+            starts.then(|| key("a")),
+            "{name}: {decision:?}"
+        );
         assert!(!decision.message.is_empty(), "{name}");
     }
     // The failure names the Restore, the claim and what to do.
