@@ -139,6 +139,8 @@ async fn maintain(agent: Arc<Agent>) {
 
 /// How long an answer that a Restore the watch lacks exists is trusted.
 const REASK_EXISTING: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long after a failed question it is asked again.
+const REASK_FAILED: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Asks the API server whether `volume`'s Restore still exists and, when it does not, whether
 /// the claim records that it verified it; asks again 5 s after a failure.
@@ -188,7 +190,7 @@ async fn ask(agent: Arc<Agent>, volume: WorkloadVolume) {
                 %error,
                 "asking whether the Restore still exists; again in 5 s"
             );
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            tokio::time::sleep(REASK_FAILED).await;
             agent.answer(&volume, None);
         }
     }

@@ -1,7 +1,7 @@
 //! What the agent's tasks share: the pods of this node and the Restores as the watches see
 //! them, the verifications run so far, and the node's view that the gate and the reports read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use custody_kube::api::{Restore, VolumeState};
@@ -139,46 +139,39 @@ impl Agent {
         }
         let pods = self.pods.state();
         let known = self.restores.state();
+        let watched: BTreeSet<(String, String)> = known
+            .iter()
+            .map(|restore| {
+                (
+                    restore.metadata.namespace.clone().unwrap_or_default(),
+                    restore.metadata.uid.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
         let mut absences = self.absences.lock().expect("not poisoned");
+        // What was asked of a Restore the watch now holds is out of date.
+        absences
+            .retain(|(namespace, uid, _), _| !watched.contains(&(namespace.clone(), uid.clone())));
         let mut restores = Restores {
             recorded: recorded(known.iter().map(AsRef::as_ref)),
-            watched: known
-                .iter()
-                .map(|restore| {
-                    (
-                        restore.metadata.namespace.clone().unwrap_or_default(),
-                        restore.metadata.uid.clone().unwrap_or_default(),
-                    )
-                })
-                .collect(),
-            // What was asked of a Restore the watch now holds is out of date.
-            absences: std::mem::take(&mut *absences)
-                .into_iter()
-                .filter(|((namespace, uid, _), _)| {
-                    !known.iter().any(|restore| {
-                        restore.metadata.namespace.as_deref() == Some(namespace.as_str())
-                            && restore.metadata.uid.as_deref() == Some(uid.as_str())
-                    })
-                })
-                .collect(),
+            watched,
+            absences: std::mem::take(&mut *absences),
         };
         let mut verifications = self.verifications.lock().expect("not poisoned");
         let (mut view, starts) =
             node::compute(pods.iter().map(AsRef::as_ref), &verifications, &restores);
         // Forget verifications of pods that left the node, and what was asked for them.
         verifications.retain(|key, _| view.pods.contains(&key.pod_uid));
-        let asked: Vec<_> = view
-            .gated
-            .values()
-            .flat_map(|pod| &pod.volumes)
-            .map(|volume| Restores::key(&volume.volume))
-            .collect();
-        restores.absences.retain(|key, _| asked.contains(key));
-        let asks: Vec<WorkloadVolume> = view
+        let gated: Vec<&WorkloadVolume> = view
             .gated
             .values()
             .flat_map(|pod| &pod.volumes)
             .map(|volume| &volume.volume)
+            .collect();
+        let asked: BTreeSet<_> = gated.iter().map(|volume| Restores::key(volume)).collect();
+        restores.absences.retain(|key, _| asked.contains(key));
+        let asks: Vec<WorkloadVolume> = gated
+            .into_iter()
             .filter(|volume| restores.to_ask(volume))
             .cloned()
             .collect();

@@ -537,4 +537,4 @@ pub fn workload_volumes(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

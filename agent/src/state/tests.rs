@@ -86,15 +86,7 @@ async fn a_restore_the_watch_lacks_is_asked_once_and_again_when_the_answer_is_wi
     assert!(asks.is_empty(), "asked again while asking: {asks:?}");
 
     // It exists (the watch lags): not asked again until that answer is withdrawn.
-    let asked = WorkloadVolume {
-        namespace: "db".into(),
-        pod_name: "pg-0".into(),
-        pod_uid: "pod-uid".into(),
-        volume: "data".into(),
-        claim_name: "data-pg-0".into(),
-        restore_name: "pg-restore".into(),
-        restore_uid: "restore-uid".into(),
-    };
+    let asked = crate::volume_state::tests::volume();
     agent.answer(&asked, Some(Absence::RestoreExists));
     let (_, asks) = next(&agent).await;
     assert!(asks.is_empty(), "{asks:?}");

@@ -9,7 +9,9 @@ fn watched(recorded: Recorded) -> Restores {
     }
 }
 
-fn volume() -> WorkloadVolume {
+/// The test's workload volume: pod `db/pg-0`, claim `data-pg-0`, Restore `pg-restore`
+/// (`restore-uid`); also the agent's state tests'.
+pub(crate) fn volume() -> WorkloadVolume {
     WorkloadVolume {
         namespace: "db".into(),
         pod_name: "pg-0".into(),

@@ -204,16 +204,11 @@ pub async fn teardown(
         .as_ref()
         .map(|status| decide::verified_claims(&status.volumes))
         .unwrap_or_default();
+    let how = plan::verified_by(restore);
+    let name = restore.name_any();
     for claim in &verified {
-        crate::reconciler::mark_verified_by_restore(
-            client,
-            &namespace,
-            claim,
-            &plan::verified_by(restore),
-            &restore.name_any(),
-            &uid,
-        )
-        .await?;
+        crate::reconciler::mark_verified_by_restore(client, &namespace, claim, &how, &name, &uid)
+            .await?;
     }
     let me = holds::holder("Restore", &uid);
     let leases = &context.base.leases;
