@@ -164,6 +164,11 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_WEBHOOK_CHECK_SECONDS", default_value = "3600")]
     pub webhook_check_seconds: u64,
 
+    /// Seconds a namespace stays marked as under restore (`custody.io/restore-in-progress`,
+    /// which scopes the restore gate) after its last mark once no restore is left in it.
+    #[arg(long, env = "CUSTODY_RESTORE_MARK_GRACE_SECONDS", default_value = "60")]
+    pub restore_mark_grace_seconds: u64,
+
     /// Seconds without a report after which a node's NodeAgent turns `Ready=False`.
     #[arg(long, env = "CUSTODY_AGENT_TIMEOUT_SECONDS", default_value = "40")]
     pub agent_timeout_seconds: u64,

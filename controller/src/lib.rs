@@ -29,6 +29,7 @@ pub mod report_service;
 pub mod repositories;
 pub mod requester;
 pub mod restores;
+pub mod restoring;
 pub mod run;
 pub mod status;
 pub mod uninstall;

@@ -14,8 +14,11 @@ async fn main() -> anyhow::Result<()> {
             init_tracing(custody_kube::process::LogFormat::Text);
             let summary = custody_controller::uninstall::run(&options).await?;
             println!(
-                "custody released: {} webhook configurations deleted, {} finalizers removed from custody objects, {} from Secrets",
-                summary.webhook_configurations, summary.objects_released, summary.secrets_released
+                "custody released: {} webhook configurations deleted, {} finalizers removed from custody objects, {} from Secrets, {} namespaces unmarked",
+                summary.webhook_configurations,
+                summary.objects_released,
+                summary.secrets_released,
+                summary.namespaces_unmarked
             );
             if !summary.held_pods.is_empty() {
                 println!(

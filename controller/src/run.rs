@@ -157,11 +157,23 @@ pub async fn run(options: RunOptions) -> Result<()> {
         metrics.clone(),
         stopped(),
     );
-    let (served, reported, hooked, _) = tokio::join!(
+    let grace = std::time::Duration::from_secs(options.restore_mark_grace_seconds);
+    let marks = crate::restoring::run(
+        client.clone(),
+        options.namespace.clone(),
+        grace,
+        grace.clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(30),
+        ),
+        stopped(),
+    );
+    let (served, reported, hooked, _, _) = tokio::join!(
         http::serve(options.http_address, health, stopped()),
         reports,
         webhook,
-        controllers
+        controllers,
+        marks
     );
     served?;
     reported?;

@@ -8,7 +8,9 @@
 //!    finalizer again;
 //! 3. custody's own finalizer, and no other, is removed from every Backup, Restore and
 //!    Cluster, and from the credentials Secrets custody marked (found through the Backups and
-//!    BackupRepositories that name them: custody never lists Secrets).
+//!    BackupRepositories that name them: custody never lists Secrets);
+//! 4. the restore mark (`custody.io/restore-in-progress`, [`crate::restoring`]) is taken off
+//!    every namespace that carries it.
 //!
 //! Nothing is deleted from object storage: artifacts and repositories stay, and a later install
 //! imports an encrypted repository's snapshots again. Pods still held by `custody-wait` are
@@ -21,7 +23,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -61,6 +63,7 @@ pub struct Summary {
     pub webhook_configurations: usize,
     pub objects_released: usize,
     pub secrets_released: usize,
+    pub namespaces_unmarked: usize,
     /// Pods whose `custody-wait` has not finished, `namespace/name`.
     pub held_pods: Vec<String>,
 }
@@ -166,6 +169,9 @@ pub async fn run(options: &UninstallOptions) -> Result<Summary> {
             release(&secrets, &secret, crate::artifacts::SECRET_FINALIZER).await? as usize;
     }
 
+    // 4. No namespace keeps custody's mark.
+    summary.namespaces_unmarked = unmark(&client, options.namespace.as_deref()).await?;
+
     let pods: Api<Pod> = match &options.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
@@ -180,6 +186,34 @@ pub async fn run(options: &UninstallOptions) -> Result<Summary> {
         .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
         .collect();
     Ok(summary)
+}
+
+/// Takes the restore mark off every namespace (or `only`) that carries it.
+async fn unmark(client: &Client, only: Option<&str>) -> Result<usize> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let marked: Vec<String> = namespaces
+        .list_metadata(&ListParams::default().labels(crate::restoring::LABEL))
+        .await
+        .map_err(Error::read("namespaces"))?
+        .items
+        .iter()
+        .map(|namespace| namespace.name_any())
+        .filter(|name| only.is_none_or(|only| only == name))
+        .collect();
+    let patch = serde_json::json!({"metadata": {
+        "labels": {crate::restoring::LABEL: null},
+        "annotations": {crate::restoring::ANNOTATION_MARKED: null},
+    }});
+    for name in &marked {
+        namespaces
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| Error::Patch {
+                object: format!("Namespace {name}"),
+                source,
+            })?;
+    }
+    Ok(marked.len())
 }
 
 async fn delete_if_there<K>(api: &Api<K>, name: &str) -> Result<bool>

@@ -68,7 +68,8 @@ pub async fn client() -> Client {
     client_from(control_plane()).await
 }
 
-async fn client_from(kubeconfig: &Path) -> Client {
+/// A client for the kubeconfig at `kubeconfig`.
+pub async fn client_from(kubeconfig: &Path) -> Client {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("reading kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

@@ -188,6 +188,8 @@ pub async fn deployed_identities(
                 "ClusterRoleBinding",
                 "Role",
                 "RoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
             ]
             .contains(&kind)
             {
@@ -368,20 +370,10 @@ async fn setup_full(
     let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
         .delete(&webhook, &DeleteParams::default())
         .await;
-    create::<MutatingWebhookConfiguration>(&Api::all(client.clone()), json!({
-        "metadata": {"name": webhook},
-        "webhooks": [{
-            "name": "pods.custody.io",
-            "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "objectSelector": {"matchExpressions": [{"key": "custody.io/cluster", "operator": "Exists"}]},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-        }],
-    }))
+    create::<MutatingWebhookConfiguration>(
+        &Api::all(client.clone()),
+        restore_gate(&webhook, &ns, webhook_port),
+    )
     .await;
     let mut controller_flags = vec![
         "--mover-image=custody-mover:test".to_string(),
@@ -393,6 +385,8 @@ async fn setup_full(
         format!("--webhook-secret={webhook_secret}"),
         "--webhook-names=127.0.0.1".to_string(),
         "--webhook-check-seconds=1".to_string(),
+        // A namespace's restore mark comes off 3 s after its last restore completed.
+        "--restore-mark-grace-seconds=3".to_string(),
     ];
     if deployed {
         // Its Leases where deploy/ lets it write them: its own namespace only.
@@ -471,6 +465,28 @@ async fn setup_full(
     }
 }
 
+/// The restore gate's MutatingWebhookConfiguration of `deploy/webhook.yaml` (its selectors,
+/// match conditions and failure policies), named `name`, calling the controller at
+/// 127.0.0.1:`port` and limited to namespace `namespace`.
+pub fn restore_gate(name: &str, namespace: &str, port: u16) -> serde_json::Value {
+    let text = std::fs::read_to_string(crate::repo_root().join("deploy/webhook.yaml"))
+        .expect("deploy/webhook.yaml");
+    let mut gate: serde_json::Value = text
+        .split("\n---\n")
+        .map(|document| serde_yaml::from_str::<serde_json::Value>(document).expect("YAML"))
+        .find(|document| document["kind"] == "MutatingWebhookConfiguration")
+        .expect("the restore gate in deploy/webhook.yaml");
+    gate["metadata"] = json!({"name": name});
+    for hook in gate["webhooks"].as_array_mut().expect("webhooks") {
+        hook["clientConfig"] = json!({"url": format!("https://127.0.0.1:{port}/mutate-pods")});
+        hook["namespaceSelector"]["matchExpressions"]
+            .as_array_mut()
+            .expect("a namespaceSelector")
+            .push(json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}));
+    }
+    gate
+}
+
 /// Cluster `shop` restored from Backup `nightly`, and (once its Restore exists) its
 /// StatefulSet; the claim's PersistentVolume is `target`.
 pub async fn restore_into(setup: &Setup, target: &Path, annotations: serde_json::Value) {
@@ -517,11 +533,34 @@ pub async fn shop_of_replicas_restored_from_nightly(
     shop_restored_from(setup, annotations, replicas, "nightly").await
 }
 
+/// [`shop_restored_from_nightly`] with a pod template that does not carry the label
+/// `custody.io/cluster`: its pods reach the restore gate only by the claim they mount.
+pub async fn shop_restored_unlabelled(setup: &Setup) {
+    shop_restored(setup, json!({}), 1, "nightly", json!({"app": "shop"})).await
+}
+
 async fn shop_restored_from(
     setup: &Setup,
     annotations: serde_json::Value,
     replicas: i32,
     backup: &str,
+) {
+    shop_restored(
+        setup,
+        annotations,
+        replicas,
+        backup,
+        json!({"app": "shop", "custody.io/cluster": "shop"}),
+    )
+    .await
+}
+
+async fn shop_restored(
+    setup: &Setup,
+    annotations: serde_json::Value,
+    replicas: i32,
+    backup: &str,
+    template_labels: serde_json::Value,
 ) {
     create::<Cluster>(
         &setup.namespace.api(),
@@ -549,7 +588,7 @@ async fn shop_restored_from(
             "serviceName": "shop",
             "selector": {"matchLabels": {"app": "shop"}},
             "template": {
-                "metadata": {"labels": {"app": "shop", "custody.io/cluster": "shop"}},
+                "metadata": {"labels": template_labels},
                 "spec": {
                     "automountServiceAccountToken": false,
                     "containers": [{"name": "db", "image": "registry.invalid/db:16",

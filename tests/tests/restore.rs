@@ -1689,67 +1689,192 @@ async fn a_prepare_data_pod_deleted_before_its_output_was_verified_gets_another_
 /// Issue 15, item 2: a Cluster under restore whose StatefulSet's pod template lacks the
 /// `custody.io/cluster` label (so its pods would never be held) says so, naming the label,
 /// with a Warning.
-#[tokio::test]
-async fn a_cluster_whose_pod_template_lacks_the_label_is_not_ready_and_says_which() {
-    let setup = setup("unlabelled").await;
-    create::<Cluster>(
-        &setup.namespace.api(),
-        json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": "shop"},
-            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
-                     "restore": {"backupRef": {"name": "nightly"}}},
-        }),
-    )
-    .await;
-    create::<StatefulSet>(
-        &setup.namespace.api(),
-        json!({
-            "metadata": {"name": "shop"},
-            "spec": {
-                "replicas": 1,
-                "serviceName": "shop",
-                "selector": {"matchLabels": {"app": "shop"}},
-                "template": {
-                    "metadata": {"labels": {"app": "shop"}},
-                    "spec": {"containers": [{"name": "db", "image": "registry.invalid/db:16"}]},
-                },
-                "volumeClaimTemplates": [{
-                    "metadata": {"name": "data"},
-                    "spec": {"accessModes": ["ReadWriteOnce"],
-                             "resources": {"requests": {"storage": "64Mi"}}},
-                }],
-            },
-        }),
-    )
-    .await;
-    let clusters: Api<Cluster> = setup.namespace.api();
-    let cluster = await_condition(
-        &clusters,
-        "shop",
-        "PodTemplateNotLabelled",
+/// A pod that mounts `claim` (no controller, no custody label).
+fn reader(name: &str, claim: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "reader", "image": "registry.invalid/reader:1",
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// Whether namespace `name` carries the mark that scopes the restore gate.
+async fn marked(client: &kube::Client, name: &str) -> bool {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap()
+        .labels()
+        .contains_key("custody.io/restore-in-progress")
+}
+
+/// Waits until namespace `name` no longer carries the restore mark.
+async fn unmarked(client: &kube::Client, name: &str) {
+    eventually(
+        &format!("namespace {name} unmarked"),
         TIMEOUT,
-        |cluster: &Cluster| {
-            cluster.conditions().iter().any(|c| {
-                c.type_ == "Ready" && c.status == "False" && c.reason == "PodTemplateNotLabelled"
-            })
+        || async move {
+            if marked(client, name).await {
+                Err("still marked".to_string())
+            } else {
+                Ok(())
+            }
         },
     )
     .await;
-    let ready = cluster
-        .conditions()
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .cloned()
-        .unwrap();
-    assert!(
-        ready.message.contains("custody.io/cluster"),
-        "{}",
-        ready.message
+}
+
+/// Issue 23, item 4: the gate does not depend on a label. A StatefulSet whose pod template
+/// lacks `custody.io/cluster` has its pod held until the volume is verified; any other pod
+/// that mounts the claim under restore is refused, naming it; the namespace is marked before
+/// the Restore exists and unmarked once no restore is left.
+#[tokio::test]
+async fn a_pod_that_mounts_a_claim_under_restore_is_held_whatever_its_labels() {
+    let setup = setup("unlabelled").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let pods: Api<Pod> = setup.namespace.api();
+    assert!(!marked(&client, &ns).await, "no restore yet");
+    let target = LoopVolume::new(64);
+    setup
+        .kubelet
+        .local_persistent_volume(&ns, "data-shop-0", target.path())
+        .await;
+    setup.jobs.set_running(false);
+    custody_tests::scenario::shop_restored_unlabelled(&setup).await;
+    // Marked before the Restore existed (the helper waited for the Restore).
+    assert!(marked(&client, &ns).await, "the namespace is marked");
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+
+    let pod = await_condition(&pods, "shop-0", "admitted", TIMEOUT, |_: &Pod| true).await;
+    assert!(!pod.labels().contains_key(names::LABEL_CLUSTER));
+    let spec = pod.spec.clone().unwrap();
+    assert_eq!(
+        spec.init_containers.as_ref().unwrap()[0].name,
+        names::WAIT_CONTAINER,
+        "held without the label"
     );
-    await_event(&setup, "Cluster", "shop", |(kind, reason, _)| {
-        kind == "Warning" && reason == "PodTemplateNotLabelled"
-    })
+    let restore_uid = setup
+        .namespace
+        .api::<Restore>()
+        .get("shop")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    assert_eq!(
+        pod.labels().get(names::LABEL_RESTORE_UID),
+        restore_uid.as_ref()
+    );
+
+    // Another pod mounting the claim is refused, saying why.
+    let refused = pods
+        .create(&Default::default(), &reader("reader", "data-shop-0"))
+        .await
+        .expect_err("a pod mounting a claim under restore is refused");
+    let text = refused.to_string();
+    for needed in ["claim data-shop-0", "Restore shop", "StatefulSet shop"] {
+        assert!(text.contains(needed), "{needed}: {text}");
+    }
+    // A pod mounting another claim is not custody's, even here.
+    create::<PersistentVolumeClaim>(&setup.namespace.api(), json!({
+        "metadata": {"name": "scratch"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}},
+    }))
     .await;
+    let other = pods
+        .create(&Default::default(), &reader("scratch-reader", "scratch"))
+        .await
+        .expect("a pod of another claim is admitted");
+    assert!(other.spec.unwrap().init_containers.is_none());
+
+    // The restore runs (its own Job pods mount the claim), verifies and releases the pod.
+    setup.jobs.set_running(true);
+    await_condition(
+        &setup.namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    released(&workloads, "shop-0").await;
+
+    // No restore left: the mark comes off after its grace period, and the claim is anyone's.
+    unmarked(&client, &ns).await;
+    pods.create(&Default::default(), &reader("reader", "data-shop-0"))
+        .await
+        .expect("after the restore, the claim is the application's");
+    setup.finish().await;
+}
+
+/// Issue 23, item 4: the blast radius. While no controller answers, pods that mount a claim
+/// are refused only in a namespace under restore; pods without claims are admitted there, and
+/// every pod of a namespace without a restore, labelled or not, is admitted.
+#[tokio::test]
+async fn a_controller_outage_refuses_pods_only_where_a_restore_is_in_progress() {
+    let mut setup = setup("outage").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let pods: Api<Pod> = setup.namespace.api();
+    setup.stop_controller();
+    let labelled = |name: &str| {
+        let mut pod = reader(name, "data-orders-0");
+        pod.metadata.labels =
+            Some([(names::LABEL_CLUSTER.to_string(), "nowhere".to_string())].into());
+        pod
+    };
+    // No restore in this namespace: nothing waits for custody.
+    pods.create(&Default::default(), &reader("a", "data-orders-0"))
+        .await
+        .expect("a pod with a claim, no restore in progress");
+    pods.create(&Default::default(), &labelled("b"))
+        .await
+        .expect("a labelled pod, no restore in progress (failurePolicy Ignore)");
+
+    // Marked as under restore (as custody marks it): pods with claims wait for custody.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"custody.io/restore-in-progress": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    for pod in [reader("c", "data-orders-0"), labelled("d")] {
+        let name = pod.name_any();
+        eventually(&format!("pod {name} refused"), TIMEOUT, || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move {
+                match pods.create(&Default::default(), &pod).await {
+                    Err(error) if error.to_string().contains("restore-gate.custody.io") => Ok(()),
+                    Ok(_) => {
+                        let _ = pods.delete(&pod.name_any(), &DeleteParams::default()).await;
+                        Err("admitted".to_string())
+                    }
+                    Err(error) => Err(error.to_string()),
+                }
+            }
+        })
+        .await;
+    }
+    let mut plain = reader("e", "unused");
+    plain.spec.as_mut().unwrap().volumes = None;
+    plain.spec.as_mut().unwrap().containers[0].volume_mounts = None;
+    pods.create(&Default::default(), &plain)
+        .await
+        .expect("a pod without claims is never sent to custody");
+
+    // Back: the mark of a namespace without a restore comes off.
+    setup.start_controller();
+    unmarked(&client, &ns).await;
     setup.finish().await;
 }

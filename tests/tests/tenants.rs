@@ -574,6 +574,10 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ("create", "", "secrets", SYSTEM, None),
         ("update", "", "secrets", SYSTEM, Some("custody-webhook-tls")),
         ("get", "", "namespaces", ALL, Some("kube-system")),
+        // The restore mark only (ValidatingAdmissionPolicy custody-controller-namespaces:
+        // `the_controller_changes_nothing_of_a_namespace_but_its_restore_mark`).
+        ("patch", "", "namespaces", ALL, None),
+        ("list", "", "namespaces", ALL, None),
         ("get", "", "nodes", ALL, None),
         ("list", "", "events", NS, None),
         ("create", "events.k8s.io", "events", NS, None),
@@ -619,6 +623,9 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ),
     ];
     let controller_refused: Vec<Permission> = vec![
+        ("delete", "", "namespaces", ALL, None),
+        ("update", "", "namespaces/finalize", ALL, None),
+        ("patch", "", "namespaces/status", ALL, None),
         ("list", "", "secrets", ALL, None),
         ("list", "", "secrets", NS, None),
         ("watch", "", "secrets", ALL, None),
@@ -799,4 +806,77 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
     .await;
     consenting.delete().await;
     namespace.delete().await;
+}
+
+/// Issue 23, items 1 and 4: the controller patches namespaces to mark one as under restore,
+/// and a ValidatingAdmissionPolicy of `deploy/` lets it change nothing else (not a Pod
+/// Security label, not another annotation).
+#[tokio::test]
+async fn the_controller_changes_nothing_of_a_namespace_but_its_restore_mark() {
+    use kube::api::{Patch, PatchParams};
+    let namespace = TestNamespace::create("namespace-guard").await;
+    let (controller, _agent) =
+        custody_tests::scenario::deployed_identities(&namespace.client).await;
+    let as_controller: Api<k8s_openapi::api::core::v1::Namespace> =
+        Api::all(custody_tests::client_from(controller.path()).await);
+    let patch = |value: serde_json::Value| {
+        let api = as_controller.clone();
+        let name = namespace.name.clone();
+        async move {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(value))
+                .await
+                .map(|_| ())
+                .map_err(|error| error.to_string())
+        }
+    };
+    let forbidden = [
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+        json!({"metadata": {"labels": {"team": "other"}}}),
+        json!({"metadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "a=b"}}}),
+        json!({"metadata": {"finalizers": ["custody.io/forever"]}}),
+    ];
+    for change in forbidden {
+        eventually(&format!("{change} refused"), TIMEOUT, || {
+            let attempt = patch(change.clone());
+            async move {
+                match attempt.await {
+                    Err(error) if error.contains("custody-controller may") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        })
+        .await;
+    }
+    patch(json!({"metadata": {
+        "labels": {"custody.io/restore-in-progress": "true"},
+        "annotations": {"custody.io/restore-marked-at": "2026-12-04T00:00:00Z"},
+    }}))
+    .await
+    .expect("the restore mark");
+    patch(json!({"metadata": {
+        "labels": {"custody.io/restore-in-progress": null},
+        "annotations": {"custody.io/restore-marked-at": null},
+    }}))
+    .await
+    .expect("the restore mark taken off");
+    let labels = namespace_labels(&namespace).await;
+    assert!(
+        !labels.contains_key("pod-security.kubernetes.io/enforce"),
+        "{labels:?}"
+    );
+    assert!(!labels.contains_key("team"), "{labels:?}");
+    assert!(
+        labels.contains_key("kubernetes.io/metadata.name"),
+        "{labels:?}"
+    );
+}
+
+async fn namespace_labels(namespace: &TestNamespace) -> std::collections::BTreeMap<String, String> {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(namespace.client.clone())
+        .get(&namespace.name)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default()
 }

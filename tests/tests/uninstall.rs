@@ -114,6 +114,18 @@ async fn uninstall_removes_custodys_finalizers_and_webhooks_and_nothing_else() {
                         "containers": [{"name": "db", "image": "db:test"}]}}),
     )
     .await;
+    // Marked as under restore, as custody marks a namespace.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {
+                "labels": {"custody.io/restore-in-progress": "true"},
+                "annotations": {"custody.io/restore-marked-at": "2026-12-04T00:00:00Z"},
+            }})),
+        )
+        .await
+        .unwrap();
     // Registered last (they fail closed and nothing answers them), for this namespace only.
     let (gate, check) = (format!("custody-gate-{ns}"), format!("custody-check-{ns}"));
     let webhook = |name: &str| {
@@ -144,7 +156,7 @@ async fn uninstall_removes_custodys_finalizers_and_webhooks_and_nothing_else() {
     eprintln!("{stdout}");
     assert!(
         stdout.contains(
-            "2 webhook configurations deleted, 3 finalizers removed from custody objects, 1 from Secrets"
+            "2 webhook configurations deleted, 3 finalizers removed from custody objects, 1 from Secrets, 1 namespaces unmarked"
         ),
         "{stdout}"
     );
@@ -180,6 +192,17 @@ async fn uninstall_removes_custodys_finalizers_and_webhooks_and_nothing_else() {
         secrets.get("unrelated").await.unwrap().finalizers(),
         ["example.com/keep"]
     );
+    let labels = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get(&ns)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert!(
+        !labels.contains_key("custody.io/restore-in-progress"),
+        "{labels:?}"
+    );
     // The webhooks are gone and the controller scaled to zero.
     assert!(
         Api::<MutatingWebhookConfiguration>::all(client.clone())
@@ -212,7 +235,7 @@ async fn uninstall_removes_custodys_finalizers_and_webhooks_and_nothing_else() {
         .expect("running custody-controller uninstall");
     assert!(
         String::from_utf8_lossy(&again.stdout).contains(
-            "0 webhook configurations deleted, 0 finalizers removed from custody objects, 0 from Secrets"
+            "0 webhook configurations deleted, 0 finalizers removed from custody objects, 0 from Secrets, 0 namespaces unmarked"
         ),
         "{again:?}"
     );

@@ -20,7 +20,6 @@ pub mod reasons {
     pub const WORKLOAD_READY: &str = "WorkloadReady";
     pub const WORKLOAD_NOT_READY: &str = "WorkloadNotReady";
     pub const STATEFUL_SET_NOT_FOUND: &str = "StatefulSetNotFound";
-    pub const POD_TEMPLATE_NOT_LABELLED: &str = "PodTemplateNotLabelled";
 }
 
 /// The Restore a Cluster created, as far as the Cluster's view needs it.

@@ -53,14 +53,6 @@ async fn gather(cluster: &Cluster, client: &kube::Client) -> Result<plan::Facts>
         .get_opt(set_name)
         .await
         .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?;
-    let template_labelled = set.as_ref().map(|set| {
-        set.spec
-            .as_ref()
-            .and_then(|spec| spec.template.metadata.as_ref())
-            .and_then(|metadata| metadata.labels.as_ref())
-            .and_then(|labels| labels.get(custody_proto::names::LABEL_CLUSTER))
-            == Some(&cluster.name_any())
-    });
     let workload = match set {
         None => Workload::Missing,
         Some(set) => Workload::Replicas {
@@ -81,7 +73,6 @@ async fn gather(cluster: &Cluster, client: &kube::Client) -> Result<plan::Facts>
         now: Timestamp::now(),
         restore,
         workload,
-        template_labelled,
     })
 }
 
@@ -98,6 +89,13 @@ async fn apply(facts: &plan::Facts, plan: plan::Plan, context: &Context) -> Resu
     if plan.add_finalizer {
         crate::finalizers::add(&clusters, cluster, FINALIZER, &what).await?;
         return Ok(Action::await_change());
+    }
+    // Before its Restore exists, and while it runs: the restore gate sees every pod of a
+    // namespace under restore (a Cluster admitted by the requester webhook is marked already).
+    if cluster.metadata.deletion_timestamp.is_none()
+        && crate::restoring::restoring(cluster, facts.restore.as_slice())
+    {
+        crate::restoring::ensure_marked(client, &namespace).await?;
     }
     if let Some((restore, note)) = &plan.create_restore {
         match restores.create(&PostParams::default(), restore).await {

@@ -9,7 +9,7 @@ use kube::{Resource, ResourceExt};
 
 use super::decide::{self, FINALIZER, RestoreFacts, Teardown, Workload};
 use super::restore_name;
-use crate::conditions::{self, Desired, Status};
+use crate::conditions;
 use crate::events::Note;
 use custody_kube::api::{
     Cluster, ClusterPhase, ClusterStatus, HasConditions, LocalObjectReference, Restore, RestoreSpec,
@@ -23,9 +23,6 @@ pub struct Facts {
     /// The Restore of the Cluster's name, if there is one.
     pub restore: Option<Restore>,
     pub workload: Workload,
-    /// Whether the StatefulSet's pod template carries the label naming this Cluster (`None`:
-    /// no StatefulSet).
-    pub template_labelled: Option<bool>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), create
@@ -159,7 +156,7 @@ fn view(facts: &Facts, restore_name: &str, owned: impl Fn(&Restore) -> bool) -> 
             .find(|condition| condition.type_ == decide::READY)
             .map(|condition| format!("{}: {}", condition.reason, condition.message)),
     });
-    let mut view = decide::view(
+    let view = decide::view(
         cluster
             .spec
             .restore
@@ -170,21 +167,6 @@ fn view(facts: &Facts, restore_name: &str, owned: impl Fn(&Restore) -> bool) -> 
         facts.workload,
         &cluster.spec.stateful_set_ref.name,
     );
-    if cluster.spec.restore.is_some() && facts.template_labelled == Some(false) {
-        // Its pods would never reach the admission webhook: they would start on the volumes
-        // while the restore writes them.
-        view.ready = Desired {
-            type_: decide::READY,
-            status: Status::False,
-            reason: decide::reasons::POD_TEMPLATE_NOT_LABELLED,
-            message: format!(
-                "the pod template of StatefulSet {} lacks the label {}={}: its pods are not held while the restore writes their volumes; add the label",
-                cluster.spec.stateful_set_ref.name,
-                custody_proto::names::LABEL_CLUSTER,
-                cluster.name_any()
-            ),
-        };
-    }
     let current = cluster.status.clone().unwrap_or_default();
     let mut wanted = vec![view.ready.clone()];
     wanted.extend(view.restored.clone());
@@ -206,13 +188,6 @@ fn view(facts: &Facts, restore_name: &str, owned: impl Fn(&Restore) -> bool) -> 
     compare.conditions = conditions::owned(&current.conditions, &wanted);
     let changed = compare != status;
     let mut events = Vec::new();
-    let ready_reason_new = !current
-        .conditions
-        .iter()
-        .any(|condition| condition.type_ == decide::READY && condition.reason == view.ready.reason);
-    if view.ready.reason == decide::reasons::POD_TEMPLATE_NOT_LABELLED && ready_reason_new {
-        events.push(Note::warning(view.ready.reason, view.ready.message.clone()));
-    }
     if changed && current.phase != Some(view.phase) {
         match view.phase {
             ClusterPhase::Failed => {

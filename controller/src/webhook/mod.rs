@@ -107,6 +107,83 @@ pub fn admit(
     }
 }
 
+/// A claim the pod mounts that a Cluster's restore writes ([`crate::restoring::restores_claim`]),
+/// with what [`admit`] needs about that Cluster.
+#[derive(Clone, Debug)]
+pub struct ClaimUnderRestore<'a> {
+    pub claim: &'a str,
+    pub cluster: &'a Cluster,
+    pub deleting: bool,
+    pub restore: Option<RestoreFacts<'a>>,
+}
+
+/// Who created a pod, as far as [`admit_by_claims`] needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodOwner<'a> {
+    /// The StatefulSet of this name controls it.
+    StatefulSet(&'a str),
+    /// A prepareData Job of the Restore with this UID created it (the Job's UID checked, and
+    /// the Job owned by that Restore).
+    RestoreJob(&'a str),
+    /// Anything else, or nothing.
+    Other,
+}
+
+/// The decision for a pod without the `custody.io/cluster` label, from the claims it mounts
+/// that a restore writes (`found`, in the pod's order). A pod of the Cluster's own StatefulSet
+/// (its controller, and a StatefulSet pod's name) is treated as if it carried the label: held
+/// until its volumes are verified; the restore's own prepareData pods write the claim. Any
+/// other pod is refused while that restore has not completed: it would read or write the
+/// claim while the restore writes it, and nothing would hold it. A pod that mounts no claim
+/// under restore is not custody's.
+pub fn admit_by_claims<'a>(
+    pod_name: &str,
+    owner: PodOwner<'_>,
+    found: &[ClaimUnderRestore<'a>],
+) -> (Admission, Option<&'a Cluster>) {
+    for found in found {
+        if let (PodOwner::RestoreJob(writer), Some(restore)) = (owner, &found.restore)
+            && restore.owned
+            && restore.uid == writer
+        {
+            continue;
+        }
+        let cluster_name = found.cluster.metadata.name.as_deref().unwrap_or_default();
+        let set = found.cluster.spec.stateful_set_ref.name.as_str();
+        let decision = admit(
+            cluster_name,
+            Some((found.cluster, found.deleting)),
+            found.restore.clone(),
+            false,
+        );
+        if decision == Admission::Allow {
+            continue;
+        }
+        let own = owner == PodOwner::StatefulSet(set)
+            && pod_name
+                .strip_prefix(set)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(crate::restoring::ordinal);
+        if own {
+            return (decision, Some(found.cluster));
+        }
+        let backup = found
+            .cluster
+            .spec
+            .restore
+            .as_ref()
+            .map(|spec| spec.backup_ref.name.as_str())
+            .unwrap_or_default();
+        let refusal = Admission::Deny(format!(
+            "pod {pod_name} mounts claim {}, which the restore of Cluster {cluster_name} from Backup {backup} writes: until that restore completed only the pods of StatefulSet {set} may mount it (they wait until their volumes are verified); create this pod once Restore {} completed",
+            found.claim,
+            crate::clusters::restore_name(found.cluster),
+        ));
+        return (refusal, Some(found.cluster));
+    }
+    (Admission::Allow, None)
+}
+
 /// Counts one decision of either webhook under `reason` (`webhook_decisions`).
 fn count(context: &WebhookContext, reason: &str) {
     context
@@ -141,10 +218,10 @@ async fn decide(
     };
     let pod: Pod = serde_json::from_value(serde_json::to_value(object).unwrap_or_default())
         .map_err(|error| Error::Webhook(format!("reading the pod: {error}")))?;
-    let Some(cluster_name) = pod.labels().get(LABEL_CLUSTER).cloned() else {
-        return Ok(response);
-    };
     let namespace = request.namespace.clone().unwrap_or_default();
+    let Some(cluster_name) = pod.labels().get(LABEL_CLUSTER).cloned() else {
+        return decide_by_claims(context, response, &namespace, pod).await;
+    };
     let clusters: Api<Cluster> = Api::namespaced(context.client.clone(), &namespace);
     let cluster = clusters
         .get_opt(&cluster_name)
@@ -188,6 +265,31 @@ async fn decide(
         }),
         known_data,
     );
+    let templates = cluster
+        .map(|cluster| cluster.spec.volume_claim_templates)
+        .unwrap_or_default();
+    answer(
+        context,
+        response,
+        &namespace,
+        pod,
+        decision,
+        &cluster_name,
+        templates,
+    )
+}
+
+/// The webhook's response for `decision` about `pod` of Cluster `cluster_name` (whose volume
+/// claim templates are `templates`).
+fn answer(
+    context: &WebhookContext,
+    response: AdmissionResponse,
+    namespace: &str,
+    pod: Pod,
+    decision: Admission,
+    cluster_name: &str,
+    templates: Vec<String>,
+) -> Result<AdmissionResponse> {
     let pod_name = pod
         .metadata
         .name
@@ -211,13 +313,12 @@ async fn decide(
             restore_name,
             restore_uid,
         } => {
-            let cluster = cluster.expect("injection needs a Cluster");
             let injection = Injection {
                 image: context.wait_image.clone(),
                 ca_config_map: crate::restores::GATE_CA_CONFIG_MAP.to_string(),
                 restore_name: restore_name.clone(),
                 restore_uid,
-                claim_templates: cluster.spec.volume_claim_templates.clone(),
+                claim_templates: templates,
             };
             let before =
                 serde_json::to_value(&pod).map_err(|error| Error::Webhook(error.to_string()))?;
@@ -239,15 +340,155 @@ async fn decide(
     }
 }
 
-/// Whether the pod mounts at least one claim and custody knows each of them holds real data
-/// (their [`custody_proto::names::ANNOTATION_KNOWN_DATA`]).
-async fn claims_hold_known_data(client: &Client, namespace: &str, pod: &Pod) -> Result<bool> {
-    let claims: Vec<&str> = pod
-        .spec
+/// The claims `pod` mounts.
+fn claims_of(pod: &Pod) -> Vec<&str> {
+    pod.spec
         .iter()
         .flat_map(|spec| spec.volumes.iter().flatten())
         .filter_map(|volume| Some(volume.persistent_volume_claim.as_ref()?.claim_name.as_str()))
+        .collect()
+}
+
+/// Who controls `pod`: its StatefulSet, or a Restore's prepareData Job (read, to check that
+/// the Job is the one the pod names and that a Restore owns it).
+async fn owner_of(
+    client: &Client,
+    namespace: &str,
+    pod: &Pod,
+) -> Result<(Option<String>, Option<String>)> {
+    let Some(controller) = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))
+    else {
+        return Ok((None, None));
+    };
+    match (controller.api_version.as_str(), controller.kind.as_str()) {
+        ("apps/v1", "StatefulSet") => Ok((Some(controller.name.clone()), None)),
+        ("batch/v1", "Job") => {
+            let job =
+                Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), namespace)
+                    .get_opt(&controller.name)
+                    .await
+                    .map_err(Error::read(format!("Job {namespace}/{}", controller.name)))?;
+            let restore_uid = job
+                .filter(|job| job.metadata.uid.as_deref() == Some(controller.uid.as_str()))
+                .and_then(|job| {
+                    let uid = job
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .find(|owner| owner.controller == Some(true) && owner.kind == "Restore")?
+                        .uid
+                        .clone();
+                    crate::restores::decide::owned_job(&job, &uid).then_some(uid)
+                });
+            Ok((None, restore_uid))
+        }
+        _ => Ok((None, None)),
+    }
+}
+
+/// A pod without the label, in a namespace under restore ([`crate::restoring`]): held or
+/// refused when it mounts a claim a restore writes ([`admit_by_claims`]).
+async fn decide_by_claims(
+    context: &WebhookContext,
+    response: AdmissionResponse,
+    namespace: &str,
+    pod: Pod,
+) -> Result<AdmissionResponse> {
+    let claims = claims_of(&pod);
+    if claims.is_empty() {
+        return Ok(response);
+    }
+    let clusters = Api::<Cluster>::namespaced(context.client.clone(), namespace)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(Error::read(format!("Clusters in {namespace}")))?
+        .items;
+    let mut wanted: Vec<(&str, &Cluster)> = Vec::new();
+    for claim in &claims {
+        if let Some(cluster) = clusters.iter().find(|cluster| {
+            cluster.spec.restore.is_some()
+                && crate::restoring::restores_claim(
+                    &cluster.spec.volume_claim_templates,
+                    &cluster.spec.stateful_set_ref.name,
+                    claim,
+                )
+        }) {
+            wanted.push((claim, cluster));
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(response);
+    }
+    let restores: Api<Restore> = Api::namespaced(context.client.clone(), namespace);
+    let mut found_restores = Vec::with_capacity(wanted.len());
+    for (_, cluster) in &wanted {
+        let name = crate::clusters::restore_name(cluster);
+        found_restores.push(
+            restores
+                .get_opt(&name)
+                .await
+                .map_err(Error::read(format!("Restore {namespace}/{name}")))?,
+        );
+    }
+    let found: Vec<ClaimUnderRestore<'_>> = wanted
+        .iter()
+        .zip(&found_restores)
+        .map(|((claim, cluster), restore)| ClaimUnderRestore {
+            claim,
+            cluster,
+            deleting: cluster.metadata.deletion_timestamp.is_some(),
+            restore: restore.as_ref().map(|restore| RestoreFacts {
+                name: restore.metadata.name.as_deref().unwrap_or_default(),
+                uid: restore.metadata.uid.as_deref().unwrap_or_default(),
+                owned: crate::ownership::controlled_by(
+                    &restore.metadata,
+                    "Cluster",
+                    cluster.metadata.uid.as_deref().unwrap_or_default(),
+                ),
+                phase: restore.status.as_ref().and_then(|status| status.phase),
+            }),
+        })
         .collect();
+    let pod_name = pod
+        .metadata
+        .name
+        .clone()
+        .or(pod.metadata.generate_name.clone())
+        .unwrap_or_default();
+    let (set, writer) = owner_of(&context.client, namespace, &pod).await?;
+    let owner = match (&set, &writer) {
+        (Some(set), _) => PodOwner::StatefulSet(set),
+        (_, Some(restore)) => PodOwner::RestoreJob(restore),
+        _ => PodOwner::Other,
+    };
+    let (decision, cluster) = admit_by_claims(&pod_name, owner, &found);
+    let cluster_name = cluster
+        .and_then(|cluster| cluster.metadata.name.clone())
+        .unwrap_or_default();
+    let templates = cluster
+        .map(|cluster| cluster.spec.volume_claim_templates.clone())
+        .unwrap_or_default();
+    answer(
+        context,
+        response,
+        namespace,
+        pod,
+        decision,
+        &cluster_name,
+        templates,
+    )
+}
+
+/// Whether the pod mounts at least one claim and custody knows each of them holds real data
+/// (their [`custody_proto::names::ANNOTATION_KNOWN_DATA`]).
+async fn claims_hold_known_data(client: &Client, namespace: &str, pod: &Pod) -> Result<bool> {
+    let claims = claims_of(pod);
     if claims.is_empty() {
         return Ok(false);
     }

@@ -360,6 +360,14 @@ async fn decide(
         count(context, "NamespaceNotOptedIn");
         return Ok(response.deny(refusal));
     }
+    if request.kind.kind == "Cluster"
+        && object.data.pointer("/spec/restore").is_some()
+        && !request.dry_run
+    {
+        // Before the Cluster exists, so that none of its pods is created in a namespace the
+        // restore gate does not see ([`crate::restoring`]).
+        crate::restoring::mark(&context.client, &namespace).await?;
+    }
     count(context, reason);
     Ok(response)
 }

@@ -127,3 +127,176 @@ fn a_pod_of_a_deleted_cluster_is_admitted_only_on_claims_known_to_hold_data() {
         Admission::Deny(_)
     ));
 }
+
+#[test]
+fn a_pod_without_the_label_is_held_or_refused_by_the_claims_it_mounts() {
+    let restoring = cluster(true);
+    let claim = |restore: Option<RestoreFacts<'static>>, deleting: bool| ClaimUnderRestore {
+        claim: "data-db-0",
+        cluster: &restoring,
+        deleting,
+        restore,
+    };
+    let inject = Admission::Inject {
+        restore_name: "db".into(),
+        restore_uid: "r-1".into(),
+    };
+    let running = || Some(restore(true, Some(RestorePhase::Running)));
+    let completed = || Some(restore(true, Some(RestorePhase::Completed)));
+    // (case, pod name, its owner, claims under restore, expected; None: refused)
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        PodOwner<'a>,
+        Vec<ClaimUnderRestore<'a>>,
+        Option<Admission>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "mounts no claim under restore",
+            "web-0",
+            PodOwner::Other,
+            vec![],
+            Some(Admission::Allow),
+        ),
+        (
+            "the StatefulSet's own pod: held",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(running(), false)],
+            Some(inject.clone()),
+        ),
+        (
+            "the StatefulSet's own pod, restore failed: still held",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(
+                Some(restore(true, Some(RestorePhase::Failed))),
+                false,
+            )],
+            Some(inject.clone()),
+        ),
+        (
+            "the StatefulSet's own pod, restore completed",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(completed(), false)],
+            Some(Admission::Allow),
+        ),
+        (
+            "the StatefulSet's own pod before the Restore exists",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(None, false)],
+            None,
+        ),
+        (
+            "the StatefulSet's own pod, Cluster being deleted",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(running(), true)],
+            None,
+        ),
+        (
+            "the StatefulSet's own pod, someone else's Restore",
+            "db-0",
+            PodOwner::StatefulSet("db"),
+            vec![claim(
+                Some(restore(false, Some(RestorePhase::Running))),
+                false,
+            )],
+            None,
+        ),
+        (
+            "a pod of no controller mounting the claim",
+            "debug",
+            PodOwner::Other,
+            vec![claim(running(), false)],
+            None,
+        ),
+        (
+            "a Deployment's pod mounting the claim",
+            "reader-7d9f-x2",
+            PodOwner::Other,
+            vec![claim(running(), false)],
+            None,
+        ),
+        (
+            "another StatefulSet's pod mounting the claim",
+            "db-0",
+            PodOwner::StatefulSet("other"),
+            vec![claim(running(), false)],
+            None,
+        ),
+        (
+            "a pod named like the StatefulSet's but not one of its ordinals",
+            "db-backup",
+            PodOwner::StatefulSet("db"),
+            vec![claim(running(), false)],
+            None,
+        ),
+        (
+            "the restore's own prepareData pod writes the claim",
+            "data-db-0-restore-r-1-1-x",
+            PodOwner::RestoreJob("r-1"),
+            vec![claim(running(), false)],
+            Some(Admission::Allow),
+        ),
+        (
+            "another Restore's Job pod",
+            "data-db-0-restore-r-2-1-x",
+            PodOwner::RestoreJob("r-2"),
+            vec![claim(running(), false)],
+            None,
+        ),
+        (
+            "a Job pod of a Restore the Cluster does not control",
+            "data-db-0-restore-r-1-1-x",
+            PodOwner::RestoreJob("r-1"),
+            vec![claim(
+                Some(restore(false, Some(RestorePhase::Running))),
+                false,
+            )],
+            None,
+        ),
+        (
+            "a foreign pod once the restore completed",
+            "debug",
+            PodOwner::Other,
+            vec![claim(completed(), false)],
+            Some(Admission::Allow),
+        ),
+    ];
+    for (case, pod, owner, found, expected) in rows {
+        let (decision, cluster) = admit_by_claims(pod, owner, &found);
+        match expected {
+            Some(expected) => assert_eq!(decision, expected, "{case}"),
+            None => {
+                let Admission::Deny(message) = &decision else {
+                    panic!("{case}: {decision:?}");
+                };
+                assert!(!message.is_empty(), "{case}");
+            }
+        }
+        assert_eq!(
+            cluster.is_some(),
+            decision != Admission::Allow,
+            "{case}: the Cluster is named exactly when the pod is held or refused"
+        );
+    }
+    let (Admission::Deny(message), _) =
+        admit_by_claims("debug", PodOwner::Other, &[claim(running(), false)])
+    else {
+        panic!("admitted");
+    };
+    for needed in [
+        "pod debug",
+        "claim data-db-0",
+        "Cluster db",
+        "Backup nightly",
+        "StatefulSet db",
+        "Restore db",
+    ] {
+        assert!(message.contains(needed), "{needed}: {message}");
+    }
+}

@@ -47,7 +47,6 @@ fn facts(cluster: Cluster, restore: Option<Restore>, workload: Workload) -> Fact
         cluster,
         now: now(),
         restore,
-        template_labelled: (workload != Workload::Missing).then_some(true),
         workload,
     }
 }
@@ -296,47 +295,4 @@ fn the_teardown_deletes_exactly_the_restore_it_read() {
         READY,
     ));
     assert_eq!(plan.delete_restore.as_deref(), Some("restore-uid"));
-}
-
-#[test]
-fn a_pod_template_without_the_cluster_label_is_not_ready_and_says_so() {
-    let facts = Facts {
-        template_labelled: Some(false),
-        ..facts(
-            cluster(true, true),
-            Some(restore(UID, Some("Running"))),
-            NOT_READY,
-        )
-    };
-    let plan = plan(&facts);
-    let status = plan.status.expect("a status");
-    let ready = status
-        .conditions
-        .iter()
-        .find(|condition| condition.type_ == decide::READY)
-        .unwrap();
-    assert_eq!(ready.status, "False");
-    assert_eq!(ready.reason, decide::reasons::POD_TEMPLATE_NOT_LABELLED);
-    assert!(
-        ready.message.contains("custody.io/cluster=orders"),
-        "{}",
-        ready.message
-    );
-    assert_eq!(
-        plan.events[0].reason,
-        decide::reasons::POD_TEMPLATE_NOT_LABELLED
-    );
-    assert!(plan.events[0].warning);
-    // Once said, not said again.
-    let mut again = facts.clone();
-    again.cluster.status = Some(status);
-    assert!(plan_events(&again).is_empty());
-}
-
-fn plan_events(facts: &Facts) -> Vec<String> {
-    plan(facts)
-        .events
-        .into_iter()
-        .map(|note| note.reason)
-        .collect()
 }
