@@ -122,21 +122,8 @@ pub async fn mark(client: &Client, namespace: &str) -> Result<()> {
             object: format!("Namespace {namespace}"),
             source,
         })?;
-    tracing::info!(namespace, "namespace marked as under restore");
+    tracing::debug!(namespace, "namespace marked as under restore");
     Ok(())
-}
-
-/// Marks `namespace` unless it is marked already (the Cluster reconciler's check, before it
-/// creates a Restore).
-pub async fn ensure_marked(client: &Client, namespace: &str) -> Result<()> {
-    let current = Api::<Namespace>::all(client.clone())
-        .get(namespace)
-        .await
-        .map_err(Error::read(format!("Namespace {namespace}")))?;
-    if marked(&current) {
-        return Ok(());
-    }
-    mark(client, namespace).await
 }
 
 /// Takes the mark off `namespace` when [`settle`] says so; returns when to look again (`None`:

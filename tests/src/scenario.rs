@@ -580,7 +580,17 @@ async fn shop_restored(
         |_: &Restore| true,
     )
     .await;
-    create::<StatefulSet>(&setup.namespace.api(), json!({
+    create::<StatefulSet>(
+        &setup.namespace.api(),
+        shop_statefulset(replicas, template_labels),
+    )
+    .await;
+}
+
+/// StatefulSet `shop` of `replicas` pods (started in parallel) with these pod template labels,
+/// its claims `data-shop-<ordinal>` of the local storage class.
+pub fn shop_statefulset(replicas: i32, template_labels: serde_json::Value) -> serde_json::Value {
+    json!({
         "metadata": {"name": "shop"},
         "spec": {
             "replicas": replicas,
@@ -601,8 +611,7 @@ async fn shop_restored(
                          "resources": {"requests": {"storage": "64Mi"}}},
             }],
         },
-    }))
-    .await;
+    })
 }
 
 /// Secret `s3` with the test S3 server's credentials, and BackupRepository `store` at

@@ -1813,6 +1813,94 @@ async fn a_pod_that_mounts_a_claim_under_restore_is_held_whatever_its_labels() {
     setup.finish().await;
 }
 
+/// Issue 23, item 4 (review): a StatefulSet applied before its Cluster has its pod running on
+/// the empty claim, unseen by the gate (no restore yet). The Restore then writes nothing
+/// under it and says so, naming the pod (`PodNotHeld`); once the pod is deleted, the
+/// StatefulSet's new pod is held, and the restore completes.
+#[tokio::test]
+async fn a_pod_started_before_its_restore_is_named_and_held_once_created_again() {
+    let setup = setup("early").await;
+    let client = setup.namespace.client.clone();
+    let ns = setup.namespace.name.clone();
+    let pods: Api<Pod> = setup.namespace.api();
+    let target = LoopVolume::new(64);
+    setup
+        .kubelet
+        .local_persistent_volume(&ns, "data-shop-0", target.path())
+        .await;
+    create::<StatefulSet>(
+        &setup.namespace.api(),
+        custody_tests::scenario::shop_statefulset(1, json!({"app": "shop"})),
+    )
+    .await;
+    let early = await_condition(&pods, "shop-0", "created", TIMEOUT, |_: &Pod| true).await;
+    assert!(
+        early.spec.unwrap().init_containers.is_none(),
+        "no restore yet"
+    );
+    let workloads = WorkloadRunner::start(&client, &ns, setup.kubelet.clone());
+    create::<Cluster>(
+        &setup.namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": "shop"},
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+                     "restore": {"backupRef": {"name": "nightly"}}},
+        }),
+    )
+    .await;
+    let restores: Api<Restore> = setup.namespace.api();
+    let named =
+        custody_tests::scenario::restore_says(&setup.namespace, "shop", "PodNotHeld", TIMEOUT)
+            .await;
+    let ready = named
+        .conditions()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert!(ready.message.contains("pod shop-0"), "{}", ready.message);
+    await_event(&setup, "Restore", "shop", |(kind, reason, _)| {
+        kind == "Warning" && reason == "PodNotHeld"
+    })
+    .await;
+    assert!(
+        setup
+            .namespace
+            .api::<Job>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|job| !job.name_any().starts_with("data-shop-0-restore")),
+        "nothing is written under the running pod"
+    );
+
+    // As the condition says: delete it; its replacement is held and the restore completes.
+    pods.delete("shop-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let held = await_condition(&pods, "shop-0", "held", TIMEOUT, |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|spec| spec.init_containers.as_ref())
+            .is_some_and(|init| init[0].name == names::WAIT_CONTAINER)
+    })
+    .await;
+    assert!(!held.labels().contains_key(names::LABEL_CLUSTER));
+    await_condition(
+        &restores,
+        "shop",
+        "Completed",
+        TIMEOUT,
+        |restore: &Restore| restore_phase(restore) == Some(RestorePhase::Completed),
+    )
+    .await;
+    released(&workloads, "shop-0").await;
+    setup.finish().await;
+}
+
 /// Issue 23, item 4: the blast radius. While no controller answers, pods that mount a claim
 /// are refused only in a namespace under restore; pods without claims are admitted there, and
 /// every pod of a namespace without a restore, labelled or not, is admitted.

@@ -829,8 +829,20 @@ async fn the_controller_changes_nothing_of_a_namespace_but_its_restore_mark() {
                 .map_err(|error| error.to_string())
         }
     };
+    // A Pod Security label the namespace's admin set.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(namespace.client.clone())
+        .patch(
+            &namespace.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})),
+        )
+        .await
+        .unwrap();
     let forbidden = [
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": null}}}),
+        json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "00000000-0000-0000-0000-000000000001"}]}}),
         json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/warn": "privileged"}}}),
         json!({"metadata": {"labels": {"team": "other"}}}),
         json!({"metadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "a=b"}}}),
         json!({"metadata": {"finalizers": ["custody.io/forever"]}}),
@@ -860,8 +872,11 @@ async fn the_controller_changes_nothing_of_a_namespace_but_its_restore_mark() {
     .await
     .expect("the restore mark taken off");
     let labels = namespace_labels(&namespace).await;
-    assert!(
-        !labels.contains_key("pod-security.kubernetes.io/enforce"),
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted"),
         "{labels:?}"
     );
     assert!(!labels.contains_key("team"), "{labels:?}");

@@ -95,7 +95,7 @@ async fn apply(facts: &plan::Facts, plan: plan::Plan, context: &Context) -> Resu
     if cluster.metadata.deletion_timestamp.is_none()
         && crate::restoring::restoring(cluster, facts.restore.as_slice())
     {
-        crate::restoring::ensure_marked(client, &namespace).await?;
+        crate::restoring::mark(client, &namespace).await?;
     }
     if let Some((restore, note)) = &plan.create_restore {
         match restores.create(&PostParams::default(), restore).await {

@@ -100,6 +100,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         unmarked_claims: Vec::new(),
         nodes,
         workload_pods: BTreeMap::new(),
+        unheld_pods: Vec::new(),
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
@@ -168,6 +169,11 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
                     .map_err(Error::read(format!("Pod {namespace}/{name}")))?,
             };
             if let Some(pod) = pod {
+                if pod.labels().get(LABEL_RESTORE_UID) != Some(&uid)
+                    && pod.metadata.deletion_timestamp.is_none()
+                {
+                    facts.unheld_pods.push(name.clone());
+                }
                 let node = pod.spec.and_then(|spec| spec.node_name);
                 facts.workload_pods.insert(name, node);
             }

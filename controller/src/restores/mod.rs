@@ -54,6 +54,7 @@ pub mod reasons {
     pub const VERIFYING: &str = "Verifying";
     pub const AGENT_MISSING: &str = "AgentMissing";
     pub const AGENT_NOT_READY: &str = "AgentNotReady";
+    pub const POD_NOT_HELD: &str = "PodNotHeld";
     pub use super::decide::JOB_POD_NOT_STARTING;
 }
 

@@ -43,6 +43,10 @@ pub struct Facts {
     /// The StatefulSet's pods by name, and the node each is scheduled to (read while the
     /// restore runs: a volume whose pod is on a node without a working agent says so).
     pub workload_pods: BTreeMap<String, Option<String>>,
+    /// Those of the StatefulSet's pods that were not admitted under this Restore (no
+    /// `custody-wait` for it): created before the restore was asked for, or never seen by the
+    /// restore gate. The restore writes no volume under them.
+    pub unheld_pods: Vec<String>,
     /// The Backup the Restore names, if it exists (not read once the Restore is final).
     pub backup: Option<Backup>,
     /// The repository the Backup's artifact is in, if it exists.
@@ -456,15 +460,26 @@ pub fn plan(facts: &Facts) -> Plan {
     }
     // The first volume that waits for a node's agent, or for a Job's pod that does not start,
     // decides what the Restore says.
-    let agent_wait: Option<(&'static str, String)> = status.volumes.iter().find_map(|volume| {
-        let reason = [
-            reasons::AGENT_MISSING,
-            reasons::AGENT_NOT_READY,
-            reasons::JOB_POD_NOT_STARTING,
-        ]
-        .into_iter()
-        .find(|reason| volume.reason.as_deref() == Some(reason))?;
-        Some((reason, volume.message.clone().unwrap_or_default()))
+    let unheld = (!facts.unheld_pods.is_empty()).then(|| {
+        (
+            reasons::POD_NOT_HELD,
+            format!(
+                "pod {} of the StatefulSet runs without custody-wait for this Restore (created before the restore was asked for, or not seen by the restore gate): the restore writes no volume under a running application; delete the pod and the StatefulSet creates it again, held until its volumes are verified",
+                facts.unheld_pods.join(", ")
+            ),
+        )
+    });
+    let agent_wait: Option<(&'static str, String)> = unheld.or_else(|| {
+        status.volumes.iter().find_map(|volume| {
+            let reason = [
+                reasons::AGENT_MISSING,
+                reasons::AGENT_NOT_READY,
+                reasons::JOB_POD_NOT_STARTING,
+            ]
+            .into_iter()
+            .find(|reason| volume.reason.as_deref() == Some(reason))?;
+            Some((reason, volume.message.clone().unwrap_or_default()))
+        })
     });
     let (ready, verified) = match (&summary.phase, &summary.failure) {
         (RestorePhase::Failed, Some((reason, message))) => {

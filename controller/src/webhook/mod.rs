@@ -82,7 +82,10 @@ pub fn admit(
     let Some(spec) = &cluster.spec.restore else {
         return Admission::Allow;
     };
-    if deleting {
+    let completed = restore
+        .as_ref()
+        .is_some_and(|restore| restore.owned && restore.phase == Some(RestorePhase::Completed));
+    if deleting && !completed {
         return Admission::Deny(format!(
             "Cluster {cluster_name} is being deleted while restoring from Backup {}; its pods may not start",
             spec.backup_ref.name
@@ -159,7 +162,9 @@ pub fn admit_by_claims<'a>(
         if decision == Admission::Allow {
             continue;
         }
+        // Its own claim: `<template>-<pod name>`, in a StatefulSet pod of the Cluster's set.
         let own = owner == PodOwner::StatefulSet(set)
+            && found.claim.ends_with(&format!("-{pod_name}"))
             && pod_name
                 .strip_prefix(set)
                 .and_then(|rest| rest.strip_prefix('-'))
@@ -219,8 +224,21 @@ async fn decide(
     let pod: Pod = serde_json::from_value(serde_json::to_value(object).unwrap_or_default())
         .map_err(|error| Error::Webhook(format!("reading the pod: {error}")))?;
     let namespace = request.namespace.clone().unwrap_or_default();
-    let Some(cluster_name) = pod.labels().get(LABEL_CLUSTER).cloned() else {
-        return decide_by_claims(context, response, &namespace, pod).await;
+    let label = pod.labels().get(LABEL_CLUSTER).cloned();
+    // Whatever the label says, a claim another Cluster's restore writes holds or refuses it.
+    let (by_claims, claims_cluster) =
+        by_claims(context, &namespace, &pod, label.as_deref()).await?;
+    let Some(cluster_name) = label else {
+        let name = claims_cluster
+            .as_ref()
+            .and_then(|cluster| cluster.metadata.name.clone())
+            .unwrap_or_default();
+        let templates = claims_cluster
+            .map(|cluster| cluster.spec.volume_claim_templates)
+            .unwrap_or_default();
+        return answer(
+            context, response, &namespace, pod, by_claims, &name, templates,
+        );
     };
     let clusters: Api<Cluster> = Api::namespaced(context.client.clone(), &namespace);
     let cluster = clusters
@@ -265,6 +283,16 @@ async fn decide(
         }),
         known_data,
     );
+    let (decision, cluster_name, cluster) = match stricter(&decision, &by_claims) {
+        Stricter::Label => (decision, cluster_name, cluster),
+        Stricter::Claims => {
+            let name = claims_cluster
+                .as_ref()
+                .and_then(|cluster| cluster.metadata.name.clone())
+                .unwrap_or_default();
+            (by_claims, name, claims_cluster)
+        }
+    };
     let templates = cluster
         .map(|cluster| cluster.spec.volume_claim_templates)
         .unwrap_or_default();
@@ -277,6 +305,30 @@ async fn decide(
         &cluster_name,
         templates,
     )
+}
+
+/// Which of two decisions about one pod stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stricter {
+    /// The decision by the pod's `custody.io/cluster` label.
+    Label,
+    /// The decision by the claims it mounts that other Clusters' restores write.
+    Claims,
+}
+
+/// The stricter of the label's and the claims' decisions: a refusal over a hold over an
+/// admission; between two of a kind, the label's.
+pub fn stricter(by_label: &Admission, by_claims: &Admission) -> Stricter {
+    let rank = |admission: &Admission| match admission {
+        Admission::Allow => 0,
+        Admission::Inject { .. } => 1,
+        Admission::Deny(_) => 2,
+    };
+    if rank(by_claims) > rank(by_label) {
+        Stricter::Claims
+    } else {
+        Stricter::Label
+    }
 }
 
 /// The webhook's response for `decision` about `pod` of Cluster `cluster_name` (whose volume
@@ -392,17 +444,18 @@ async fn owner_of(
     }
 }
 
-/// A pod without the label, in a namespace under restore ([`crate::restoring`]): held or
-/// refused when it mounts a claim a restore writes ([`admit_by_claims`]).
-async fn decide_by_claims(
+/// The decision by the claims `pod` mounts that a restore writes ([`admit_by_claims`]),
+/// leaving out the Cluster the pod's label names (`labelled`: its own claims are the label's
+/// to decide), and the Cluster it is about.
+async fn by_claims(
     context: &WebhookContext,
-    response: AdmissionResponse,
     namespace: &str,
-    pod: Pod,
-) -> Result<AdmissionResponse> {
-    let claims = claims_of(&pod);
+    pod: &Pod,
+    labelled: Option<&str>,
+) -> Result<(Admission, Option<Cluster>)> {
+    let claims = claims_of(pod);
     if claims.is_empty() {
-        return Ok(response);
+        return Ok((Admission::Allow, None));
     }
     let clusters = Api::<Cluster>::namespaced(context.client.clone(), namespace)
         .list(&kube::api::ListParams::default())
@@ -411,8 +464,9 @@ async fn decide_by_claims(
         .items;
     let mut wanted: Vec<(&str, &Cluster)> = Vec::new();
     for claim in &claims {
-        if let Some(cluster) = clusters.iter().find(|cluster| {
+        for cluster in clusters.iter().filter(|cluster| {
             cluster.spec.restore.is_some()
+                && cluster.metadata.name.as_deref() != labelled
                 && crate::restoring::restores_claim(
                     &cluster.spec.volume_claim_templates,
                     &cluster.spec.stateful_set_ref.name,
@@ -423,7 +477,7 @@ async fn decide_by_claims(
         }
     }
     if wanted.is_empty() {
-        return Ok(response);
+        return Ok((Admission::Allow, None));
     }
     let restores: Api<Restore> = Api::namespaced(context.client.clone(), namespace);
     let mut found_restores = Vec::with_capacity(wanted.len());
@@ -461,28 +515,14 @@ async fn decide_by_claims(
         .clone()
         .or(pod.metadata.generate_name.clone())
         .unwrap_or_default();
-    let (set, writer) = owner_of(&context.client, namespace, &pod).await?;
+    let (set, writer) = owner_of(&context.client, namespace, pod).await?;
     let owner = match (&set, &writer) {
         (Some(set), _) => PodOwner::StatefulSet(set),
         (_, Some(restore)) => PodOwner::RestoreJob(restore),
         _ => PodOwner::Other,
     };
     let (decision, cluster) = admit_by_claims(&pod_name, owner, &found);
-    let cluster_name = cluster
-        .and_then(|cluster| cluster.metadata.name.clone())
-        .unwrap_or_default();
-    let templates = cluster
-        .map(|cluster| cluster.spec.volume_claim_templates.clone())
-        .unwrap_or_default();
-    answer(
-        context,
-        response,
-        namespace,
-        pod,
-        decision,
-        &cluster_name,
-        templates,
-    )
+    Ok((decision, cluster.cloned()))
 }
 
 /// Whether the pod mounts at least one claim and custody knows each of them holds real data

@@ -360,7 +360,9 @@ async fn decide(
         count(context, "NamespaceNotOptedIn");
         return Ok(response.deny(refusal));
     }
+    // `spec.restore` is set only at creation (immutable afterwards): later edits need no mark.
     if request.kind.kind == "Cluster"
+        && matches!(request.operation, Operation::Create)
         && object.data.pointer("/spec/restore").is_some()
         && !request.dry_run
     {

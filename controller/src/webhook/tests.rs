@@ -99,6 +99,12 @@ fn admission_decisions() {
             Some(restore(true, Some(RestorePhase::Running))),
             None,
         ),
+        (
+            "Cluster being deleted after its restore completed: nothing to guard",
+            Some((&restoring, true)),
+            Some(restore(true, Some(RestorePhase::Completed))),
+            Some(Admission::Allow),
+        ),
     ];
     for (name, cluster, restore, expected) in rows {
         let decision = admit("db", cluster, restore, false);
@@ -298,5 +304,59 @@ fn a_pod_without_the_label_is_held_or_refused_by_the_claims_it_mounts() {
         "Restore db",
     ] {
         assert!(message.contains(needed), "{needed}: {message}");
+    }
+}
+
+#[test]
+fn the_stricter_of_the_labels_and_the_claims_decision_stands() {
+    let allow = Admission::Allow;
+    let inject = Admission::Inject {
+        restore_name: "db".into(),
+        restore_uid: "r-1".into(),
+    };
+    let deny = Admission::Deny("no".into());
+    let rows = [
+        ("nothing either way", &allow, &allow, Stricter::Label),
+        ("held by its label", &inject, &allow, Stricter::Label),
+        ("refused by its label", &deny, &allow, Stricter::Label),
+        (
+            "labelled with a Cluster without restore, mounting a claim under another's restore",
+            &allow,
+            &deny,
+            Stricter::Claims,
+        ),
+        (
+            "held by its label, mounting another restore's claim",
+            &inject,
+            &deny,
+            Stricter::Claims,
+        ),
+        (
+            "admitted by its label, held by its claims",
+            &allow,
+            &inject,
+            Stricter::Claims,
+        ),
+        (
+            "held both ways: its label's hold",
+            &inject,
+            &inject,
+            Stricter::Label,
+        ),
+        (
+            "refused both ways: its label's reason",
+            &deny,
+            &deny,
+            Stricter::Label,
+        ),
+        (
+            "refused by its label, held by its claims",
+            &deny,
+            &inject,
+            Stricter::Label,
+        ),
+    ];
+    for (case, label, claims, expected) in rows {
+        assert_eq!(stricter(label, claims), expected, "{case}");
     }
 }

@@ -159,6 +159,7 @@ fn facts() -> Facts {
         )]
         .into(),
         workload_pods: BTreeMap::new(),
+        unheld_pods: Vec::new(),
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
@@ -1275,4 +1276,28 @@ fn a_report_from_another_node_is_not_taken() {
         )
     };
     assert_eq!(plan(&facts).release, BTreeSet::from(["db-0".to_string()]));
+}
+
+#[test]
+fn a_pod_running_without_custody_wait_is_named_not_waited_for_in_silence() {
+    let plan = plan(&Facts {
+        workload_pods: [("db-0".to_string(), Some("node-a".to_string()))].into(),
+        unheld_pods: vec!["db-0".to_string()],
+        ..facts()
+    });
+    let status = plan.status.expect("a status");
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::READY)
+        .unwrap();
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, reasons::POD_NOT_HELD);
+    assert!(
+        ready.message.contains("pod db-0") && ready.message.contains("delete the pod"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(plan.events[0].reason, reasons::POD_NOT_HELD);
+    assert!(plan.events[0].warning);
 }
