@@ -6,10 +6,14 @@
 //! pod mounts. [`freezable`] (pure) refuses a mount that is not a whole filesystem of its own
 //! or that is the node's own disk: freezing it would stop the node's other writers.
 //!
-//! A freeze always ends: [`Frozen`] thaws when it is dropped (the caller went away, the
-//! connection dropped, the bound passed, the agent stops), and it is noted on the node's disk
-//! first, so that an agent killed while a filesystem is frozen thaws it when it starts again
-//! ([`thaw_left_frozen`]).
+//! A freeze always ends at its bound: [`Frozen`] thaws when it is dropped (the caller went
+//! away, the connection dropped, the bound passed, the agent stops), and it is noted on the
+//! node's disk first, with its bound, one note per filesystem (a second freeze of a frozen
+//! filesystem is refused). The watchdog, a container of its own in the agent's pod
+//! (`custody-watchdog`), thaws every noted freeze whose bound passed, so that neither a
+//! killed agent nor the kubelet's back-off before restarting it can hold a filesystem frozen;
+//! an agent that starts thaws what a killed one left frozen ([`thaw_left_frozen`]). Whoever
+//! thaws first claims the note by renaming it, so each freeze is thawed exactly once.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -252,16 +256,185 @@ fn fithaw(directory: &File) -> std::io::Result<()> {
         .map_err(std::io::Error::from)
 }
 
-/// The note on the node's disk that `device` is frozen.
-fn journal_entry(state_dir: &Path, device: &str) -> PathBuf {
-    state_dir.join(format!("frozen-{}", device.replace(':', "_")))
+/// The note on the node's disk that `device` is frozen: one per filesystem, so that a second
+/// freeze of a frozen filesystem is refused before it touches anything.
+fn note_path(state_dir: &Path, device: &str) -> PathBuf {
+    state_dir.join(format!("{NOTE_PREFIX}{}", device.replace(':', "_")))
 }
 
-/// A frozen filesystem; thawed when dropped.
+const NOTE_PREFIX: &str = "frozen-";
+const CLAIMED_PREFIX: &str = "thawing-";
+
+/// Who claims a note to thaw its filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Thawer {
+    /// The agent: its freeze ended, or it starts after a killed agent.
+    Agent,
+    /// The watchdog container, at the freeze's bound, whatever became of the agent.
+    Watchdog,
+}
+
+impl Thawer {
+    fn suffix(self) -> &'static str {
+        match self {
+            Thawer::Agent => "agent",
+            Thawer::Watchdog => "watchdog",
+        }
+    }
+}
+
+/// A freeze as noted before FIFREEZE: the mount to thaw and when at the latest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Unique per freeze: a thaw claims only its own freeze's note.
+    pub id: String,
+    pub path: PathBuf,
+    /// The bound, in milliseconds since the Unix epoch (the node's clock, shared by the agent
+    /// and the watchdog).
+    pub deadline_unix_millis: i64,
+}
+
+impl Note {
+    fn render(&self) -> String {
+        format!(
+            "{}\n{}\n{}\n",
+            self.path.display(),
+            self.deadline_unix_millis,
+            self.id
+        )
+    }
+
+    /// Reads a note; a note of an older agent (the path only) is due at once.
+    pub fn parse(text: &str) -> Option<Note> {
+        let mut lines = text.lines();
+        let path = PathBuf::from(lines.next().filter(|line| !line.is_empty())?);
+        let deadline_unix_millis = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
+        let id = lines.next().unwrap_or_default().to_string();
+        Some(Note {
+            id,
+            path,
+            deadline_unix_millis,
+        })
+    }
+}
+
+/// Serializes the agent's own writes to the notes (creating one, claiming its own), so that
+/// between reading its note and claiming it no other freeze of that filesystem is noted. The
+/// watchdog claims with an atomic rename only, which needs no lock.
+static NOTES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The time now in milliseconds since the Unix epoch.
+pub fn now_unix_millis() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+}
+
+/// Notes the freeze of `device`; `Ok(false)` when the filesystem is noted as frozen already
+/// (by another Backup's freeze).
+fn create_note(state_dir: &Path, device: &str, note: &Note) -> std::io::Result<bool> {
+    use std::io::Write;
+    std::fs::create_dir_all(state_dir)?;
+    let path = note_path(state_dir, device);
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(error) => return Err(error),
+    };
+    file.write_all(note.render().as_bytes())?;
+    file.sync_all()?;
+    Ok(true)
+}
+
+/// Claims the note of `device` for `thawer` (only the note of freeze `id`, when given): an
+/// atomic rename, so exactly one party thaws each freeze. The claimed file and the note, or
+/// `None` when it is not there (thawed already) or belongs to another freeze.
+pub fn claim(
+    state_dir: &Path,
+    device_file: &str,
+    id: Option<&str>,
+    thawer: Thawer,
+) -> Option<(PathBuf, Note)> {
+    let path = state_dir.join(format!("{NOTE_PREFIX}{device_file}"));
+    let note = Note::parse(&std::fs::read_to_string(&path).ok()?)?;
+    if id.is_some_and(|id| id != note.id) {
+        return None;
+    }
+    let claimed = state_dir.join(format!(
+        "{CLAIMED_PREFIX}{device_file}.{}.{}",
+        note.id,
+        thawer.suffix()
+    ));
+    std::fs::rename(&path, &claimed).ok()?;
+    Some((claimed, note))
+}
+
+/// The notes in `state_dir`: each one's device part of the file name and the note.
+pub fn notes(state_dir: &Path) -> Vec<(String, Note)> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let device_file = name.strip_prefix(NOTE_PREFIX)?.to_string();
+            let note = Note::parse(&std::fs::read_to_string(entry.path()).ok()?)?;
+            Some((device_file, note))
+        })
+        .collect()
+}
+
+/// Claimed notes `thawer` left behind (it stopped between claiming and thawing).
+fn claimed_by(state_dir: &Path, thawer: Thawer) -> Vec<(PathBuf, Note)> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    let suffix = format!(".{}", thawer.suffix());
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().to_string();
+            name.starts_with(CLAIMED_PREFIX) && name.ends_with(&suffix)
+        })
+        .filter_map(|entry| {
+            let note = Note::parse(&std::fs::read_to_string(entry.path()).ok()?)?;
+            Some((entry.path(), note))
+        })
+        .collect()
+}
+
+/// Thaws the filesystem mounted at `path`; `Ok(false)` when it was not frozen (EINVAL).
+pub fn thaw_path(path: &Path) -> std::io::Result<bool> {
+    let directory = File::open(path)?;
+    match fithaw(&directory) {
+        Ok(()) => Ok(true),
+        Err(error) if error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Why a freeze could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FreezeError {
+    #[error(
+        "the filesystem {0} is frozen already for another backup; two freezes of one filesystem are refused, not nested"
+    )]
+    AlreadyFrozen(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A frozen filesystem; thawed when dropped, unless the watchdog thawed it at its bound.
 pub struct Frozen {
     directory: File,
     device: String,
-    journal: PathBuf,
+    state_dir: PathBuf,
+    id: String,
     since: Instant,
     metrics: Arc<Metrics>,
     /// How the freeze ends, for the metrics; `Released` unless said otherwise.
@@ -269,28 +442,61 @@ pub struct Frozen {
 }
 
 impl Frozen {
-    /// Notes, then freezes, the filesystem of `device` mounted at `path`. Blocks until the
-    /// kernel has flushed it (run it off the async threads).
+    /// Notes (with its bound of `max_seconds`), then freezes, the filesystem of `device`
+    /// mounted at `path`. Blocks until the kernel has flushed it (run it off the async
+    /// threads). A filesystem noted as frozen already is refused before anything is written.
     pub fn freeze(
         path: &Path,
         device: &str,
         state_dir: &Path,
+        max_seconds: u32,
         metrics: Arc<Metrics>,
-    ) -> std::io::Result<Frozen> {
-        std::fs::create_dir_all(state_dir)?;
-        let journal = journal_entry(state_dir, device);
-        std::fs::write(&journal, path.display().to_string())?;
-        let directory = File::open(path)?;
+    ) -> Result<Frozen, FreezeError> {
+        let id = format!(
+            "{:x}{:04x}",
+            k8s_openapi::jiff::Timestamp::now().as_nanosecond(),
+            std::process::id() & 0xffff
+        );
+        let note = Note {
+            id: id.clone(),
+            path: path.to_path_buf(),
+            deadline_unix_millis: now_unix_millis() + i64::from(max_seconds) * 1000,
+        };
+        {
+            let _notes = NOTES
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !create_note(state_dir, device, &note)? {
+                return Err(FreezeError::AlreadyFrozen(device.to_string()));
+            }
+        }
+        let unnote = || {
+            let _notes = NOTES
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let device_file = device.replace(':', "_");
+            if let Some((claimed, _)) = claim(state_dir, &device_file, Some(&id), Thawer::Agent) {
+                let _ = std::fs::remove_file(claimed);
+            }
+        };
+        let directory = match File::open(path) {
+            Ok(directory) => directory,
+            Err(error) => {
+                unnote();
+                return Err(error.into());
+            }
+        };
         if let Err(error) = fifreeze(&directory) {
-            let _ = std::fs::remove_file(&journal);
-            return Err(error);
+            unnote();
+            return Err(error.into());
         }
         metrics.frozen.inc();
-        tracing::info!(path = %path.display(), device, "filesystem frozen");
+        tracing::info!(path = %path.display(), device, max_seconds, "filesystem frozen");
         Ok(Frozen {
             directory,
             device: device.to_string(),
-            journal,
+            state_dir: state_dir.to_path_buf(),
+            id,
             since: Instant::now(),
             metrics,
             outcome: "Released",
@@ -311,55 +517,116 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         let seconds = self.since.elapsed().as_secs_f64();
-        match fithaw(&self.directory) {
-            Ok(()) => tracing::info!(
-                device = self.device,
-                seconds,
-                outcome = self.outcome,
-                "filesystem thawed"
-            ),
-            Err(error) => {
-                tracing::error!(device = self.device, %error, "thawing the filesystem failed")
+        let claimed = {
+            let _notes = NOTES
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            claim(
+                &self.state_dir,
+                &self.device.replace(':', "_"),
+                Some(&self.id),
+                Thawer::Agent,
+            )
+        };
+        match claimed {
+            Some((claimed, _)) => {
+                match fithaw(&self.directory) {
+                    Ok(()) => tracing::info!(
+                        device = self.device,
+                        seconds,
+                        outcome = self.outcome,
+                        "filesystem thawed"
+                    ),
+                    Err(error) => {
+                        tracing::error!(device = self.device, %error, "thawing the filesystem failed")
+                    }
+                }
+                let _ = std::fs::remove_file(claimed);
+            }
+            None => {
+                // The watchdog claimed it at the bound (or a restarted agent did).
+                self.outcome = "ThawedByWatchdog";
+                tracing::warn!(
+                    device = self.device,
+                    seconds,
+                    "the watchdog thawed the filesystem at its bound"
+                );
             }
         }
-        let _ = std::fs::remove_file(&self.journal);
         self.metrics.frozen.dec();
         self.metrics.frozen_duration.observe(seconds);
         metrics::count(&self.metrics.freezes, self.outcome);
     }
 }
 
-/// Thaws every filesystem an earlier agent noted as frozen and did not thaw (it was killed),
-/// through any mount of it this agent sees. Returns the devices thawed.
-pub fn thaw_left_frozen(state_dir: &Path, mounts: &[Mount], metrics: &Metrics) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(state_dir) else {
-        return Vec::new();
-    };
-    let mut thawed = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some(device) = name
-            .strip_prefix("frozen-")
-            .map(|device| device.replace('_', ":"))
-        else {
+/// Thaws what `thawer` finds due in `state_dir` at `now` (milliseconds since the epoch): every
+/// noted freeze whose bound passed, and what this thawer claimed before it stopped. For each
+/// thaw, the device part of the note's name and whether the filesystem was frozen. A note
+/// whose path is gone is thawed through any mount of its device in `mounts`.
+pub fn thaw_due(
+    state_dir: &Path,
+    now: i64,
+    thawer: Thawer,
+    mounts: &[Mount],
+) -> Vec<(String, std::io::Result<bool>)> {
+    let mut due: Vec<(PathBuf, Note, String)> = claimed_by(state_dir, thawer)
+        .into_iter()
+        .map(|(claimed, note)| {
+            let device_file = claimed
+                .file_name()
+                .map(|name| name.to_string_lossy().to_string())
+                .and_then(|name| {
+                    Some(
+                        name.strip_prefix(CLAIMED_PREFIX)?
+                            .split('.')
+                            .next()?
+                            .to_string(),
+                    )
+                })
+                .unwrap_or_default();
+            (claimed, note, device_file)
+        })
+        .collect();
+    for (device_file, note) in notes(state_dir) {
+        if note.deadline_unix_millis > now {
             continue;
-        };
-        for mount in mounts.iter().filter(|mount| mount.device == device) {
-            let Ok(directory) = File::open(&mount.mount_point) else {
-                continue;
-            };
-            match fithaw(&directory) {
-                Ok(()) => {
-                    tracing::warn!(device, mount = %mount.mount_point.display(), "thawed a filesystem a stopped agent left frozen");
-                    metrics::count(&metrics.freezes, "ThawedAtStart");
-                    thawed.push(device.clone());
-                }
-                // EINVAL: not frozen (any more).
-                Err(error) => tracing::debug!(device, %error, "not frozen"),
-            }
-            break;
         }
-        let _ = std::fs::remove_file(entry.path());
+        if let Some((claimed, note)) = claim(state_dir, &device_file, Some(&note.id), thawer) {
+            due.push((claimed, note, device_file));
+        }
+    }
+    due.into_iter()
+        .map(|(claimed, note, device_file)| {
+            let device = device_file.replace('_', ":");
+            let mut result = thaw_path(&note.path);
+            if result.is_err()
+                && let Some(mount) = mounts.iter().find(|mount| mount.device == device)
+            {
+                result = thaw_path(&mount.mount_point);
+            }
+            let _ = std::fs::remove_file(claimed);
+            (device_file, result)
+        })
+        .collect()
+}
+
+/// Thaws every filesystem an earlier agent noted as frozen and did not thaw (it was killed),
+/// whatever its bound: no freeze of this agent holds it any more. Returns the devices thawed.
+pub fn thaw_left_frozen(state_dir: &Path, mounts: &[Mount], metrics: &Metrics) -> Vec<String> {
+    let mut thawed = Vec::new();
+    for (device_file, result) in thaw_due(state_dir, i64::MAX, Thawer::Agent, mounts) {
+        let device = device_file.replace('_', ":");
+        match result {
+            Ok(true) => {
+                tracing::warn!(device, "thawed a filesystem a stopped agent left frozen");
+                metrics::count(&metrics.freezes, "ThawedAtStart");
+                thawed.push(device);
+            }
+            Ok(false) => tracing::debug!(device, "not frozen (any more)"),
+            Err(error) => {
+                tracing::error!(device, %error, "cannot thaw a filesystem a stopped agent left frozen")
+            }
+        }
     }
     thawed
 }
@@ -449,16 +716,22 @@ pub async fn serve(
         .collect();
     let device = freezable(&path, &mounts, &node_devices).map_err(refused)?;
     let (state_dir, metrics) = (options.state_dir.clone(), agent.metrics.clone());
-    let frozen =
-        tokio::task::spawn_blocking(move || Frozen::freeze(&path, &device, &state_dir, metrics))
-            .await
-            .map_err(|error| unavailable(format!("the freezing thread: {error}")))?
-            .map_err(|error| {
-                (
-                    "FreezeFailed",
-                    tonic::Status::failed_precondition(format!("FIFREEZE failed: {error}")),
-                )
-            })?;
+    let max_seconds = grant.max_seconds;
+    let frozen = tokio::task::spawn_blocking(move || {
+        Frozen::freeze(&path, &device, &state_dir, max_seconds, metrics)
+    })
+    .await
+    .map_err(|error| unavailable(format!("the freezing thread: {error}")))?
+    .map_err(|error| match error {
+        FreezeError::AlreadyFrozen(_) => (
+            "AlreadyFrozen",
+            tonic::Status::failed_precondition(error.to_string()),
+        ),
+        FreezeError::Io(error) => (
+            "FreezeFailed",
+            tonic::Status::failed_precondition(format!("FIFREEZE failed: {error}")),
+        ),
+    })?;
     tracing::info!(
         namespace,
         pod = caller.name,

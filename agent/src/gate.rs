@@ -215,11 +215,22 @@ impl Gate for GateService {
             max_seconds,
             device: frozen.device().to_string(),
         };
-        // Dropping the stream (the caller cancelled, the connection dropped, the agent
-        // stops) drops `frozen`, which thaws; the bound ends it from here.
+        // The bound is kept by a task of its own, not by the response stream: a caller that
+        // stops reading (a zero HTTP/2 window) cannot delay it. Dropping the stream (the
+        // caller cancelled, the connection dropped, the agent stops) drops `released`, and
+        // the task thaws at once. The watchdog container thaws at the same bound if the agent
+        // itself is gone.
+        let (released, dropped) = tokio::sync::oneshot::channel::<()>();
+        let bound = std::time::Duration::from_secs(max_seconds.into());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(bound) => frozen.end("BoundPassed"),
+                _ = dropped => drop(frozen),
+            }
+        });
         let bound = futures::stream::once(async move {
-            tokio::time::sleep(std::time::Duration::from_secs(max_seconds.into())).await;
-            frozen.end("BoundPassed");
+            tokio::time::sleep(bound).await;
+            drop(released);
             Err(Status::deadline_exceeded(format!(
                 "thawed at the bound of {max_seconds} s"
             )))

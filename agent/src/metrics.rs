@@ -39,8 +39,8 @@ pub struct Metrics {
     pub clock_round_trip_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Reports sent to the controller, by result (`Sent` or the error).
     pub reports: Family<ReasonLabels, Counter>,
-    /// Freezes ended, by how (`Released`, `BoundPassed`, `Stopped`, `ThawedAtStart`), and
-    /// refused, by reason.
+    /// Freezes ended, by how (`Released`, `BoundPassed`, `ThawedByWatchdog`, `ThawedAtStart`),
+    /// and refused, by reason (`AlreadyFrozen`, ...).
     pub freezes: Family<ReasonLabels, Counter>,
     /// Filesystems frozen now.
     pub frozen: Gauge,

@@ -3087,6 +3087,28 @@ impl Drop for Writer {
     }
 }
 
+/// SIGKILLs the agent container (not the pod: the kubelet restarts the container, after its
+/// crash-loop back-off when it crashed recently).
+fn kill_agents() {
+    let agents = ctr(&[
+        "containers",
+        "ls",
+        "-q",
+        "labels.\"io.kubernetes.container.name\"==agent",
+    ]);
+    for container in agents.lines() {
+        let _ = std::process::Command::new("ctr")
+            .args([
+                "--address",
+                "/run/custody-node/containerd.sock",
+                "-n",
+                "k8s.io",
+            ])
+            .args(["tasks", "kill", "-s", "SIGKILL", container])
+            .output();
+    }
+}
+
 /// Waits until the agent holds a filesystem frozen; returns when it saw it.
 async fn frozen_now() -> std::time::Instant {
     custody_tests::eventually("a filesystem frozen by the agent", TIMEOUT, || async {
@@ -3252,24 +3274,8 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
     relay.set(s3::Fault::StallWrites);
     frozen_backup(&namespace, "agent-killed", 120).await;
     frozen_now().await;
-    let agents = ctr(&[
-        "containers",
-        "ls",
-        "-q",
-        "labels.\"io.kubernetes.container.name\"==agent",
-    ]);
     let killed = std::time::Instant::now();
-    for container in agents.lines() {
-        let _ = std::process::Command::new("ctr")
-            .args([
-                "--address",
-                "/run/custody-node/containerd.sock",
-                "-n",
-                "k8s.io",
-            ])
-            .args(["tasks", "kill", "-s", "SIGKILL", container])
-            .output();
-    }
+    kill_agents();
     let thawed = writer.writable_after(killed, "the agent was killed").await;
     eprintln!(
         "agent killed mid-freeze: writable {:.2} s later (its restarted container thawed it)",
@@ -3285,6 +3291,39 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
         Some(1.0),
         "the restarted agent thawed the noted filesystem"
     );
+
+    // The agent killed again, twice in a row (issue 23, item 3): the kubelet's crash-loop
+    // back-off delays its restart by 10 s, then 20 s, but the watchdog container thaws at
+    // the Backup's bound of 5 s.
+    for round in ["again", "a third time"] {
+        // The agent back from its last kill (a mover that finds no agent fails at once).
+        custody_tests::eventually("the agent serving again", TIMEOUT, || async {
+            match agent_metric("custody_agent_frozen_filesystems").await {
+                Some(0.0) => Ok(()),
+                other => Err(format!("custody_agent_frozen_filesystems {other:?}")),
+            }
+        })
+        .await;
+        relay.set(s3::Fault::StallWrites);
+        let name = format!("agent-killed-{}", round.replace(' ', "-"));
+        frozen_backup(&namespace, &name, 5).await;
+        let frozen = frozen_now().await;
+        kill_agents();
+        let thawed = writer.writable_after(frozen, "the agent was killed").await;
+        relay.set(s3::Fault::None);
+        let (stall, _) = writer.longest_since(frozen - Duration::from_secs(1));
+        eprintln!(
+            "agent killed {round} mid-freeze, bound 5 s: writes stalled {:.2} s; writable {:.2} s after the agent reported frozen",
+            stall.as_secs_f64(),
+            (thawed - frozen).as_secs_f64()
+        );
+        assert!(
+            stall <= Duration::from_millis(6500),
+            "the freeze outlived its bound of 5 s: {stall:?}"
+        );
+        let (reason, message) = backup_fails(&namespace, &name).await;
+        assert_eq!(reason, "FreezeLost", "{message}");
+    }
 
     relay.set(s3::Fault::None);
     drop(writer);

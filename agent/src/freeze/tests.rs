@@ -315,3 +315,97 @@ fn the_device_of_a_path_is_its_deepest_mount() {
         Some("253:1")
     );
 }
+
+/// The notes of freezes, as the agent and the watchdog share them.
+mod notes {
+    use super::super::*;
+
+    fn note(id: &str, path: &Path, deadline: i64) -> Note {
+        Note {
+            id: id.into(),
+            path: path.to_path_buf(),
+            deadline_unix_millis: deadline,
+        }
+    }
+
+    #[test]
+    fn a_note_reads_back_and_an_older_agents_note_is_due_at_once() {
+        let written = note("f1", Path::new("/var/lib/kubelet/pods/x/volumes/v"), 1234);
+        assert_eq!(Note::parse(&written.render()), Some(written));
+        let old = Note::parse("/var/lib/kubelet/pods/x/volumes/v").unwrap();
+        assert_eq!(old.deadline_unix_millis, 0);
+        assert_eq!(old.id, "");
+        assert_eq!(Note::parse(""), None);
+    }
+
+    #[test]
+    fn one_note_per_filesystem_and_each_freeze_is_claimed_exactly_once() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        assert!(create_note(dir, "7:3", &note("first", dir, 10)).unwrap());
+        // A second freeze of the same filesystem is refused and leaves the first note as it was.
+        assert!(!create_note(dir, "7:3", &note("second", dir, 20)).unwrap());
+        assert_eq!(
+            notes(dir),
+            vec![("7_3".to_string(), note("first", dir, 10))]
+        );
+        // Another filesystem is noted beside it.
+        assert!(create_note(dir, "7:4", &note("other", dir, 10)).unwrap());
+        // A thaw claims only its own freeze's note.
+        assert!(claim(dir, "7_3", Some("second"), Thawer::Agent).is_none());
+        let (claimed, found) = claim(dir, "7_3", Some("first"), Thawer::Watchdog).unwrap();
+        assert_eq!(found.id, "first");
+        assert!(claimed.exists());
+        // Claimed once: neither party claims it again.
+        assert!(claim(dir, "7_3", Some("first"), Thawer::Agent).is_none());
+        assert!(claim(dir, "7_3", None, Thawer::Watchdog).is_none());
+        // Claimed, the filesystem may be noted again by a new freeze.
+        assert!(create_note(dir, "7:3", &note("third", dir, 30)).unwrap());
+    }
+
+    #[test]
+    fn the_watchdog_thaws_only_what_is_past_its_bound() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        let mount = tempfile::tempdir().unwrap();
+        create_note(dir, "7:3", &note("due", mount.path(), 1_000)).unwrap();
+        create_note(dir, "7:4", &note("later", mount.path(), 5_000)).unwrap();
+        let thawed = thaw_due(dir, 2_000, Thawer::Watchdog, &[]);
+        assert_eq!(
+            thawed
+                .iter()
+                .map(|(device, _)| device.as_str())
+                .collect::<Vec<_>>(),
+            ["7_3"]
+        );
+        assert_eq!(
+            notes(dir)
+                .into_iter()
+                .map(|(device, _)| device)
+                .collect::<Vec<_>>(),
+            ["7_4"]
+        );
+        // Nothing claimed is left behind.
+        assert!(claimed_by(dir, Thawer::Watchdog).is_empty());
+        // At its bound, the other one.
+        assert_eq!(thaw_due(dir, 5_000, Thawer::Watchdog, &[]).len(), 1);
+        assert!(notes(dir).is_empty());
+    }
+
+    #[test]
+    fn a_claim_left_by_a_stopped_thawer_is_finished_by_the_same_thawer_only() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        let mount = tempfile::tempdir().unwrap();
+        create_note(dir, "7:3", &note("f", mount.path(), i64::MAX)).unwrap();
+        // The agent claimed it and stopped before FITHAW.
+        let (claimed, _) = claim(dir, "7_3", Some("f"), Thawer::Agent).unwrap();
+        // The watchdog does not touch the agent's claim: the agent may be thawing it now.
+        assert!(thaw_due(dir, i64::MAX, Thawer::Watchdog, &[]).is_empty());
+        assert!(claimed.exists());
+        // The agent, starting again, finishes it.
+        let thawed = thaw_due(dir, 0, Thawer::Agent, &[]);
+        assert_eq!(thawed.len(), 1);
+        assert!(!claimed.exists());
+    }
+}
