@@ -256,14 +256,25 @@ fn fithaw(directory: &File) -> std::io::Result<()> {
         .map_err(std::io::Error::from)
 }
 
-/// The note on the node's disk that `device` is frozen: one per filesystem, so that a second
-/// freeze of a frozen filesystem is refused before it touches anything.
-fn note_path(state_dir: &Path, device: &str) -> PathBuf {
-    state_dir.join(format!("{NOTE_PREFIX}{}", device.replace(':', "_")))
-}
-
 const NOTE_PREFIX: &str = "frozen-";
 const CLAIMED_PREFIX: &str = "thawing-";
+const WRITING_PREFIX: &str = "writing-";
+
+/// How much sooner than the watchdog the agent itself thaws at the bound, so that with a live
+/// agent the mover always learns that its freeze ended (the watchdog reads the notes every
+/// 100 ms).
+pub const AGENT_MARGIN_MILLIS: i64 = 500;
+
+/// How long a claim by the other party may stay unfinished before it is taken over (that
+/// party died between claiming and thawing).
+pub const STALE_CLAIM_MILLIS: i64 = 2_000;
+
+/// Milliseconds on the node's boot clock (CLOCK_BOOTTIME): shared by the agent's and the
+/// watchdog's containers, and neither set nor stepped like the wall clock.
+pub fn boot_millis() -> i64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    now.tv_sec * 1000 + now.tv_nsec / 1_000_000
+}
 
 /// Who claims a note to thaw its filesystem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,12 +297,13 @@ impl Thawer {
 /// A freeze as noted before FIFREEZE: the mount to thaw and when at the latest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {
-    /// Unique per freeze: a thaw claims only its own freeze's note.
+    /// Unique per freeze, and part of the note's file name: a claim renames exactly the note
+    /// of one freeze.
     pub id: String,
+    /// The mount frozen (the mover pod's); the device is thawed through any mount of it.
     pub path: PathBuf,
-    /// The bound, in milliseconds since the Unix epoch (the node's clock, shared by the agent
-    /// and the watchdog).
-    pub deadline_unix_millis: i64,
+    /// The bound on the node's boot clock ([`boot_millis`]).
+    pub deadline_boot_millis: i64,
 }
 
 impl Note {
@@ -299,7 +311,7 @@ impl Note {
         format!(
             "{}\n{}\n{}\n",
             self.path.display(),
-            self.deadline_unix_millis,
+            self.deadline_boot_millis,
             self.id
         )
     }
@@ -308,107 +320,139 @@ impl Note {
     pub fn parse(text: &str) -> Option<Note> {
         let mut lines = text.lines();
         let path = PathBuf::from(lines.next().filter(|line| !line.is_empty())?);
-        let deadline_unix_millis = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
+        let deadline_boot_millis = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
         let id = lines.next().unwrap_or_default().to_string();
         Some(Note {
             id,
             path,
-            deadline_unix_millis,
+            deadline_boot_millis,
         })
     }
 }
 
-/// Serializes the agent's own writes to the notes (creating one, claiming its own), so that
-/// between reading its note and claiming it no other freeze of that filesystem is noted. The
-/// watchdog claims with an atomic rename only, which needs no lock.
-static NOTES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The time now in milliseconds since the Unix epoch.
-pub fn now_unix_millis() -> i64 {
-    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+/// A file of the state directory that is about a freeze.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The file.
+    pub file: PathBuf,
+    /// The device as the file name carries it (`major_minor`).
+    pub device_file: String,
+    pub id: String,
+    /// `None`: noted, frozen or about to be. `Some`: claimed by this thawer at this time.
+    pub claimed: Option<(String, i64)>,
 }
 
-/// Notes the freeze of `device`; `Ok(false)` when the filesystem is noted as frozen already
-/// (by another Backup's freeze).
+/// The freezes noted or claimed in `state_dir` (old notes without an id in their name too).
+pub fn entries(state_dir: &Path) -> Vec<Entry> {
+    let Ok(listed) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    listed
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if let Some(rest) = name.strip_prefix(NOTE_PREFIX) {
+                let (device_file, id) = rest.split_once('.').unwrap_or((rest, ""));
+                return Some(Entry {
+                    file: entry.path(),
+                    device_file: device_file.to_string(),
+                    id: id.to_string(),
+                    claimed: None,
+                });
+            }
+            let rest = name.strip_prefix(CLAIMED_PREFIX)?;
+            let mut parts = rest.split('.');
+            let (device_file, id, who, at) =
+                (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+            Some(Entry {
+                file: entry.path(),
+                device_file: device_file.to_string(),
+                id: id.to_string(),
+                claimed: Some((who.to_string(), at.parse().ok()?)),
+            })
+        })
+        .collect()
+}
+
+/// Serializes the agent's creation of notes with its own claims: a filesystem gets a new note
+/// only while no note and no unfinished claim of it exist, so that a late FITHAW of one freeze
+/// can never end the next. The watchdog only renames, which needs no lock.
+static NOTES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Tells one freeze from every other on the node.
+fn freeze_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{:x}-{}",
+        k8s_openapi::jiff::Timestamp::now().as_nanosecond(),
+        COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+fn device_file(device: &str) -> String {
+    device.replace(':', "_")
+}
+
+/// Notes the freeze of `device` (written whole, then renamed into place, so no party ever
+/// reads half a note); `Ok(false)` when the filesystem is noted already, or its last freeze's
+/// thaw is not finished. The caller holds [`NOTES`].
 fn create_note(state_dir: &Path, device: &str, note: &Note) -> std::io::Result<bool> {
     use std::io::Write;
     std::fs::create_dir_all(state_dir)?;
-    let path = note_path(state_dir, device);
-    let mut file = match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
+    let device_file = device_file(device);
+    if entries(state_dir)
+        .iter()
+        .any(|entry| entry.device_file == device_file)
     {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
-        Err(error) => return Err(error),
-    };
+        return Ok(false);
+    }
+    let writing = state_dir.join(format!("{WRITING_PREFIX}{}", note.id));
+    let mut file = std::fs::File::create(&writing)?;
     file.write_all(note.render().as_bytes())?;
     file.sync_all()?;
+    std::fs::rename(
+        &writing,
+        state_dir.join(format!("{NOTE_PREFIX}{device_file}.{}", note.id)),
+    )?;
     Ok(true)
 }
 
-/// Claims the note of `device` for `thawer` (only the note of freeze `id`, when given): an
-/// atomic rename, so exactly one party thaws each freeze. The claimed file and the note, or
-/// `None` when it is not there (thawed already) or belongs to another freeze.
+/// Claims the note of freeze `id` of `device_file` for `thawer`: an atomic rename of exactly
+/// that note, so one party thaws each freeze. The claimed file and its note, or `None` when it
+/// is not there (claimed already).
 pub fn claim(
     state_dir: &Path,
     device_file: &str,
-    id: Option<&str>,
+    id: &str,
     thawer: Thawer,
 ) -> Option<(PathBuf, Note)> {
-    let path = state_dir.join(format!("{NOTE_PREFIX}{device_file}"));
-    let note = Note::parse(&std::fs::read_to_string(&path).ok()?)?;
-    if id.is_some_and(|id| id != note.id) {
-        return None;
-    }
+    let noted = state_dir.join(format!("{NOTE_PREFIX}{device_file}.{id}"));
     let claimed = state_dir.join(format!(
-        "{CLAIMED_PREFIX}{device_file}.{}.{}",
-        note.id,
-        thawer.suffix()
+        "{CLAIMED_PREFIX}{device_file}.{id}.{}.{}",
+        thawer.suffix(),
+        boot_millis()
     ));
-    std::fs::rename(&path, &claimed).ok()?;
+    std::fs::rename(&noted, &claimed).ok()?;
+    let note = Note::parse(&std::fs::read_to_string(&claimed).ok()?)?;
     Some((claimed, note))
 }
 
-/// The notes in `state_dir`: each one's device part of the file name and the note.
-pub fn notes(state_dir: &Path) -> Vec<(String, Note)> {
-    let Ok(entries) = std::fs::read_dir(state_dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let device_file = name.strip_prefix(NOTE_PREFIX)?.to_string();
-            let note = Note::parse(&std::fs::read_to_string(entry.path()).ok()?)?;
-            Some((device_file, note))
-        })
-        .collect()
-}
-
-/// Claimed notes `thawer` left behind (it stopped between claiming and thawing).
-fn claimed_by(state_dir: &Path, thawer: Thawer) -> Vec<(PathBuf, Note)> {
-    let Ok(entries) = std::fs::read_dir(state_dir) else {
-        return Vec::new();
-    };
-    let suffix = format!(".{}", thawer.suffix());
-    entries
-        .flatten()
-        .filter(|entry| {
-            let name = entry.file_name().to_string_lossy().to_string();
-            name.starts_with(CLAIMED_PREFIX) && name.ends_with(&suffix)
-        })
-        .filter_map(|entry| {
-            let note = Note::parse(&std::fs::read_to_string(entry.path()).ok()?)?;
-            Some((entry.path(), note))
-        })
-        .collect()
-}
-
-/// Thaws the filesystem mounted at `path`; `Ok(false)` when it was not frozen (EINVAL).
-pub fn thaw_path(path: &Path) -> std::io::Result<bool> {
+/// Thaws the filesystem of `device` (`major:minor`) mounted at `path`, after checking that
+/// `path` is on that device; `Ok(false)` when it was not frozen (EINVAL).
+fn thaw_at(path: &Path, device: &str) -> std::io::Result<bool> {
     let directory = File::open(path)?;
+    let stat = rustix::fs::fstat(&directory)?;
+    let found = format!(
+        "{}:{}",
+        rustix::fs::major(stat.st_dev),
+        rustix::fs::minor(stat.st_dev)
+    );
+    if found != device {
+        return Err(std::io::Error::other(format!(
+            "{} is on device {found}, not {device} (unmounted?)",
+            path.display()
+        )));
+    }
     match fithaw(&directory) {
         Ok(()) => Ok(true),
         Err(error) if error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
@@ -418,11 +462,96 @@ pub fn thaw_path(path: &Path) -> std::io::Result<bool> {
     }
 }
 
+/// Thaws the device of a claimed note: through the noted mount, else through any mount of
+/// the device in `mounts` (the mover's pod may be gone and its mount with it, the
+/// application's remains). The claim is removed only once the device is thawed (or was not
+/// frozen): a failed thaw stays claimed and is tried again.
+fn finish(
+    claimed: &Path,
+    device_file: &str,
+    note: &Note,
+    mounts: &[Mount],
+) -> std::io::Result<bool> {
+    let device = device_file.replace('_', ":");
+    let mut result = thaw_at(&note.path, &device);
+    if result.is_err() {
+        for mount in mounts.iter().filter(|mount| mount.device == device) {
+            result = thaw_at(&mount.mount_point, &device);
+            if result.is_ok() {
+                break;
+            }
+        }
+    }
+    if result.is_err() && !mounts.iter().any(|mount| mount.device == device) {
+        // Mounted nowhere (the noted mount gone, no other): nothing is left frozen to thaw.
+        result = Ok(false);
+    }
+    if result.is_ok() {
+        let _ = std::fs::remove_file(claimed);
+    }
+    result
+}
+
+/// Thaws what `thawer` finds due in `state_dir` at `now` (boot clock, milliseconds): every
+/// noted freeze whose bound passed, every claim of its own left unfinished, and every claim of
+/// the other party older than `stale_millis`. For each, the device and the thaw's result.
+pub fn thaw_due(
+    state_dir: &Path,
+    now: i64,
+    thawer: Thawer,
+    stale_millis: i64,
+    mounts: &[Mount],
+) -> Vec<(String, std::io::Result<bool>)> {
+    let mut results = Vec::new();
+    for entry in entries(state_dir) {
+        let claimed = match &entry.claimed {
+            None => {
+                let Some(text) = std::fs::read_to_string(&entry.file).ok() else {
+                    continue;
+                };
+                let Some(note) = Note::parse(&text) else {
+                    continue;
+                };
+                if note.deadline_boot_millis > now {
+                    continue;
+                }
+                // An older agent's note has no id in its name: claim the name it has.
+                let id = if entry.id.is_empty() {
+                    let legacy =
+                        state_dir.join(format!("{NOTE_PREFIX}{}.legacy", entry.device_file));
+                    if std::fs::rename(&entry.file, &legacy).is_err() {
+                        continue;
+                    }
+                    "legacy".to_string()
+                } else {
+                    entry.id.clone()
+                };
+                claim(state_dir, &entry.device_file, &id, thawer)
+            }
+            Some((who, at)) if who == thawer.suffix() || boot_millis() - at >= stale_millis => {
+                let Some(note) = std::fs::read_to_string(&entry.file)
+                    .ok()
+                    .and_then(|text| Note::parse(&text))
+                else {
+                    continue;
+                };
+                Some((entry.file.clone(), note))
+            }
+            Some(_) => None,
+        };
+        if let Some((file, note)) = claimed {
+            let result = finish(&file, &entry.device_file, &note, mounts);
+            results.push((entry.device_file.replace('_', ":"), result));
+        }
+    }
+    results
+}
+
 /// Why a freeze could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum FreezeError {
     #[error(
-        "the filesystem {0} is frozen already for another backup; two freezes of one filesystem are refused, not nested"
+        "the filesystem {0} is frozen already for another backup (or its last freeze is being thawed); two freezes of one filesystem are refused, not nested"
     )]
     AlreadyFrozen(String),
     #[error("{0}")]
@@ -435,6 +564,8 @@ pub struct Frozen {
     device: String,
     state_dir: PathBuf,
     id: String,
+    /// The note's bound (boot clock, milliseconds).
+    deadline: i64,
     since: Instant,
     metrics: Arc<Metrics>,
     /// How the freeze ends, for the metrics; `Released` unless said otherwise.
@@ -452,15 +583,12 @@ impl Frozen {
         max_seconds: u32,
         metrics: Arc<Metrics>,
     ) -> Result<Frozen, FreezeError> {
-        let id = format!(
-            "{:x}{:04x}",
-            k8s_openapi::jiff::Timestamp::now().as_nanosecond(),
-            std::process::id() & 0xffff
-        );
+        let id = freeze_id();
+        let deadline = boot_millis() + i64::from(max_seconds) * 1000;
         let note = Note {
             id: id.clone(),
             path: path.to_path_buf(),
-            deadline_unix_millis: now_unix_millis() + i64::from(max_seconds) * 1000,
+            deadline_boot_millis: deadline,
         };
         {
             let _notes = NOTES
@@ -471,11 +599,7 @@ impl Frozen {
             }
         }
         let unnote = || {
-            let _notes = NOTES
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let device_file = device.replace(':', "_");
-            if let Some((claimed, _)) = claim(state_dir, &device_file, Some(&id), Thawer::Agent) {
+            if let Some((claimed, _)) = claim(state_dir, &device_file(device), &id, Thawer::Agent) {
                 let _ = std::fs::remove_file(claimed);
             }
         };
@@ -497,10 +621,18 @@ impl Frozen {
             device: device.to_string(),
             state_dir: state_dir.to_path_buf(),
             id,
+            deadline,
             since: Instant::now(),
             metrics,
             outcome: "Released",
         })
+    }
+
+    /// How long until the agent itself must thaw: the note's bound less
+    /// [`AGENT_MARGIN_MILLIS`], so that it, not the watchdog, ends a freeze while it lives.
+    pub fn time_left(&self) -> std::time::Duration {
+        let left = self.deadline - AGENT_MARGIN_MILLIS - boot_millis();
+        std::time::Duration::from_millis(left.max(0) as u64)
     }
 
     /// Thaws now, counting the freeze under `outcome`.
@@ -517,32 +649,32 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         let seconds = self.since.elapsed().as_secs_f64();
-        let claimed = {
-            let _notes = NOTES
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            claim(
-                &self.state_dir,
-                &self.device.replace(':', "_"),
-                Some(&self.id),
-                Thawer::Agent,
-            )
-        };
-        match claimed {
-            Some((claimed, _)) => {
-                match fithaw(&self.directory) {
-                    Ok(()) => tracing::info!(
+        match claim(
+            &self.state_dir,
+            &device_file(&self.device),
+            &self.id,
+            Thawer::Agent,
+        ) {
+            Some((claimed, _)) => match fithaw(&self.directory) {
+                Ok(()) => {
+                    tracing::info!(
                         device = self.device,
                         seconds,
                         outcome = self.outcome,
                         "filesystem thawed"
-                    ),
-                    Err(error) => {
-                        tracing::error!(device = self.device, %error, "thawing the filesystem failed")
-                    }
+                    );
+                    let _ = std::fs::remove_file(claimed);
                 }
-                let _ = std::fs::remove_file(claimed);
-            }
+                Err(error)
+                    if error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) =>
+                {
+                    let _ = std::fs::remove_file(claimed);
+                }
+                Err(error) => {
+                    // Left claimed: the watchdog takes it over and tries again.
+                    tracing::error!(device = self.device, %error, "thawing the filesystem failed")
+                }
+            },
             None => {
                 // The watchdog claimed it at the bound (or a restarted agent did).
                 self.outcome = "ThawedByWatchdog";
@@ -559,63 +691,29 @@ impl Drop for Frozen {
     }
 }
 
-/// Thaws what `thawer` finds due in `state_dir` at `now` (milliseconds since the epoch): every
-/// noted freeze whose bound passed, and what this thawer claimed before it stopped. For each
-/// thaw, the device part of the note's name and whether the filesystem was frozen. A note
-/// whose path is gone is thawed through any mount of its device in `mounts`.
-pub fn thaw_due(
-    state_dir: &Path,
-    now: i64,
-    thawer: Thawer,
-    mounts: &[Mount],
-) -> Vec<(String, std::io::Result<bool>)> {
-    let mut due: Vec<(PathBuf, Note, String)> = claimed_by(state_dir, thawer)
-        .into_iter()
-        .map(|(claimed, note)| {
-            let device_file = claimed
-                .file_name()
-                .map(|name| name.to_string_lossy().to_string())
-                .and_then(|name| {
-                    Some(
-                        name.strip_prefix(CLAIMED_PREFIX)?
-                            .split('.')
-                            .next()?
-                            .to_string(),
-                    )
-                })
-                .unwrap_or_default();
-            (claimed, note, device_file)
-        })
-        .collect();
-    for (device_file, note) in notes(state_dir) {
-        if note.deadline_unix_millis > now {
-            continue;
-        }
-        if let Some((claimed, note)) = claim(state_dir, &device_file, Some(&note.id), thawer) {
-            due.push((claimed, note, device_file));
-        }
-    }
-    due.into_iter()
-        .map(|(claimed, note, device_file)| {
-            let device = device_file.replace('_', ":");
-            let mut result = thaw_path(&note.path);
-            if result.is_err()
-                && let Some(mount) = mounts.iter().find(|mount| mount.device == device)
-            {
-                result = thaw_path(&mount.mount_point);
-            }
-            let _ = std::fs::remove_file(claimed);
-            (device_file, result)
-        })
-        .collect()
-}
-
 /// Thaws every filesystem an earlier agent noted as frozen and did not thaw (it was killed),
 /// whatever its bound: no freeze of this agent holds it any more. Returns the devices thawed.
 pub fn thaw_left_frozen(state_dir: &Path, mounts: &[Mount], metrics: &Metrics) -> Vec<String> {
+    if let Ok(listed) = std::fs::read_dir(state_dir) {
+        for entry in listed.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(WRITING_PREFIX)
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
     let mut thawed = Vec::new();
-    for (device_file, result) in thaw_due(state_dir, i64::MAX, Thawer::Agent, mounts) {
-        let device = device_file.replace('_', ":");
+    // A fresh claim of the watchdog is the watchdog's to finish: it may be thawing it now.
+    for (device, result) in thaw_due(
+        state_dir,
+        i64::MAX,
+        Thawer::Agent,
+        STALE_CLAIM_MILLIS,
+        mounts,
+    ) {
         match result {
             Ok(true) => {
                 tracing::warn!(device, "thawed a filesystem a stopped agent left frozen");

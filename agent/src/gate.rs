@@ -221,7 +221,7 @@ impl Gate for GateService {
         // the task thaws at once. The watchdog container thaws at the same bound if the agent
         // itself is gone.
         let (released, dropped) = tokio::sync::oneshot::channel::<()>();
-        let bound = std::time::Duration::from_secs(max_seconds.into());
+        let bound = frozen.time_left();
         tokio::spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(bound) => frozen.end("BoundPassed"),

@@ -3294,8 +3294,10 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
 
     // The agent killed again, twice in a row (issue 23, item 3): the kubelet's crash-loop
     // back-off delays its restart by 10 s, then 20 s, but the watchdog container thaws at
-    // the Backup's bound of 5 s.
-    for round in ["again", "a third time"] {
+    // the Backup's bound, 5 s, then 15 s: by then the mover, its call broken, has exited and
+    // its pod's mount of the volume is gone, so the watchdog thaws through the
+    // application's mount of the device.
+    for (round, bound) in [("again", 5u32), ("a third time", 15)] {
         // The agent back from its last kill (a mover that finds no agent fails at once).
         custody_tests::eventually("the agent serving again", TIMEOUT, || async {
             match agent_metric("custody_agent_frozen_filesystems").await {
@@ -3306,20 +3308,20 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
         .await;
         relay.set(s3::Fault::StallWrites);
         let name = format!("agent-killed-{}", round.replace(' ', "-"));
-        frozen_backup(&namespace, &name, 5).await;
+        frozen_backup(&namespace, &name, bound).await;
         let frozen = frozen_now().await;
         kill_agents();
         let thawed = writer.writable_after(frozen, "the agent was killed").await;
         relay.set(s3::Fault::None);
         let (stall, _) = writer.longest_since(frozen - Duration::from_secs(1));
         eprintln!(
-            "agent killed {round} mid-freeze, bound 5 s: writes stalled {:.2} s; writable {:.2} s after the agent reported frozen",
+            "agent killed {round} mid-freeze, bound {bound} s: writes stalled {:.2} s; writable {:.2} s after the agent reported frozen",
             stall.as_secs_f64(),
             (thawed - frozen).as_secs_f64()
         );
         assert!(
-            stall <= Duration::from_millis(6500),
-            "the freeze outlived its bound of 5 s: {stall:?}"
+            stall <= Duration::from_secs(bound.into()) + Duration::from_millis(1500),
+            "the freeze outlived its bound of {bound} s: {stall:?}"
         );
         let (reason, message) = backup_fails(&namespace, &name).await;
         assert_eq!(reason, "FreezeLost", "{message}");

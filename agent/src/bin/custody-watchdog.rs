@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use custody_agent::freeze::{Thawer, now_unix_millis, thaw_due};
+use custody_agent::freeze::{STALE_CLAIM_MILLIS, Thawer, boot_millis, entries, thaw_due};
 use custody_kube::process::{LogFormat, init_tracing};
 
 #[derive(Debug, Parser)]
@@ -28,25 +28,53 @@ struct Options {
     log_format: LogFormat,
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     let options = Options::parse();
     init_tracing(options.log_format);
     tracing::info!(state_dir = %options.state_dir.display(), interval_millis = options.interval_millis, "watching the agent's freezes");
     let interval = Duration::from_millis(options.interval_millis.max(10));
-    loop {
-        let due = thaw_due(&options.state_dir, now_unix_millis(), Thawer::Watchdog, &[]);
-        for (device, result) in due {
-            match result {
-                Ok(true) => tracing::warn!(
-                    device,
-                    "thawed a filesystem at its freeze bound: the agent had not"
-                ),
-                Ok(false) => tracing::info!(device, "a freeze past its bound was thawed already"),
-                Err(error) => {
-                    tracing::error!(device, %error, "cannot thaw a filesystem past its freeze bound")
-                }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let stop = custody_kube::process::wait_for_signal();
+        tokio::pin!(stop);
+        loop {
+            sweep(&options.state_dir);
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(interval) => {}
             }
         }
-        std::thread::sleep(interval);
+    });
+    Ok(())
+}
+
+/// Thaws every freeze past its bound, and finishes a claim the agent left unfinished.
+fn sweep(state_dir: &std::path::Path) {
+    if entries(state_dir).is_empty() {
+        return;
+    }
+    // The mover's mount may be gone: the device is then thawed through another mount of it.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| custody_agent::volumes::parse_mountinfo(&text))
+        .unwrap_or_default();
+    for (device, result) in thaw_due(
+        state_dir,
+        boot_millis(),
+        Thawer::Watchdog,
+        STALE_CLAIM_MILLIS,
+        &mounts,
+    ) {
+        match result {
+            Ok(true) => tracing::warn!(
+                device,
+                "thawed a filesystem at its freeze bound: the agent had not"
+            ),
+            Ok(false) => tracing::info!(device, "a freeze past its bound was not frozen any more"),
+            Err(error) => {
+                tracing::error!(device, %error, "cannot thaw a filesystem past its freeze bound; trying again")
+            }
+        }
     }
 }

@@ -324,8 +324,18 @@ mod notes {
         Note {
             id: id.into(),
             path: path.to_path_buf(),
-            deadline_unix_millis: deadline,
+            deadline_boot_millis: deadline,
         }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        names
     }
 
     #[test]
@@ -333,7 +343,7 @@ mod notes {
         let written = note("f1", Path::new("/var/lib/kubelet/pods/x/volumes/v"), 1234);
         assert_eq!(Note::parse(&written.render()), Some(written));
         let old = Note::parse("/var/lib/kubelet/pods/x/volumes/v").unwrap();
-        assert_eq!(old.deadline_unix_millis, 0);
+        assert_eq!(old.deadline_boot_millis, 0);
         assert_eq!(old.id, "");
         assert_eq!(Note::parse(""), None);
     }
@@ -345,21 +355,21 @@ mod notes {
         assert!(create_note(dir, "7:3", &note("first", dir, 10)).unwrap());
         // A second freeze of the same filesystem is refused and leaves the first note as it was.
         assert!(!create_note(dir, "7:3", &note("second", dir, 20)).unwrap());
-        assert_eq!(
-            notes(dir),
-            vec![("7_3".to_string(), note("first", dir, 10))]
-        );
+        assert_eq!(names(dir), ["frozen-7_3.first"]);
         // Another filesystem is noted beside it.
         assert!(create_note(dir, "7:4", &note("other", dir, 10)).unwrap());
-        // A thaw claims only its own freeze's note.
-        assert!(claim(dir, "7_3", Some("second"), Thawer::Agent).is_none());
-        let (claimed, found) = claim(dir, "7_3", Some("first"), Thawer::Watchdog).unwrap();
-        assert_eq!(found.id, "first");
+        // A claim renames exactly one freeze's note.
+        assert!(claim(dir, "7_3", "second", Thawer::Agent).is_none());
+        let (claimed, found) = claim(dir, "7_3", "first", Thawer::Watchdog).unwrap();
+        assert_eq!(found, note("first", dir, 10));
         assert!(claimed.exists());
         // Claimed once: neither party claims it again.
-        assert!(claim(dir, "7_3", Some("first"), Thawer::Agent).is_none());
-        assert!(claim(dir, "7_3", None, Thawer::Watchdog).is_none());
-        // Claimed, the filesystem may be noted again by a new freeze.
+        assert!(claim(dir, "7_3", "first", Thawer::Agent).is_none());
+        assert!(claim(dir, "7_3", "first", Thawer::Watchdog).is_none());
+        // While the claim is unfinished (its FITHAW may still come), no new freeze of that
+        // filesystem is noted: a late thaw can never end the next freeze.
+        assert!(!create_note(dir, "7:3", &note("third", dir, 30)).unwrap());
+        std::fs::remove_file(claimed).unwrap();
         assert!(create_note(dir, "7:3", &note("third", dir, 30)).unwrap());
     }
 
@@ -367,45 +377,81 @@ mod notes {
     fn the_watchdog_thaws_only_what_is_past_its_bound() {
         let state = tempfile::tempdir().unwrap();
         let dir = state.path();
-        let mount = tempfile::tempdir().unwrap();
-        create_note(dir, "7:3", &note("due", mount.path(), 1_000)).unwrap();
-        create_note(dir, "7:4", &note("later", mount.path(), 5_000)).unwrap();
-        let thawed = thaw_due(dir, 2_000, Thawer::Watchdog, &[]);
-        assert_eq!(
-            thawed
-                .iter()
-                .map(|(device, _)| device.as_str())
-                .collect::<Vec<_>>(),
-            ["7_3"]
-        );
-        assert_eq!(
-            notes(dir)
-                .into_iter()
-                .map(|(device, _)| device)
-                .collect::<Vec<_>>(),
-            ["7_4"]
-        );
-        // Nothing claimed is left behind.
-        assert!(claimed_by(dir, Thawer::Watchdog).is_empty());
+        // Noted mounts that are gone, on devices mounted nowhere: nothing is left frozen.
+        let gone = dir.join("gone");
+        create_note(dir, "7:3", &note("due", &gone, 1_000)).unwrap();
+        create_note(dir, "7:4", &note("later", &gone, 5_000)).unwrap();
+        let thawed = thaw_due(dir, 2_000, Thawer::Watchdog, STALE_CLAIM_MILLIS, &[]);
+        assert_eq!(thawed.len(), 1);
+        assert_eq!(thawed[0].0, "7:3");
+        assert!(matches!(thawed[0].1, Ok(false)), "{:?}", thawed[0].1);
+        assert_eq!(names(dir), ["frozen-7_4.later"]);
         // At its bound, the other one.
-        assert_eq!(thaw_due(dir, 5_000, Thawer::Watchdog, &[]).len(), 1);
-        assert!(notes(dir).is_empty());
+        assert_eq!(
+            thaw_due(dir, 5_000, Thawer::Watchdog, STALE_CLAIM_MILLIS, &[]).len(),
+            1
+        );
+        assert!(names(dir).is_empty());
     }
 
     #[test]
-    fn a_claim_left_by_a_stopped_thawer_is_finished_by_the_same_thawer_only() {
+    fn a_failed_thaw_stays_claimed_and_is_tried_again() {
         let state = tempfile::tempdir().unwrap();
         let dir = state.path();
-        let mount = tempfile::tempdir().unwrap();
-        create_note(dir, "7:3", &note("f", mount.path(), i64::MAX)).unwrap();
+        // The noted mount is gone, but the device is still mounted (elsewhere than this test
+        // can reach): the thaw fails, and the claim is kept for the next sweep.
+        let mounts = [crate::volumes::Mount {
+            device: "7:3".into(),
+            root: "/".into(),
+            mount_point: dir.join("elsewhere"),
+            fs_type: "ext4".into(),
+            source: "/dev/loop3".into(),
+        }];
+        create_note(dir, "7:3", &note("f", &dir.join("gone"), 0)).unwrap();
+        let thawed = thaw_due(dir, 1, Thawer::Watchdog, STALE_CLAIM_MILLIS, &mounts);
+        assert!(thawed[0].1.is_err(), "{:?}", thawed[0].1);
+        let left = names(dir);
+        assert_eq!(left.len(), 1);
+        assert!(left[0].starts_with("thawing-7_3.f.watchdog."), "{left:?}");
+        // The same thawer tries it again at once; the other only once it is stale.
+        assert!(thaw_due(dir, 1, Thawer::Agent, STALE_CLAIM_MILLIS, &mounts).is_empty());
+        assert_eq!(
+            thaw_due(dir, 1, Thawer::Watchdog, STALE_CLAIM_MILLIS, &mounts).len(),
+            1
+        );
+        assert_eq!(thaw_due(dir, 1, Thawer::Agent, 0, &mounts).len(), 1);
+        // Once the device is mounted nowhere, the claim is finished.
+        assert_eq!(thaw_due(dir, 1, Thawer::Watchdog, 0, &[]).len(), 1);
+        assert!(names(dir).is_empty());
+    }
+
+    #[test]
+    fn a_claim_left_by_a_stopped_agent_is_taken_over_once_stale() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        create_note(dir, "7:3", &note("f", &dir.join("gone"), i64::MAX)).unwrap();
         // The agent claimed it and stopped before FITHAW.
-        let (claimed, _) = claim(dir, "7_3", Some("f"), Thawer::Agent).unwrap();
-        // The watchdog does not touch the agent's claim: the agent may be thawing it now.
-        assert!(thaw_due(dir, i64::MAX, Thawer::Watchdog, &[]).is_empty());
+        let (claimed, _) = claim(dir, "7_3", "f", Thawer::Agent).unwrap();
+        // The watchdog leaves a fresh claim alone (the agent may be thawing it now) ...
+        assert!(thaw_due(dir, 0, Thawer::Watchdog, 60_000, &[]).is_empty());
         assert!(claimed.exists());
-        // The agent, starting again, finishes it.
-        let thawed = thaw_due(dir, 0, Thawer::Agent, &[]);
-        assert_eq!(thawed.len(), 1);
+        // ... and finishes a stale one.
+        assert_eq!(thaw_due(dir, 0, Thawer::Watchdog, 0, &[]).len(), 1);
         assert!(!claimed.exists());
+    }
+
+    #[test]
+    fn an_older_agents_note_is_thawed_at_once() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        std::fs::write(
+            dir.join("frozen-7_3"),
+            dir.join("gone").display().to_string(),
+        )
+        .unwrap();
+        assert_eq!(entries(dir).len(), 1);
+        let thawed = thaw_due(dir, 0, Thawer::Watchdog, STALE_CLAIM_MILLIS, &[]);
+        assert_eq!(thawed.len(), 1);
+        assert!(names(dir).is_empty());
     }
 }
