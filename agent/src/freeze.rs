@@ -453,7 +453,12 @@ fn thaw_at(path: &Path, device: &str) -> std::io::Result<bool> {
             path.display()
         )));
     }
-    match fithaw(&directory) {
+    thaw(&directory)
+}
+
+/// FITHAW; `Ok(false)` when the filesystem was not frozen (EINVAL).
+fn thaw(directory: &File) -> std::io::Result<bool> {
+    match fithaw(directory) {
         Ok(()) => Ok(true),
         Err(error) if error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
             Ok(false)
@@ -655,19 +660,16 @@ impl Drop for Frozen {
             &self.id,
             Thawer::Agent,
         ) {
-            Some((claimed, _)) => match fithaw(&self.directory) {
-                Ok(()) => {
-                    tracing::info!(
-                        device = self.device,
-                        seconds,
-                        outcome = self.outcome,
-                        "filesystem thawed"
-                    );
-                    let _ = std::fs::remove_file(claimed);
-                }
-                Err(error)
-                    if error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) =>
-                {
+            Some((claimed, _)) => match thaw(&self.directory) {
+                Ok(frozen) => {
+                    if frozen {
+                        tracing::info!(
+                            device = self.device,
+                            seconds,
+                            outcome = self.outcome,
+                            "filesystem thawed"
+                        );
+                    }
                     let _ = std::fs::remove_file(claimed);
                 }
                 Err(error) => {

@@ -108,6 +108,19 @@ fn marked(namespace: &Namespace) -> bool {
     namespace.labels().contains_key(LABEL)
 }
 
+/// The merge patch that takes the mark off a namespace (only at `resource_version`, when
+/// given).
+pub fn unmark_patch(resource_version: Option<&str>) -> serde_json::Value {
+    let mut patch = serde_json::json!({"metadata": {
+        "labels": {LABEL: null},
+        "annotations": {ANNOTATION_MARKED: null},
+    }});
+    if let Some(version) = resource_version {
+        patch["metadata"]["resourceVersion"] = version.into();
+    }
+    patch
+}
+
 /// Marks `namespace` as under restore, now (a write even when it is marked already, so that a
 /// concurrent [`settle_namespace`] sees it changed).
 pub async fn mark(client: &Client, namespace: &str) -> Result<()> {
@@ -162,11 +175,7 @@ pub async fn settle_namespace(
         Settle::Keep => Ok(None),
         Settle::LookAgain(after) => Ok(Some(after)),
         Settle::Unmark => {
-            let patch = serde_json::json!({"metadata": {
-                "resourceVersion": current.metadata.resource_version,
-                "labels": {LABEL: null},
-                "annotations": {ANNOTATION_MARKED: null},
-            }});
+            let patch = unmark_patch(current.metadata.resource_version.as_deref());
             match namespaces
                 .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

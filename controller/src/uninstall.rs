@@ -200,10 +200,7 @@ async fn unmark(client: &Client, only: Option<&str>) -> Result<usize> {
         .map(|namespace| namespace.name_any())
         .filter(|name| only.is_none_or(|only| only == name))
         .collect();
-    let patch = serde_json::json!({"metadata": {
-        "labels": {crate::restoring::LABEL: null},
-        "annotations": {crate::restoring::ANNOTATION_MARKED: null},
-    }});
+    let patch = crate::restoring::unmark_patch(None);
     for name in &marked {
         namespaces
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -342,12 +342,7 @@ fn answer(
     cluster_name: &str,
     templates: Vec<String>,
 ) -> Result<AdmissionResponse> {
-    let pod_name = pod
-        .metadata
-        .name
-        .clone()
-        .or(pod.metadata.generate_name.clone())
-        .unwrap_or_default();
+    let pod_name = pod_name(&pod);
     match decision {
         Admission::Allow => Ok(response),
         Admission::Deny(reason) => {
@@ -390,6 +385,15 @@ fn answer(
                 .map_err(|error| Error::Webhook(format!("serializing the patch: {error}")))
         }
     }
+}
+
+/// The pod's name, or its generated name's prefix before the API server names it.
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata
+        .name
+        .clone()
+        .or(pod.metadata.generate_name.clone())
+        .unwrap_or_default()
 }
 
 /// The claims `pod` mounts.
@@ -509,12 +513,7 @@ async fn by_claims(
             }),
         })
         .collect();
-    let pod_name = pod
-        .metadata
-        .name
-        .clone()
-        .or(pod.metadata.generate_name.clone())
-        .unwrap_or_default();
+    let pod_name = pod_name(pod);
     let (set, writer) = owner_of(&context.client, namespace, pod).await?;
     let owner = match (&set, &writer) {
         (Some(set), _) => PodOwner::StatefulSet(set),
