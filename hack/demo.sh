@@ -59,8 +59,7 @@ step "Building custody's images from this repository, and PostgreSQL's from Debi
 hack/build-images.sh --import >/dev/null
 hack/build-postgres-image.sh --import >/dev/null
 
-step "Installing custody as users do: two TLS Secrets, then kubectl apply -k deploy/"
-hack/tls-secrets.sh
+step "Installing custody as users do: kubectl apply -k deploy/ (the controller makes every certificate)"
 kc apply -k deploy/
 kc -n custody-system rollout status deployment/custody-controller --timeout=180s
 kc -n custody-system rollout status daemonset/custody-agent --timeout=180s

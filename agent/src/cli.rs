@@ -36,21 +36,32 @@ pub struct AgentOptions {
     #[arg(long, env = "CUSTODY_GATE_ADDRESS")]
     pub gate_address: SocketAddr,
 
-    /// PEM certificate of the gate (for the name `custody-agent`).
-    #[arg(long, env = "CUSTODY_GATE_TLS_CERT")]
-    pub gate_tls_cert: PathBuf,
+    /// PEM certificate of the gate (for the name `custody-agent`), re-read as it changes
+    /// (cert-manager). Without it the agent asks the controller's CA for one naming its node
+    /// (`<node>.gate.custody.io`), over the report service, with a key that never leaves the
+    /// node (kept in the state directory), and renews it itself.
+    #[arg(long, env = "CUSTODY_GATE_TLS_CERT", requires = "gate_tls_key")]
+    pub gate_tls_cert: Option<PathBuf>,
 
     /// PEM private key of the gate's certificate.
-    #[arg(long, env = "CUSTODY_GATE_TLS_KEY")]
-    pub gate_tls_key: PathBuf,
+    #[arg(long, env = "CUSTODY_GATE_TLS_KEY", requires = "gate_tls_cert")]
+    pub gate_tls_key: Option<PathBuf>,
 
     /// The controller's agent-report service, such as `https://custody-controller.custody-system.svc:9444`.
     #[arg(long, env = "CUSTODY_REPORT_URL")]
     pub report_url: Option<String>,
 
-    /// PEM CA bundle that signed the report service's certificate (https URLs).
+    /// PEM CA bundle that signed the report service's certificate (https URLs); re-read when
+    /// it changes (a mounted ConfigMap follows custody's CA as it rotates).
     #[arg(long, env = "CUSTODY_REPORT_CA")]
     pub report_ca: Option<PathBuf>,
+
+    /// ConfigMap, `namespace/name`, whose `ca.crt` is the CA bundle of the report service
+    /// (custody's own CA, published by the controller): watched through the API server, so a
+    /// rotated CA is trusted at once, before the controller signs with it. Wins over
+    /// `--report-ca`.
+    #[arg(long, env = "CUSTODY_REPORT_CA_CONFIG_MAP")]
+    pub report_ca_config_map: Option<String>,
 
     /// Name the report service's certificate must carry (default: the URL's host).
     #[arg(long, env = "CUSTODY_REPORT_SERVER_NAME")]

@@ -5,12 +5,8 @@
 pub enum Error {
     #[error(transparent)]
     Setup(#[from] custody_kube::Error),
-    #[error("reading {path}: {source}")]
-    ReadTls {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the gate's certificate: {0}")]
+    GateCertificate(String),
     #[error("serving the gate on {address}: {source}")]
     ServeGate {
         address: String,

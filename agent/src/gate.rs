@@ -10,7 +10,7 @@ use custody_proto::gate::gate_server::{Gate, GateServer};
 use custody_proto::gate::{FreezeProgress, FreezeRequest, WaitProgress, WaitRequest};
 use custody_proto::names;
 use futures::{Stream, StreamExt};
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
@@ -22,21 +22,50 @@ pub async fn serve(
     agent: Arc<Agent>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|source| Error::ReadTls {
-            path: path.display().to_string(),
-            source,
-        })
-    };
-    let identity = Identity::from_pem(
-        read(&agent.options.gate_tls_cert)?,
-        read(&agent.options.gate_tls_key)?,
-    );
     let address = agent.options.gate_address;
     let serve_error = |source| Error::ServeGate {
         address: address.to_string(),
         source,
     };
+    let swap = agent.gate_certificate.clone();
+    match (&agent.options.gate_tls_cert, &agent.options.gate_tls_key) {
+        (Some(cert), Some(key)) => {
+            // Files (cert-manager, or made by hand), followed as they are renewed.
+            let mut follow = Box::pin(custody_kube::tls::follow_files(
+                swap.clone(),
+                cert.clone(),
+                key.clone(),
+                std::time::Duration::from_secs(30),
+            ));
+            tokio::select! {
+                biased;
+                result = &mut follow => {
+                    let Err(message) = result;
+                    return Err(Error::GateCertificate(message));
+                }
+                () = tokio::task::yield_now() => {}
+            }
+            tokio::spawn(follow);
+        }
+        _ => {
+            let Some(url) = agent.options.report_url.clone() else {
+                return Err(Error::GateCertificate(
+                    "neither --gate-tls-cert/--gate-tls-key nor --report-url: the gate has no way to a certificate".into(),
+                ));
+            };
+            tokio::spawn(crate::certificate::run(agent.clone(), url));
+            // No certificate, no gate: callers are told the agent is unreachable, and retry.
+            let mut said = false;
+            while !swap.is_set() {
+                if !said {
+                    tracing::info!("the gate waits for its certificate from the controller");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let acceptor = custody_kube::tls::acceptor(swap, &[b"h2"]).map_err(Error::GateCertificate)?;
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| Error::ListenGate {
@@ -45,17 +74,18 @@ pub async fn serve(
         })?;
     tracing::info!(%address, "serving the gate");
     custody_kube::grpc::bounded(Server::builder())
-        .tls_config(
-            ServerTlsConfig::new()
-                .identity(identity)
-                .timeout(custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT),
-        )
-        .map_err(serve_error)?
         .add_service(GateServer::new(GateService {
             reviewer: custody_kube::authn::Reviewer::new(agent.client.clone()),
             agent,
         }))
-        .serve_with_incoming_shutdown(custody_kube::grpc::counted_incoming(listener), stop)
+        .serve_with_incoming_shutdown(
+            custody_kube::tls::incoming(
+                custody_kube::grpc::counted_incoming(listener),
+                acceptor,
+                custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT,
+            ),
+            stop,
+        )
         .await
         .map_err(serve_error)
 }

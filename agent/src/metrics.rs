@@ -39,6 +39,8 @@ pub struct Metrics {
     pub clock_round_trip_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Reports sent to the controller, by result (`Sent` or the error).
     pub reports: Family<ReasonLabels, Counter>,
+    /// Gate certificates asked of the controller: Issued, Failed.
+    pub gate_certificates: Family<ReasonLabels, Counter>,
     /// Freezes ended, by how (`Released`, `BoundPassed`, `ThawedByWatchdog`, `ThawedAtStart`),
     /// and refused, by reason (`AlreadyFrozen`, ...).
     pub freezes: Family<ReasonLabels, Counter>,
@@ -107,6 +109,12 @@ impl Default for Metrics {
             "Round trip of the clock sample the offset comes from",
             clock_round_trip_seconds.clone(),
         );
+        let gate_certificates = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "gate_certificates",
+            "Gate certificates asked of the controller's CA, by outcome (Issued, Failed)",
+            gate_certificates.clone(),
+        );
         let reports = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "reports",
@@ -148,6 +156,7 @@ impl Default for Metrics {
             clock_offset_seconds,
             clock_round_trip_seconds,
             reports,
+            gate_certificates,
         }
     }
 }

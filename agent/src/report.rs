@@ -25,14 +25,21 @@ pub async fn run(agent: Arc<Agent>) {
         tracing::info!("no report URL: not reporting to a controller");
         return futures::future::pending().await;
     };
-    let channel = match channel(&agent, &url) {
-        Ok(channel) => channel,
-        Err(error) => {
-            tracing::error!(url, %error, "cannot set up the report channel; not reporting");
-            return futures::future::pending().await;
+    // The CA bundle the channel was made with: a changed bundle (custody's CA rotated) makes
+    // a new channel, the agent keeps running.
+    let mut trust = agent.report_trust.subscribe();
+    let mut client = loop {
+        match channel(&agent, &url) {
+            Ok(channel) => break AgentReportClient::new(channel),
+            Err(error) => {
+                // The CA's ConfigMap may not be published yet on a new install.
+                tracing::warn!(url, %error, "cannot set up the report channel yet; trying again when the CA bundle changes (or in 5 s)");
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(5), trust.changed()).await;
+            }
         }
     };
-    let mut client = AgentReportClient::new(channel);
+    trust.mark_unchanged();
     let mut samples: VecDeque<(Instant, Sample, i64)> = VecDeque::new();
     let mut view = agent.subscribe();
     let mut heartbeat = tokio::time::interval(agent.options.heartbeat);
@@ -47,6 +54,18 @@ pub async fn run(agent: Arc<Agent>) {
             }
             _ = heartbeat.tick() => {}
             changed = view.changed() => if changed.is_err() { return },
+        }
+        if trust.has_changed().unwrap_or(false) {
+            trust.mark_unchanged();
+            match channel(&agent, &url) {
+                Ok(channel) => {
+                    tracing::info!("the report service's CA bundle changed: reconnecting with it");
+                    client = AgentReportClient::new(channel);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the report service's new CA bundle is not usable")
+                }
+            }
         }
         let snapshot = view.borrow_and_update().clone();
         let best = best_sample(samples.iter().map(|(_, sample, _)| *sample)).and_then(|best| {
@@ -66,21 +85,15 @@ pub async fn run(agent: Arc<Agent>) {
             volumes: volume_reports(&snapshot),
         };
         let mut request = tonic::Request::new(report);
-        match std::fs::read_to_string(&agent.options.report_token_file) {
-            Ok(token) => match format!("Bearer {}", token.trim()).parse() {
-                Ok(value) => {
-                    request.metadata_mut().insert("authorization", value);
-                }
-                Err(error) => tracing::warn!(%error, "the report token is not a valid header"),
-            },
-            Err(error) => tracing::warn!(
-                path = %agent.options.report_token_file.display(),
-                %error,
-                "cannot read the report token"
-            ),
-        }
+        authorize(&agent, &mut request);
         match client.report(request).await {
-            Ok(_) => metrics::count(&agent.metrics.reports, "Sent"),
+            Ok(ack) => {
+                metrics::count(&agent.metrics.reports, "Sent");
+                agent.reissue_after.fetch_max(
+                    ack.get_ref().reissue_after_unix,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
             Err(status) => {
                 metrics::count(&agent.metrics.reports, &format!("{:?}", status.code()));
                 tracing::warn!(code = ?status.code(), message = status.message(), "report refused");
@@ -93,14 +106,47 @@ fn clamp(value: i128) -> i64 {
     i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
 }
 
-fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
+/// Puts the agent's report token (read anew: the kubelet rotates it) into `request`.
+pub(crate) fn authorize<T>(agent: &Agent, request: &mut tonic::Request<T>) {
+    match std::fs::read_to_string(&agent.options.report_token_file) {
+        Ok(token) => match format!("Bearer {}", token.trim()).parse() {
+            Ok(value) => {
+                request.metadata_mut().insert("authorization", value);
+            }
+            Err(error) => tracing::warn!(%error, "the report token is not a valid header"),
+        },
+        Err(error) => tracing::warn!(
+            path = %agent.options.report_token_file.display(),
+            %error,
+            "cannot read the report token"
+        ),
+    }
+}
+
+/// A channel to the report service at `url`, checking its certificate with the CA bundle as
+/// the file holds it now.
+pub(crate) fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
     let mut endpoint = Endpoint::from_shared(url.to_string())?
         .connect_timeout(std::time::Duration::from_secs(5))
         .timeout(std::time::Duration::from_secs(15));
     if url.starts_with("https://") {
         let mut tls = ClientTlsConfig::new();
-        if let Some(ca) = &agent.options.report_ca {
-            tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca)?));
+        let watched =
+            agent.options.report_ca_config_map.is_some() || agent.options.report_ca.is_some();
+        if watched {
+            let pem = agent.report_trust.borrow().clone().ok_or_else(|| {
+                match (
+                    &agent.options.report_ca_config_map,
+                    &agent.options.report_ca,
+                ) {
+                    (Some(config_map), _) => {
+                        format!("no CA bundle in ConfigMap {config_map} (key ca.crt) yet")
+                    }
+                    (None, Some(path)) => format!("cannot read the report CA {}", path.display()),
+                    (None, None) => String::new(),
+                }
+            })?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
         if let Some(name) = &agent.options.report_server_name {
             tls = tls.domain_name(name.clone());
@@ -187,4 +233,60 @@ fn volume_reports(view: &NodeView) -> Vec<VolumeReport> {
             message: volume.message.clone(),
         })
         .collect()
+}
+
+/// Keeps [`Agent::report_trust`] current: from the ConfigMap `--report-ca-config-map` names
+/// (watched), else from the file `--report-ca` (read every 5 s). Runs until the agent stops.
+pub async fn follow_trust(agent: Arc<Agent>) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::WatchStreamExt;
+    let set = |pem: Option<Vec<u8>>| {
+        agent.report_trust.send_if_modified(|current| {
+            if *current != pem {
+                *current = pem;
+                true
+            } else {
+                false
+            }
+        });
+    };
+    if let Some(config_map) = agent.options.report_ca_config_map.clone() {
+        let Some((namespace, name)) = config_map.split_once('/') else {
+            tracing::error!(config_map, "--report-ca-config-map is not namespace/name");
+            return futures::future::pending().await;
+        };
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(agent.client.clone(), namespace);
+        let config =
+            kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = std::pin::pin!(
+            kube::runtime::watcher(api, config)
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(found) => {
+                    let pem = found
+                        .data
+                        .and_then(|mut data| data.remove("ca.crt"))
+                        .filter(|pem| !pem.is_empty())
+                        .map(String::into_bytes);
+                    if pem.is_none() {
+                        tracing::warn!(config_map, "no ca.crt in the CA ConfigMap");
+                    }
+                    set(pem);
+                }
+                Err(error) => tracing::warn!(config_map, %error, "watching the CA ConfigMap"),
+            }
+        }
+        return;
+    }
+    let Some(path) = agent.options.report_ca.clone() else {
+        return futures::future::pending().await;
+    };
+    loop {
+        set(std::fs::read(&path).ok());
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
 }

@@ -34,6 +34,13 @@ pub struct Agent {
     /// Which watches have listed everything: the node's pods, the Restores. (The reflector's
     /// own readiness wakes only one waiter, and several tasks wait here.)
     pub(crate) synced: watch::Sender<Synced>,
+    /// The gate's certificate in force (renewed in place).
+    pub gate_certificate: Arc<custody_kube::tls::Swap>,
+    /// What the controller last said: a gate certificate issued before this (Unix seconds) is
+    /// to be replaced.
+    pub reissue_after: std::sync::atomic::AtomicI64,
+    /// The report service's CA bundle (PEM) as last read ([`crate::report::follow_trust`]).
+    pub report_trust: watch::Sender<Option<Vec<u8>>>,
 }
 
 /// Which of the agent's watches have listed everything.
@@ -96,6 +103,9 @@ impl Agent {
             changed: Notify::new(),
             view: watch::channel(Arc::new(NodeView::default())).0,
             synced: watch::channel(Synced::default()).0,
+            gate_certificate: Default::default(),
+            reissue_after: Default::default(),
+            report_trust: watch::channel(None).0,
         }
     }
 

@@ -164,6 +164,38 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_WEBHOOK_CHECK_SECONDS", default_value = "3600")]
     pub webhook_check_seconds: u64,
 
+    /// Secret, `namespace/name`, holding custody's CA, which the controller makes and rotates
+    /// itself: it signs the report service's certificate and each node's gate certificate
+    /// (asked for by the node's agent), and its trust bundle is published as ConfigMap
+    /// `custody-ca` (key `ca.crt`) in the Secret's namespace and, for `custody-wait` and movers,
+    /// as `custody-gate-ca` in namespaces under restore. Without it the certificates come from
+    /// files (`--report-tls-cert`, `--gate-ca-file`: cert-manager or hand-made).
+    #[arg(long, env = "CUSTODY_CA_SECRET")]
+    pub ca_secret: Option<String>,
+
+    /// Names the report service's certificate carries (issued from `--ca-secret`).
+    #[arg(
+        long,
+        env = "CUSTODY_REPORT_NAMES",
+        value_delimiter = ',',
+        default_value = "custody-controller.custody-system.svc"
+    )]
+    pub report_names: Vec<String>,
+
+    /// Lifetime of the certificates `--ca-secret` issues (report service, gates), in hours;
+    /// each is renewed when a third of it is left.
+    #[arg(long, env = "CUSTODY_CERTIFICATE_HOURS", default_value = "168")]
+    pub certificate_hours: u32,
+
+    /// Seconds a new CA is trusted (in every bundle) before it signs: time for the bundle to
+    /// reach every mounted copy.
+    #[arg(long, env = "CUSTODY_CA_PROPAGATION_SECONDS", default_value = "120")]
+    pub ca_propagation_seconds: u64,
+
+    /// How often each replica re-reads the CA Secret and renews what is due.
+    #[arg(long, env = "CUSTODY_CA_CHECK_SECONDS", default_value = "10")]
+    pub ca_check_seconds: u64,
+
     /// Seconds a namespace stays marked as under restore (`custody.io/restore-in-progress`,
     /// which scopes the restore gate) after its last mark once no restore is left in it.
     #[arg(long, env = "CUSTODY_RESTORE_MARK_GRACE_SECONDS", default_value = "60")]

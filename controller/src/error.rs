@@ -60,6 +60,9 @@ pub enum Error {
     /// The admission webhook could not be served or its certificate managed.
     #[error("admission webhook: {0}")]
     Webhook(String),
+    /// custody's CA or a certificate it issues could not be made or stored.
+    #[error("certificates: {0}")]
+    Certificates(String),
     /// A schedule could not be evaluated.
     #[error("evaluating the schedule: {0}")]
     Schedule(String),
@@ -89,6 +92,7 @@ impl Error {
             Error::Delete { .. } => "Delete",
             Error::Patch { .. } => "Patch",
             Error::Webhook(_) => "Webhook",
+            Error::Certificates(_) => "Certificates",
             Error::Schedule(_) => "Schedule",
             Error::WriteCrds(_) => "WriteCrds",
         }

@@ -34,10 +34,25 @@ pub struct Injection {
     pub restore_uid: String,
     /// The Cluster's volume claim templates; the pod's claims are `<template>-<pod name>`.
     pub claim_templates: Vec<String>,
+    /// The gate certificates name their node ([`gate_env`]).
+    pub per_node_gate_names: bool,
+}
+
+/// With gate certificates from custody's CA, the name `custody-wait` and the mover check is
+/// their own node's (`<node>.gate.custody.io`, the node read from the downward API): one
+/// node's key cannot pass for another node's gate. Without, they check `custody-agent`.
+pub fn gate_env(per_node_gate_names: bool) -> Vec<serde_json::Value> {
+    if !per_node_gate_names {
+        return Vec::new();
+    }
+    vec![
+        serde_json::json!({"name": "CUSTODY_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}),
+        serde_json::json!({"name": names::ENV_AGENT_SERVER_NAME, "value": format!("$(CUSTODY_NODE_NAME).{}", names::GATE_NAME_SUFFIX)}),
+    ]
 }
 
 fn wait_container(injection: &Injection, claims: &[String]) -> Container {
-    serde_json::from_value(serde_json::json!({
+    let mut container = serde_json::json!({
         "name": WAIT_CONTAINER,
         "image": injection.image,
         "command": ["custody-wait"],
@@ -60,8 +75,13 @@ fn wait_container(injection: &Injection, claims: &[String]) -> Container {
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "resources": {"requests": {"cpu": "5m", "memory": "8Mi"}, "limits": {"memory": "32Mi"}},
-    }))
-    .expect("a valid container")
+    });
+    crate::mover_job::append(
+        &mut container,
+        "env",
+        gate_env(injection.per_node_gate_names),
+    );
+    serde_json::from_value(container).expect("a valid container")
 }
 
 fn gate_volume(injection: &Injection) -> Volume {

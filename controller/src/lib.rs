@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod mover_job;
 pub mod node_agents;
 pub mod ownership;
+pub mod pki;
 pub mod plans;
 pub mod quantity;
 pub mod reconciler;

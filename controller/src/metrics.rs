@@ -47,6 +47,10 @@ pub struct Metrics {
     pub report_refusals: Family<ReasonLabels, Counter>,
     /// TokenReviews the report service asked of the API server.
     pub report_token_reviews: Counter,
+    /// Gate certificates signed for agents.
+    pub gate_certificates_issued: Counter,
+    /// When custody's CA was last read (Unix seconds), and when its signing CA expires.
+    pub ca_checked_at_seconds: prometheus_client::metrics::gauge::Gauge,
     /// Each node's clock offset from the controller's, from its agent's best sample.
     pub node_clock_offset_seconds: Family<NodeLabels, FloatGauge>,
     pub node_clock_round_trip_seconds: Family<NodeLabels, FloatGauge>,
@@ -101,6 +105,18 @@ impl Default for Metrics {
             "TokenReviews the report service asked of the API server",
             report_token_reviews.clone(),
         );
+        let gate_certificates_issued = Counter::default();
+        registry.register(
+            "gate_certificates_issued",
+            "Gate certificates custody's CA signed for node agents",
+            gate_certificates_issued.clone(),
+        );
+        let ca_checked_at_seconds = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "ca_checked_at_seconds",
+            "When this replica last read custody's CA and renewed what was due (Unix seconds)",
+            ca_checked_at_seconds.clone(),
+        );
         let node_clock_offset_seconds = Family::<NodeLabels, FloatGauge>::default();
         registry.register(
             "node_clock_offset_seconds",
@@ -125,6 +141,8 @@ impl Default for Metrics {
             agent_reports,
             report_refusals,
             report_token_reviews,
+            gate_certificates_issued,
+            ca_checked_at_seconds,
             node_clock_offset_seconds,
             node_clock_round_trip_seconds,
             reconciliations,

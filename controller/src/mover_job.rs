@@ -18,6 +18,8 @@ pub struct MoverJob {
     /// How many times a prepareData Job tries its pod again after a failure of the moment
     /// (its `backoffLimit`); a backup Job never does (a second upload would race the first).
     pub restore_retries: i32,
+    /// Gate certificates name their node ([`crate::inject::gate_env`]).
+    pub per_node_gate_names: bool,
 }
 
 impl MoverJob {
@@ -30,6 +32,7 @@ impl MoverJob {
             memory_request: DEFAULT_MEMORY_REQUEST.into(),
             memory_limit: DEFAULT_MEMORY_LIMIT.into(),
             restore_retries: DEFAULT_RESTORE_RETRIES,
+            per_node_gate_names: false,
         }
     }
 

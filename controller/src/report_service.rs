@@ -9,11 +9,14 @@ use custody_proto::authn;
 use custody_proto::clock::now_unix_nanos;
 use custody_proto::names;
 use custody_proto::report::agent_report_server::{AgentReport, AgentReportServer};
-use custody_proto::report::{ClockRequest, ClockResponse, NodeReport, ReportAck};
+use custody_proto::report::{
+    ClockRequest, ClockResponse, GateCertificate, GateCertificateRequest, NodeReport, ReportAck,
+};
+use futures::FutureExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
@@ -28,8 +31,8 @@ pub const FIELD_MANAGER: &str = "custody.io/agent-report";
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub address: std::net::SocketAddr,
-    /// PEM certificate and key; plain HTTP/2 without them.
-    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Where the serving certificate comes from; plain HTTP/2 without one.
+    pub tls: Tls,
     /// The agents' ServiceAccount, `namespace:name`.
     pub agent_account: String,
     /// How often agents are asked to report.
@@ -39,6 +42,23 @@ pub struct Settings {
     /// The controller watches one namespace (`--namespace`): other controllers may hear other
     /// nodes, so only the nodes that reported here are marked silent.
     pub scoped: bool,
+}
+
+/// The report service's certificate.
+#[derive(Clone, Debug)]
+pub enum Tls {
+    /// Plain HTTP/2 (tests, or a mesh that provides TLS).
+    None,
+    /// PEM certificate and key files, re-read as they change.
+    Files(std::path::PathBuf, std::path::PathBuf),
+    /// Issued from custody's CA ([`crate::pki::run`] keeps `Swap` current), which also signs
+    /// the gates' certificates.
+    Issued {
+        swap: Arc<custody_kube::tls::Swap>,
+        authority: crate::pki::Shared,
+        /// Lifetime of a gate certificate.
+        gate_lifetime: Duration,
+    },
 }
 
 struct Service {
@@ -69,23 +89,32 @@ pub async fn run(
         address: address.to_string(),
         message: source.to_string(),
     };
-    let mut server = custody_kube::grpc::bounded(Server::builder());
-    if let Some((cert, key)) = &settings.tls {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|error| Error::ServeReports {
-                address: address.to_string(),
-                message: format!("reading {}: {error}", path.display()),
-            })
-        };
-        let identity = Identity::from_pem(read(cert)?, read(key)?);
-        server = server
-            .tls_config(
-                ServerTlsConfig::new()
-                    .identity(identity)
-                    .timeout(custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT),
-            )
-            .map_err(serve_error)?;
-    }
+    let server = custody_kube::grpc::bounded(Server::builder());
+    let swap = match &settings.tls {
+        Tls::None => None,
+        Tls::Files(cert, key) => {
+            let swap = Arc::new(custody_kube::tls::Swap::default());
+            let follow = custody_kube::tls::follow_files(
+                swap.clone(),
+                cert.clone(),
+                key.clone(),
+                Duration::from_secs(30),
+            );
+            // The first read is checked here: a missing file stops the controller with why.
+            let mut follow = Box::pin(follow);
+            tokio::select! {
+                biased;
+                result = &mut follow => {
+                    let Err(message) = result;
+                    return Err(Error::ServeReports { address: address.to_string(), message });
+                }
+                () = tokio::task::yield_now() => {}
+            }
+            tokio::spawn(follow);
+            Some(swap)
+        }
+        Tls::Issued { swap, .. } => Some(swap.clone()),
+    };
     let service = Arc::new(Service {
         reviewer: custody_kube::authn::Reviewer::new(client.clone()),
         client: client.clone(),
@@ -93,7 +122,7 @@ pub async fn run(
         metrics,
         heard: Default::default(),
     });
-    tracing::info!(%address, tls = settings.tls.is_some(), "serving agent reports");
+    tracing::info!(%address, tls = swap.is_some(), "serving agent reports");
     let silence = watch_for_silence(service.clone());
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -101,9 +130,30 @@ pub async fn run(
             address: address.to_string(),
             message: format!("listening: {error}"),
         })?;
-    let served = server
-        .add_service(AgentReportServer::from_arc(service))
-        .serve_with_incoming_shutdown(custody_kube::grpc::counted_incoming(listener), stop);
+    let mut server = server;
+    let router = server.add_service(AgentReportServer::from_arc(service));
+    let incoming = custody_kube::grpc::counted_incoming(listener);
+    let served = match swap {
+        Some(swap) => {
+            let acceptor = custody_kube::tls::acceptor(swap, &[b"h2"]).map_err(|message| {
+                Error::ServeReports {
+                    address: address.to_string(),
+                    message,
+                }
+            })?;
+            router
+                .serve_with_incoming_shutdown(
+                    custody_kube::tls::incoming(
+                        incoming,
+                        acceptor,
+                        custody_kube::grpc::TLS_HANDSHAKE_TIMEOUT,
+                    ),
+                    stop,
+                )
+                .boxed()
+        }
+        None => router.serve_with_incoming_shutdown(incoming, stop).boxed(),
+    };
     tokio::select! {
         result = served => result.map_err(serve_error),
         () = silence => Ok(()),
@@ -152,6 +202,17 @@ async fn watch_for_silence(service: Arc<Service>) {
 }
 
 impl Service {
+    /// What the agents are told about renewing their gate certificates.
+    fn reissue_after(&self) -> i64 {
+        match &self.settings.tls {
+            Tls::Issued { authority, .. } => authority
+                .current()
+                .map(|current| current.reissue_after)
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     async fn write_status(&self, node: &str, status: NodeAgentStatus) -> Result<()> {
         let api: Api<NodeAgent> = Api::all(self.client.clone());
         crate::status::apply(
@@ -164,8 +225,12 @@ impl Service {
         .await
     }
 
-    async fn authenticate(&self, request: &Request<NodeReport>) -> Result<(), Status> {
-        let node = &request.get_ref().node_name;
+    /// Whether the caller is the agent of `node` (its token, reviewed).
+    async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        node: &str,
+    ) -> Result<(), Status> {
         let refuse = |reason: &str, status: Status| {
             tracing::warn!(node, reason, message = status.message(), "report refused");
             self.metrics
@@ -176,7 +241,7 @@ impl Service {
                 .inc();
             status
         };
-        let token = custody_kube::authn::bearer_token(request.metadata())
+        let token = custody_kube::authn::bearer_token(metadata)
             .ok_or_else(|| refuse("NoToken", Status::unauthenticated("no bearer token")))?;
         let review = self
             .reviewer
@@ -212,7 +277,8 @@ impl AgentReport for Service {
     }
 
     async fn report(&self, request: Request<NodeReport>) -> Result<Response<ReportAck>, Status> {
-        self.authenticate(&request).await?;
+        self.authenticate(request.metadata(), &request.get_ref().node_name)
+            .await?;
         let report = request.into_inner();
         let node = report.node_name.clone();
         let api: Api<NodeAgent> = Api::all(self.client.clone());
@@ -275,6 +341,50 @@ impl AgentReport for Service {
         tracing::debug!(node, volumes = report.volumes.len(), "report");
         Ok(Response::new(ReportAck {
             heartbeat_seconds: self.settings.heartbeat.as_secs() as u32,
+            reissue_after_unix: self.reissue_after(),
+        }))
+    }
+
+    async fn issue_gate_certificate(
+        &self,
+        request: Request<GateCertificateRequest>,
+    ) -> Result<Response<GateCertificate>, Status> {
+        let node = request.get_ref().node_name.clone();
+        self.authenticate(request.metadata(), &node).await?;
+        let Tls::Issued {
+            authority,
+            gate_lifetime,
+            ..
+        } = &self.settings.tls
+        else {
+            return Err(Status::failed_precondition(
+                "this controller issues no gate certificates (no --ca-secret): give the agent --gate-tls-cert and --gate-tls-key",
+            ));
+        };
+        let Some(current) = authority.current() else {
+            return Err(Status::unavailable(
+                "custody's CA is not read yet; ask again shortly",
+            ));
+        };
+        let issued = crate::pki::sign(
+            &current,
+            &[crate::pki::gate_name(&node)],
+            &request.get_ref().public_key,
+            Timestamp::now().as_second(),
+            gate_lifetime.as_secs() as i64,
+        )
+        .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        self.metrics.gate_certificates_issued.inc();
+        tracing::info!(
+            node,
+            not_after = issued.not_after,
+            "gate certificate issued"
+        );
+        Ok(Response::new(GateCertificate {
+            certificate_pem: issued.cert,
+            issued_at_unix: issued.issued_at,
+            not_after_unix: issued.not_after,
+            reissue_after_unix: current.reissue_after,
         }))
     }
 }

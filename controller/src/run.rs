@@ -60,11 +60,70 @@ pub async fn run(options: RunOptions) -> Result<()> {
         ready: ready.clone(),
     };
 
-    let gate_ca = match &options.gate_ca_file {
+    let gate_ca = crate::gate_ca::Trust::fixed(match &options.gate_ca_file {
         Some(path) => Some(std::fs::read_to_string(path).map_err(|error| {
             Error::LoadClientConfig(format!("--gate-ca-file {}: {error}", path.display()))
         })?),
         None => None,
+    });
+    // custody's own CA: gate certificates name their node unless the gate's CA is given.
+    let per_node_gate_names = options.ca_secret.is_some() && options.gate_ca_file.is_none();
+    let authority = crate::pki::Shared::default();
+    let report_swap = Arc::new(custody_kube::tls::Swap::default());
+    let report_tls = match (
+        &options.report_tls_cert,
+        &options.report_tls_key,
+        &options.ca_secret,
+    ) {
+        (Some(cert), Some(key), _) => crate::report_service::Tls::Files(cert.clone(), key.clone()),
+        (_, _, Some(_)) => crate::report_service::Tls::Issued {
+            swap: report_swap.clone(),
+            authority: authority.clone(),
+            gate_lifetime: std::time::Duration::from_secs(
+                u64::from(options.certificate_hours.max(1)) * 3600,
+            ),
+        },
+        _ => crate::report_service::Tls::None,
+    };
+    let pki = {
+        let client = client.clone();
+        let metrics = metrics.clone();
+        let issued_report = matches!(report_tls, crate::report_service::Tls::Issued { .. });
+        let gate = if per_node_gate_names {
+            Some(gate_ca.clone())
+        } else {
+            None
+        };
+        let settings = options
+            .ca_secret
+            .clone()
+            .map(|secret| crate::pki::Settings {
+                secret,
+                ca_lifetime: std::time::Duration::from_secs(10 * 365 * 86_400),
+                propagation: std::time::Duration::from_secs(options.ca_propagation_seconds),
+                check: std::time::Duration::from_secs(options.ca_check_seconds.max(1)),
+                report_names: options.report_names.clone(),
+                leaf_lifetime: std::time::Duration::from_secs(
+                    u64::from(options.certificate_hours.max(1)) * 3600,
+                ),
+            });
+        let authority = authority.clone();
+        async move {
+            match settings {
+                Some(settings) => {
+                    crate::pki::run(
+                        client,
+                        settings,
+                        authority,
+                        issued_report.then_some(report_swap),
+                        gate.unwrap_or_default(),
+                        metrics,
+                    )
+                    .await
+                }
+                None => futures::future::pending().await,
+            }
+        }
     };
     let namespace = options.namespace.as_deref();
     let mover = crate::mover_job::MoverJob {
@@ -74,6 +133,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         memory_request: options.mover_memory_request.clone(),
         memory_limit: options.mover_memory_limit.clone(),
         restore_retries: options.restore_job_retries.max(0),
+        per_node_gate_names,
     };
     let controllers = futures::future::join_all([
         annotation_controller::<BackupRepository>(&context, namespace, stopped()),
@@ -126,6 +186,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
                 wait_image: options.wait_image.clone(),
                 metrics: metrics.clone(),
                 own_user: std::sync::OnceLock::new(),
+                per_node_gate_names,
             }),
             crate::webhook::Settings {
                 address,
@@ -145,10 +206,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         client.clone(),
         crate::report_service::Settings {
             address: options.report_address,
-            tls: options
-                .report_tls_cert
-                .clone()
-                .zip(options.report_tls_key.clone()),
+            tls: report_tls,
             agent_account: options.agent_service_account.clone(),
             heartbeat: std::time::Duration::from_secs(10),
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
@@ -173,7 +231,13 @@ pub async fn run(options: RunOptions) -> Result<()> {
         reports,
         webhook,
         controllers,
-        marks
+        async {
+            tokio::select! {
+                () = marks => {}
+                () = pki => {}
+                () = stopped() => {}
+            }
+        }
     );
     served?;
     reported?;

@@ -23,6 +23,10 @@ pub const REPORT_AUDIENCE: &str = "custody-report";
 pub const AGENT_SERVER_NAME: &str = "custody-agent";
 /// Port the agent's gate listens on, on the node's address.
 pub const GATE_PORT: u16 = 9443;
+/// A gate certificate issued by custody's CA names its node: `<node>.gate.custody.io`.
+pub const GATE_NAME_SUFFIX: &str = "gate.custody.io";
+/// The environment variable with the gate's name that `custody-wait` and the mover check.
+pub const ENV_AGENT_SERVER_NAME: &str = "CUSTODY_AGENT_SERVER_NAME";
 
 /// TokenReview `extra` key naming the pod a token is bound to.
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";

@@ -28,6 +28,7 @@ fn the_agent_gates_an_injected_pod_on_the_clusters_claims() {
             restore_name: "orders-restore".into(),
             restore_uid: "restore-uid".into(),
             claim_templates: vec!["data".into(), "wal".into()],
+            per_node_gate_names: false,
         },
     );
     let (view, starts) = node::compute([&injected], &BTreeMap::new(), &Default::default());

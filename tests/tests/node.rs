@@ -1,7 +1,7 @@
 //! custody on a real node, installed as users install it: kubelet v1.36 and Debian's
 //! containerd and runc (hack/node-up.sh), custody's images built from this repository
-//! (hack/build-images.sh) and `kubectl apply -k deploy/` unchanged, after the two TLS Secrets
-//! the README names (hack/tls-secrets.sh). Every test here is named `on_a_real_node_…`: it is
+//! (hack/build-images.sh) and `kubectl apply -k deploy/` unchanged, nothing made by hand first
+//! (the controller makes every certificate). Every test here is named `on_a_real_node_…`: it is
 //! a tier of its own in hack/test.sh (see custody_tests::node).
 
 use std::path::Path;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use custody_kube::api::{
     Backup, BackupPhase, Capture, Cluster, NodeAgent, Restore, RestorePhase, VolumeState,
 };
-use custody_tests::node::{hack, real_node};
+use custody_tests::node::real_node;
 use custody_tests::s3;
 use custody_tests::scenario::{
     create, encrypted_repository, nightly_completed, repository, restore_reaches, small_database,
@@ -27,6 +27,9 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 const NAMESPACE: &str = "custody-system";
+/// Where the Helm release's own record lives; custody itself goes into [`NAMESPACE`], which
+/// the chart makes.
+const HELM_RELEASE_NAMESPACE: &str = "default";
 
 /// custody installed from `deploy/`; removed again (all but the CRDs, the namespace and its
 /// Secrets, which other tiers share) when dropped, so that its cluster-wide webhook outlives
@@ -43,6 +46,8 @@ const INSTALLED: &[&str] = &[
     "serviceaccount/custody-agent",
     "role/custody-controller",
     "rolebinding/custody-controller",
+    "role/custody-agent",
+    "rolebinding/custody-agent",
     "service/custody-controller",
     "deployment/custody-controller",
     "daemonset/custody-agent",
@@ -70,7 +75,24 @@ impl Installed {
         if *users > 1 {
             return Installed { helm: false };
         }
-        hack("tls-secrets.sh", &[]);
+        // A namespace a Helm uninstall deleted may still be going away.
+        let phase = kubectl(&[
+            "get",
+            "namespace",
+            NAMESPACE,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        if String::from_utf8_lossy(&phase.stdout).trim() == "Terminating" {
+            let waited = kubectl(&[
+                "wait",
+                "--for=delete",
+                &format!("namespace/{NAMESPACE}"),
+                "--timeout=180s",
+            ]);
+            assert!(waited.status.success(), "{waited:?}");
+        }
         let deploy = repo_root().join("deploy");
         let output = kubectl(&["apply", "-k", deploy.to_str().expect("utf-8 path")]);
         assert!(
@@ -82,18 +104,28 @@ impl Installed {
         Installed { helm: false }
     }
 
-    /// Installs with the chart, as `helm install custody deploy/helm/custody -n
-    /// custody-system` (the images are the chart's defaults, the tags `deploy/` names).
+    /// Installs with the chart on a cluster without custody, as `helm install custody
+    /// deploy/helm/custody` (one command: the chart makes namespace custody-system with its Pod
+    /// Security label, the controller every certificate; the images are the chart's defaults,
+    /// the tags `deploy/` names). What an earlier install left, its namespace included, is
+    /// deleted first.
     fn helm() -> Installed {
         assert_eq!(
             *USERS.lock().expect("not poisoned"),
             0,
             "an install is in use"
         );
-        hack("tls-secrets.sh", &[]);
         let mut args = vec!["-n", NAMESPACE, "delete", "--ignore-not-found"];
         args.extend(INSTALLED);
         let output = kubectl(&args);
+        assert!(output.status.success(), "{output:?}");
+        let output = kubectl(&[
+            "delete",
+            "namespace",
+            NAMESPACE,
+            "--ignore-not-found",
+            "--timeout=180s",
+        ]);
         assert!(output.status.success(), "{output:?}");
         let chart = repo_root().join("deploy/helm/custody");
         let output = helm(&[
@@ -101,7 +133,7 @@ impl Installed {
             "custody",
             chart.to_str().expect("utf-8 path"),
             "--namespace",
-            NAMESPACE,
+            HELM_RELEASE_NAMESPACE,
         ]);
         assert!(output.status.success(), "helm install failed: {output:?}");
         Installed { helm: true }
@@ -135,7 +167,13 @@ fn helm(args: &[&str]) -> std::process::Output {
 impl Drop for Installed {
     fn drop(&mut self) {
         if self.helm {
-            let _ = helm(&["uninstall", "custody", "--namespace", NAMESPACE, "--wait"]);
+            let _ = helm(&[
+                "uninstall",
+                "custody",
+                "--namespace",
+                HELM_RELEASE_NAMESPACE,
+                "--wait",
+            ]);
             return;
         }
         let mut users = USERS.lock().expect("not poisoned");
@@ -1155,6 +1193,28 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
             .map(String::as_str),
         Some("custody")
     );
+    // One command on a cluster without custody: the chart made the namespace, with the Pod
+    // Security label the agent needs, and nothing was made by hand (no TLS Secret: the
+    // controller made custody's CA and the agents' gate certificates).
+    let made = Api::<k8s_openapi::api::core::v1::Namespace>::all(setup.client.clone())
+        .get(NAMESPACE)
+        .await
+        .unwrap();
+    let labels = made.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("privileged"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("Helm"),
+        "{labels:?}"
+    );
     let target = LoopVolume::new(64);
     setup.restore_shop(target.path()).await;
     let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
@@ -1163,7 +1223,7 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
         VolumeState::Verified
     );
     ready(pods, "shop-0").await;
-    let listed = helm(&["list", "--namespace", NAMESPACE, "--short"]);
+    let listed = helm(&["list", "--namespace", HELM_RELEASE_NAMESPACE, "--short"]);
     assert!(
         String::from_utf8_lossy(&listed.stdout).contains("custody"),
         "{listed:?}"
@@ -1190,7 +1250,7 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
         "uninstall",
         "custody",
         "--namespace",
-        NAMESPACE,
+        HELM_RELEASE_NAMESPACE,
         "--wait",
         "--timeout",
         "5m",
@@ -1245,6 +1305,21 @@ async fn on_a_real_node_custody_installed_with_its_helm_chart_restores_verified(
             .is_none(),
         "a webhook configuration outlived the uninstall"
     );
+    // The chart's namespace went with it.
+    custody_tests::eventually("custody's namespace deleted", TIMEOUT, || {
+        let client = setup.client.clone();
+        async move {
+            match Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                .get_opt(NAMESPACE)
+                .await
+            {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
     setup.finish().await;
 }
 
@@ -3333,4 +3408,200 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
     let _ = Api::<PersistentVolume>::all(client.clone())
         .delete(&format!("{ns}-data-orders-0"), &Default::default())
         .await;
+}
+
+/// The certificates of custody's CA on this host's agent: the gate's, as the agent stored it.
+const GATE_CERTIFICATE: &str = "/var/lib/custody-agent/gate-certificate/gate.crt";
+
+/// `openssl x509 -noout FLAG` of the PEM certificate in `path` (or on stdin from `pem`).
+fn x509(pem: &[u8], flag: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args(["x509", "-noout", flag])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child.stdin.take().unwrap().write_all(pem).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// custody's pod named `name` (`app.kubernetes.io/name`): its UID and its containers'
+/// restart counts.
+async fn custody_pod(client: &kube::Client, name: &str) -> (String, Vec<(String, i32)>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let pod = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("custody's pod");
+    let restarts = pod
+        .status
+        .iter()
+        .flat_map(|status| status.container_statuses.iter().flatten())
+        .map(|container| (container.name.clone(), container.restart_count))
+        .collect();
+    (pod.metadata.uid.unwrap_or_default(), restarts)
+}
+
+/// #23 item 5: custody's CA rotates while a restore runs, and nothing fails. An operator asks
+/// for a new CA (`custody.io/rotate-ca` on Secret custody-ca, here "sign in 10 s"); the new CA
+/// joins every trust bundle (ConfigMap custody-ca the agents mount, custody-gate-ca in the
+/// restore's namespace), then signs: the report service and the node's gate get new
+/// certificates from it while the mover writes and custody-wait holds the pod. The restore
+/// completes verified, the pod starts, the agent reports on, and neither the agent nor the
+/// controller was restarted.
+#[tokio::test]
+async fn on_a_real_node_custodys_ca_rotates_during_a_restore_and_nothing_fails() {
+    let setup = backed_up_with("rotate", Agents::Exclusive(AGENTS.write().await)).await;
+    let (namespace, pods, client) = (&setup.namespace, &setup.pods, &setup.client);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let ca_name = |secret: &k8s_openapi::api::core::v1::Secret| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get("ca.name"))
+            .map(|name| String::from_utf8_lossy(&name.0).into_owned())
+            .unwrap_or_default()
+    };
+    let old_ca = ca_name(&secrets.get("custody-ca").await.unwrap());
+    assert!(old_ca.starts_with("custody-ca-"), "{old_ca}");
+    let gate_before = std::fs::read(GATE_CERTIFICATE).expect("the gate's certificate");
+    assert_eq!(
+        x509(&gate_before, "-issuer"),
+        format!("issuer=CN = {old_ca}")
+    );
+    assert_eq!(
+        x509(&gate_before, "-subject"),
+        format!("subject=CN = {}.gate.custody.io", setup.node)
+    );
+    let agent = custody_pod(client, "custody-agent").await;
+    let controller = custody_pod(client, "custody-controller").await;
+
+    let relay = setup.slow_repository().await;
+    relay.set(s3::Fault::ThrottleDownloads(150_000));
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let (mover, _) = setup.running_mover().await;
+    let asked = std::time::Instant::now();
+    let output = kubectl(&[
+        "-n",
+        NAMESPACE,
+        "annotate",
+        "secret/custody-ca",
+        "custody.io/rotate-ca=10",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+
+    // The new CA signs once its time came; the agent then replaces its gate certificate.
+    let new_ca = custody_tests::eventually("the new CA signing", TIMEOUT, || {
+        let secrets = secrets.clone();
+        let old_ca = old_ca.clone();
+        async move {
+            let secret = secrets.get("custody-ca").await.map_err(|e| e.to_string())?;
+            let name = ca_name(&secret);
+            if name != old_ca {
+                Ok(name)
+            } else {
+                Err(format!("still {name}"))
+            }
+        }
+    })
+    .await;
+    let promoted = asked.elapsed();
+    let gate_after =
+        custody_tests::eventually("a gate certificate from the new CA", TIMEOUT, || {
+            let new_ca = new_ca.clone();
+            async move {
+                let pem = std::fs::read(GATE_CERTIFICATE).map_err(|e| e.to_string())?;
+                let issuer = x509(&pem, "-issuer");
+                if issuer == format!("issuer=CN = {new_ca}") {
+                    Ok(pem)
+                } else {
+                    Err(issuer)
+                }
+            }
+        })
+        .await;
+    let reissued = asked.elapsed();
+    assert_ne!(gate_after, gate_before);
+    // All of it happened while the restore ran: custody-wait still held the pod.
+    let running = namespace.api::<Restore>().get("shop").await.unwrap();
+    assert_ne!(
+        running.status.as_ref().and_then(|status| status.phase),
+        Some(RestorePhase::Completed),
+        "the restore finished before the rotation: the test proves nothing"
+    );
+    let mover_running = pods.get_opt(&mover).await.unwrap().is_some_and(|pod| {
+        pod.status.and_then(|status| status.phase).as_deref() == Some("Running")
+    });
+    // The old CA stays trusted beside the new one.
+    let bundle =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), NAMESPACE)
+            .get("custody-ca")
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default()
+            .remove("ca.crt")
+            .unwrap_or_default();
+    assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 2, "{bundle}");
+    relay.set(s3::Fault::None);
+
+    let restore = await_condition(
+        &namespace.api::<Restore>(),
+        "shop",
+        "Completed",
+        Duration::from_secs(600),
+        |restore: &Restore| {
+            restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        },
+    )
+    .await;
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    ready(pods, "shop-0").await;
+    assert_eq!(tree(setup.source.path()), tree(target.path()));
+    let done = asked.elapsed();
+    // The agent reports after the rotation (to a report service whose certificate the new
+    // CA signed), and nothing was restarted.
+    let since = k8s_openapi::jiff::Timestamp::now();
+    let agents: Api<NodeAgent> = Api::all(client.clone());
+    await_condition(
+        &agents,
+        setup.node,
+        "a report after the rotation",
+        TIMEOUT,
+        |agent: &NodeAgent| {
+            agent
+                .status
+                .as_ref()
+                .and_then(|status| status.last_heartbeat_time.as_ref())
+                .is_some_and(|time| time.0 > since)
+        },
+    )
+    .await;
+    assert_eq!(
+        custody_pod(client, "custody-agent").await,
+        agent,
+        "the agent was restarted"
+    );
+    assert_eq!(
+        custody_pod(client, "custody-controller").await,
+        controller,
+        "the controller was restarted"
+    );
+    println!(
+        "CA rotation during a restore: new CA signing after {:.1} s, gate certificate from it after {:.1} s (mover still writing: {mover_running}), restore completed and pod ready after {:.1} s",
+        promoted.as_secs_f64(),
+        reissued.as_secs_f64(),
+        done.as_secs_f64()
+    );
+    setup.finish().await;
 }

@@ -573,6 +573,10 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ("delete", "coordination.k8s.io", "leases", SYSTEM, None),
         ("create", "", "secrets", SYSTEM, None),
         ("update", "", "secrets", SYSTEM, Some("custody-webhook-tls")),
+        // custody's CA and its trust bundle (#23 item 5).
+        ("get", "", "secrets", SYSTEM, Some("custody-ca")),
+        ("update", "", "secrets", SYSTEM, Some("custody-ca")),
+        ("patch", "", "configmaps", SYSTEM, Some("custody-ca")),
         ("get", "", "namespaces", ALL, Some("kube-system")),
         // The restore mark only (ValidatingAdmissionPolicy custody-controller-namespaces:
         // `the_controller_changes_nothing_of_a_namespace_but_its_restore_mark`).
@@ -637,6 +641,7 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ("patch", "", "configmaps", KUBE, Some("coredns")),
         ("create", "", "configmaps", KUBE, None),
         ("patch", "", "configmaps", NS, Some("app-settings")),
+        ("patch", "", "configmaps", SYSTEM, Some("another-config")),
         (
             "update",
             "coordination.k8s.io",
@@ -715,8 +720,13 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ("get", "custody.io", "backups", NS, None),
         ("get", "batch", "jobs", NS, None),
         ("create", "authentication.k8s.io", "tokenreviews", ALL, None),
+        // custody's CA bundle, watched (#23 item 5).
+        ("watch", "", "configmaps", SYSTEM, Some("custody-ca")),
     ];
     let agent_refused: Vec<Permission> = vec![
+        ("watch", "", "configmaps", SYSTEM, None),
+        ("patch", "", "configmaps", SYSTEM, Some("custody-ca")),
+        ("get", "", "secrets", SYSTEM, Some("custody-ca")),
         ("get", "", "secrets", NS, None),
         ("list", "", "secrets", ALL, None),
         ("create", "batch", "jobs", NS, None),

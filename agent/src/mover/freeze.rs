@@ -55,12 +55,12 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
         |message: String| MoverError::FreezeRefused(format!("agent at {agent}: {message}"));
     let token = std::fs::read_to_string(&token_file)
         .map_err(|error| refused(format!("reading token {token_file}: {error}")))?;
-    let channel = crate::wait::gate_channel(
-        &agent,
-        std::path::Path::new(&ca_file),
-        names::AGENT_SERVER_NAME,
-    )
-    .map_err(refused)?;
+    let server_name = std::env::var(names::ENV_AGENT_SERVER_NAME)
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| names::AGENT_SERVER_NAME.to_string());
+    let channel = crate::wait::gate_channel(&agent, std::path::Path::new(&ca_file), &server_name)
+        .map_err(refused)?;
     let authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", token.trim())
             .parse()

@@ -50,7 +50,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         crate::gate_ca::publish(
             client,
             &namespace,
-            context.gate_ca.as_deref(),
+            context.gate_ca.current().as_deref(),
             FIELD_MANAGER,
         )
         .await?;

@@ -167,7 +167,10 @@ fn tool_container(
 /// The mover's way to its node's agent: the agent's address (the node's, from the downward
 /// API), a token bound to the mover's pod (audience `custody`) and the gate's CA, as
 /// `custody-wait` has them.
-fn agent_access(mut container: serde_json::Value) -> (serde_json::Value, serde_json::Value) {
+fn agent_access(
+    mut container: serde_json::Value,
+    per_node_gate_names: bool,
+) -> (serde_json::Value, serde_json::Value) {
     use crate::inject::{GATE_MOUNT as mount, GATE_VOLUME, TOKEN_SECONDS};
     use custody_proto::names;
     crate::mover_job::append(
@@ -178,7 +181,9 @@ fn agent_access(mut container: serde_json::Value) -> (serde_json::Value, serde_j
             serde_json::json!({"name": names::ENV_AGENT_ADDRESS, "value": format!("$(HOST_IP):{}", names::GATE_PORT)}),
             serde_json::json!({"name": names::ENV_TOKEN_FILE, "value": format!("{mount}/token")}),
             serde_json::json!({"name": names::ENV_CA_FILE, "value": format!("{mount}/ca.crt")}),
-        ],
+        ]
+        .into_iter()
+        .chain(crate::inject::gate_env(per_node_gate_names)),
     );
     crate::mover_job::append(
         &mut container,
@@ -281,7 +286,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
     };
     let (mut container, mut extra_volumes) = match &inputs.freeze {
         Some(_) => {
-            let (container, volume) = agent_access(container);
+            let (container, volume) = agent_access(container, inputs.mover.per_node_gate_names);
             (container, vec![volume])
         }
         None => (container, Vec::new()),

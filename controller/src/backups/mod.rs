@@ -38,7 +38,7 @@ pub struct BackupContext {
     /// How its Jobs run `custody-mover`.
     pub mover: crate::mover_job::MoverJob,
     /// The agents' gate CA (PEM), for the mover of a frozen copy.
-    pub gate_ca: Option<String>,
+    pub gate_ca: crate::gate_ca::Trust,
 }
 
 /// Reasons of the Backup's `Ready` condition.

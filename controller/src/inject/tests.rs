@@ -7,6 +7,7 @@ fn injection() -> Injection {
         restore_name: "orders-restore".into(),
         restore_uid: "restore-uid".into(),
         claim_templates: vec!["data".into(), "wal".into()],
+        per_node_gate_names: false,
     }
 }
 
@@ -133,4 +134,51 @@ fn nothing_injected_needs_more_than_the_restricted_standard() {
         "RuntimeDefault"
     );
     assert!(wait.ports.is_none());
+}
+
+/// With gate certificates from custody's CA, `custody-wait` checks its own node's gate name.
+#[test]
+fn with_per_node_gate_names_the_wait_container_checks_its_nodes_name() {
+    let env_of = |injection: &Injection| {
+        let pod = inject(pod(), injection);
+        let container = pod.spec.unwrap().init_containers.unwrap()[0].clone();
+        container
+            .env
+            .unwrap()
+            .into_iter()
+            .map(|var| {
+                (
+                    var.name,
+                    var.value,
+                    var.value_from
+                        .and_then(|from| from.field_ref)
+                        .map(|field| field.field_path),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain = env_of(&injection());
+    assert!(
+        plain
+            .iter()
+            .all(|(name, _, _)| name != names::ENV_AGENT_SERVER_NAME)
+    );
+    let per_node = env_of(&Injection {
+        per_node_gate_names: true,
+        ..injection()
+    });
+    let node = per_node
+        .iter()
+        .position(|(name, _, _)| name == "CUSTODY_NODE_NAME")
+        .expect("node name");
+    assert_eq!(per_node[node].2.as_deref(), Some("spec.nodeName"));
+    let server = per_node
+        .iter()
+        .position(|(name, _, _)| name == names::ENV_AGENT_SERVER_NAME)
+        .expect("server name");
+    assert!(node < server, "defined before it is referred to");
+    assert_eq!(
+        per_node[server].1.as_deref(),
+        Some("$(CUSTODY_NODE_NAME).gate.custody.io")
+    );
 }

@@ -35,7 +35,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
         crate::gate_ca::publish(
             &context.base.client,
             &namespace,
-            context.gate_ca.as_deref(),
+            context.gate_ca.current().as_deref(),
             FIELD_MANAGER,
         )
         .await?;

@@ -65,7 +65,7 @@ pub struct RestoreContext {
     pub mover: crate::mover_job::MoverJob,
     /// PEM of the CA that signed the agents' gate certificates, published to namespaces
     /// under restore for `custody-wait`.
-    pub gate_ca: Option<String>,
+    pub gate_ca: crate::gate_ca::Trust,
 }
 
 /// Reconciles one Restore: gather, decide, apply.

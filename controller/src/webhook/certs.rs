@@ -10,10 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
+use rcgen::{CertificateParams, Issuer, KeyPair};
 
 use crate::error::{Error, Result};
 
@@ -82,13 +79,7 @@ fn rcgen_error(error: rcgen::Error) -> Error {
 }
 
 fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, CA_NAME);
-    params.distinguished_name = name;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
+    crate::pki::ca_params(CA_NAME)
 }
 
 fn offset(unix: i64) -> Result<time::OffsetDateTime> {
@@ -113,26 +104,8 @@ pub fn issue(ca: Option<(&str, &str)>, names: &[String], now: i64, days: u32) ->
             (cert.pem(), key)
         }
     };
-    let mut leaf = CertificateParams::default();
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, "custody-webhook");
-    leaf.distinguished_name = name;
-    leaf.subject_alt_names = names
-        .iter()
-        .map(|name| match name.parse::<std::net::IpAddr>() {
-            Ok(ip) => Ok(SanType::IpAddress(ip)),
-            Err(_) => name
-                .clone()
-                .try_into()
-                .map(SanType::DnsName)
-                .map_err(rcgen_error),
-        })
-        .collect::<Result<_>>()?;
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.not_before = offset(now - 300)?;
     let not_after = now + i64::from(days.max(1)) * 86_400;
-    leaf.not_after = offset(not_after)?;
+    let leaf = crate::pki::serving_params("custody-webhook", names, now - 300, not_after)?;
     let key = KeyPair::generate().map_err(rcgen_error)?;
     let issuer = Issuer::new(ca_params(), &ca_key);
     let cert = leaf.signed_by(&key, &issuer).map_err(rcgen_error)?;

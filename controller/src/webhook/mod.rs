@@ -208,6 +208,8 @@ pub struct WebhookContext {
     /// The user the controller itself authenticates as (a SelfSubjectReview at start): what
     /// it writes comes from objects already checked ([`requester`]).
     pub own_user: std::sync::OnceLock<String>,
+    /// Gate certificates name their node ([`crate::inject::gate_env`]).
+    pub per_node_gate_names: bool,
 }
 
 async fn decide(
@@ -366,6 +368,7 @@ fn answer(
                 restore_name: restore_name.clone(),
                 restore_uid,
                 claim_templates: templates,
+                per_node_gate_names: context.per_node_gate_names,
             };
             let before =
                 serde_json::to_value(&pod).map_err(|error| Error::Webhook(error.to_string()))?;

@@ -14,5 +14,6 @@ pub mod grpc;
 pub mod http;
 pub mod process;
 pub mod s3;
+pub mod tls;
 
 pub use error::{Error, Result};
