@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use custody_proto::report::GateCertificateRequest;
@@ -16,17 +15,47 @@ use crate::state::Agent;
 
 const KEY_FILE: &str = "gate.key";
 const CERT_FILE: &str = "gate.crt";
-/// `<issued at> <not after>`, Unix seconds.
+/// `<issued at> <not after> <issuing CA>`, Unix seconds.
 const META_FILE: &str = "gate.meta";
 
-/// Whether a certificate issued at `issued_at`, valid until `not_after`, is to be replaced
-/// at `now` (pure): none held, a third of its life or less left, or issued before
-/// `reissue_after`.
-pub fn renew(held: Option<(i64, i64)>, reissue_after: i64, now: i64) -> bool {
-    let Some((issued_at, not_after)) = held else {
+/// What the controller last said (its latest answer, not the highest ever: a value it took
+/// back is not kept).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Told {
+    /// Certificates issued before this (Unix seconds) are to be replaced.
+    pub reissue_after: i64,
+    /// The CA that signs now; empty when not said.
+    pub signing_ca: String,
+}
+
+/// Notes what the controller said in an answer.
+pub fn told(agent: &Agent, reissue_after: i64, signing_ca: &str) {
+    if let Ok(mut told) = agent.renewal.lock() {
+        *told = Told {
+            reissue_after,
+            signing_ca: signing_ca.to_string(),
+        };
+    }
+}
+
+/// The certificate held: when issued, until when valid, by which CA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub issued_at: i64,
+    pub not_after: i64,
+    pub issuer: String,
+}
+
+/// Whether the certificate `held` is to be replaced at `now` (pure): none held, a third of
+/// its life or less left, issued before the controller's reissue time, or by another CA than
+/// the one signing now.
+pub fn renew(held: Option<&Held>, told: &Told, now: i64) -> bool {
+    let Some(held) = held else {
         return true;
     };
-    issued_at < reissue_after || not_after - now <= (not_after - issued_at) / 3
+    held.issued_at < told.reissue_after
+        || (!told.signing_ca.is_empty() && held.issuer != told.signing_ca)
+        || held.not_after - now <= (held.not_after - held.issued_at) / 3
 }
 
 fn now() -> i64 {
@@ -36,17 +65,19 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-/// The stored certificate's `(issued at, not after)`, when key, certificate and times are
-/// all there and the agent serves them.
-fn load(agent: &Agent, dir: &Path) -> Option<(i64, i64)> {
+/// The stored certificate, when key, certificate and what it is are all there and the agent
+/// serves them.
+fn load(agent: &Agent, dir: &Path) -> Option<Held> {
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     let (key, cert, meta) = (read(KEY_FILE)?, read(CERT_FILE)?, read(META_FILE)?);
-    let mut times = meta
-        .split_whitespace()
-        .map(|value| value.parse::<i64>().ok());
-    let (issued_at, not_after) = (times.next()??, times.next()??);
+    let mut fields = meta.split_whitespace();
+    let held = Held {
+        issued_at: fields.next()?.parse().ok()?,
+        not_after: fields.next()?.parse().ok()?,
+        issuer: fields.next().unwrap_or_default().to_string(),
+    };
     match agent.gate_certificate.set(&cert, &key) {
-        Ok(()) => Some((issued_at, not_after)),
+        Ok(()) => Some(held),
         Err(error) => {
             tracing::warn!(%error, dir = %dir.display(), "the stored gate certificate is not usable; asking for another");
             None
@@ -72,7 +103,7 @@ fn store(dir: &Path, name: &str, contents: &str) -> std::io::Result<()> {
 }
 
 /// Asks the controller for a certificate over a new key; serves and stores it.
-async fn request(agent: &Agent, url: &str, dir: &Path) -> Result<(i64, i64), String> {
+async fn request(agent: &Agent, url: &str, dir: &Path) -> Result<Held, String> {
     let key = rcgen::KeyPair::generate().map_err(|error| format!("making a key: {error}"))?;
     let channel = crate::report::channel(agent, url).map_err(|error| error.to_string())?;
     let mut client = AgentReportClient::new(channel);
@@ -91,9 +122,12 @@ async fn request(agent: &Agent, url: &str, dir: &Path) -> Result<(i64, i64), Str
         .gate_certificate
         .set(&answer.certificate_pem, &key_pem)
         .map_err(|error| format!("the certificate issued is not usable: {error}"))?;
-    agent
-        .reissue_after
-        .fetch_max(answer.reissue_after_unix, Ordering::Relaxed);
+    told(agent, answer.reissue_after_unix, &answer.signing_ca);
+    let held = Held {
+        issued_at: answer.issued_at_unix,
+        not_after: answer.not_after_unix,
+        issuer: answer.signing_ca.clone(),
+    };
     let stored = std::fs::create_dir_all(dir)
         .and_then(|()| store(dir, KEY_FILE, &key_pem))
         .and_then(|()| store(dir, CERT_FILE, &answer.certificate_pem))
@@ -101,27 +135,36 @@ async fn request(agent: &Agent, url: &str, dir: &Path) -> Result<(i64, i64), Str
             store(
                 dir,
                 META_FILE,
-                &format!("{} {}\n", answer.issued_at_unix, answer.not_after_unix),
+                &format!("{} {} {}\n", held.issued_at, held.not_after, held.issuer),
             )
         });
     if let Err(error) = stored {
         // Served all the same; a restarted agent asks again.
         tracing::warn!(%error, dir = %dir.display(), "storing the gate certificate");
     }
-    Ok((answer.issued_at_unix, answer.not_after_unix))
+    Ok(held)
 }
 
 /// Keeps the gate's certificate current until the agent stops.
 pub async fn run(agent: Arc<Agent>, url: String) {
     let dir: PathBuf = agent.options.state_dir.join("gate-certificate");
     let mut held = load(&agent, &dir);
-    if let Some((_, not_after)) = held {
-        tracing::info!(not_after, "serving the stored gate certificate");
+    if let Some(held) = &held {
+        tracing::info!(
+            not_after = held.not_after,
+            issuer = held.issuer,
+            "serving the stored gate certificate"
+        );
     }
     let mut pause = Duration::from_secs(1);
+    let mut trust = agent.report_trust.subscribe();
     loop {
-        let reissue_after = agent.reissue_after.load(Ordering::Relaxed);
-        if renew(held, reissue_after, now()) {
+        let told = agent
+            .renewal
+            .lock()
+            .map(|told| told.clone())
+            .unwrap_or_default();
+        if renew(held.as_ref(), &told, now()) {
             match request(&agent, &url, &dir).await {
                 Ok(issued) => {
                     tracing::info!(
@@ -130,7 +173,8 @@ pub async fn run(agent: Arc<Agent>, url: String) {
                             agent.options.node_name,
                             custody_proto::names::GATE_NAME_SUFFIX
                         ),
-                        not_after = issued.1,
+                        not_after = issued.not_after,
+                        issuer = issued.issuer,
                         "gate certificate issued by the controller"
                     );
                     crate::metrics::count(&agent.metrics.gate_certificates, "Issued");
@@ -146,7 +190,8 @@ pub async fn run(agent: Arc<Agent>, url: String) {
                         serving = held.is_some(),
                         "asking the controller for a gate certificate"
                     );
-                    tokio::time::sleep(pause).await;
+                    // Sooner when the CA bundle changes (a new install publishes it late).
+                    let _ = tokio::time::timeout(pause, trust.changed()).await;
                     pause = (pause * 2).min(Duration::from_secs(60));
                     continue;
                 }
@@ -158,40 +203,88 @@ pub async fn run(agent: Arc<Agent>, url: String) {
 
 #[cfg(test)]
 mod tests {
-    use super::renew;
+    use super::{Held, Told, renew};
 
     #[test]
     fn renewals() {
         let day = 86_400;
+        let held = |issued_at: i64, not_after: i64, issuer: &str| Held {
+            issued_at,
+            not_after,
+            issuer: issuer.into(),
+        };
+        let told = |reissue_after: i64, signing_ca: &str| Told {
+            reissue_after,
+            signing_ca: signing_ca.into(),
+        };
         let rows = [
-            ("none held", None, 0, 0, true),
-            ("fresh", Some((0, 7 * day)), 0, day, false),
-            ("a third left", Some((0, 6 * day)), 0, 4 * day, true),
+            ("none held", None, told(0, ""), 0, true),
+            (
+                "fresh",
+                Some(held(0, 7 * day, "a")),
+                told(0, "a"),
+                day,
+                false,
+            ),
+            (
+                "a third left",
+                Some(held(0, 6 * day, "a")),
+                told(0, "a"),
+                4 * day,
+                true,
+            ),
             (
                 "just over a third",
-                Some((0, 6 * day)),
-                0,
+                Some(held(0, 6 * day, "a")),
+                told(0, "a"),
                 4 * day - 1,
                 false,
             ),
             (
                 "issued before reissue-after",
-                Some((10, 7 * day)),
-                11,
+                Some(held(10, 7 * day, "a")),
+                told(11, "a"),
                 20,
                 true,
             ),
             (
                 "issued at reissue-after",
-                Some((10, 7 * day)),
-                10,
+                Some(held(10, 7 * day, "a")),
+                told(10, "a"),
                 20,
                 false,
             ),
-            ("expired", Some((0, day)), 0, 2 * day, true),
+            (
+                "expired",
+                Some(held(0, day, "a")),
+                told(0, "a"),
+                2 * day,
+                true,
+            ),
+            (
+                "another CA signs now",
+                Some(held(10, 7 * day, "a")),
+                told(0, "b"),
+                20,
+                true,
+            ),
+            (
+                "the signing CA not said",
+                Some(held(10, 7 * day, "a")),
+                told(0, ""),
+                20,
+                false,
+            ),
+            (
+                "issued by a lagging replica after the rotation",
+                Some(held(30, 7 * day, "a")),
+                told(20, "b"),
+                40,
+                true,
+            ),
         ];
-        for (name, held, reissue_after, now, expected) in rows {
-            assert_eq!(renew(held, reissue_after, now), expected, "{name}");
+        for (name, held, told, now, expected) in rows {
+            assert_eq!(renew(held.as_ref(), &told, now), expected, "{name}");
         }
     }
 }

@@ -89,9 +89,10 @@ pub async fn run(agent: Arc<Agent>) {
         match client.report(request).await {
             Ok(ack) => {
                 metrics::count(&agent.metrics.reports, "Sent");
-                agent.reissue_after.fetch_max(
+                crate::certificate::told(
+                    &agent,
                     ack.get_ref().reissue_after_unix,
-                    std::sync::atomic::Ordering::Relaxed,
+                    &ack.get_ref().signing_ca,
                 );
             }
             Err(status) => {

@@ -36,9 +36,8 @@ pub struct Agent {
     pub(crate) synced: watch::Sender<Synced>,
     /// The gate's certificate in force (renewed in place).
     pub gate_certificate: Arc<custody_kube::tls::Swap>,
-    /// What the controller last said: a gate certificate issued before this (Unix seconds) is
-    /// to be replaced.
-    pub reissue_after: std::sync::atomic::AtomicI64,
+    /// What the controller last said about gate certificates to replace.
+    pub renewal: Mutex<crate::certificate::Told>,
     /// The report service's CA bundle (PEM) as last read ([`crate::report::follow_trust`]).
     pub report_trust: watch::Sender<Option<Vec<u8>>>,
 }
@@ -104,7 +103,7 @@ impl Agent {
             view: watch::channel(Arc::new(NodeView::default())).0,
             synced: watch::channel(Synced::default()).0,
             gate_certificate: Default::default(),
-            reissue_after: Default::default(),
+            renewal: Default::default(),
             report_trust: watch::channel(None).0,
         }
     }

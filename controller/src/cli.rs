@@ -164,6 +164,17 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_WEBHOOK_CHECK_SECONDS", default_value = "3600")]
     pub webhook_check_seconds: u64,
 
+    /// Leader election: the Lease (in the Lease namespace) whose holder runs the reconcilers;
+    /// every replica serves the webhook and the report service. Without it this process
+    /// always reconciles (one replica only).
+    #[arg(long, env = "CUSTODY_LEADER_ELECTION_LEASE")]
+    pub leader_election_lease: Option<String>,
+
+    /// Seconds a leader that stopped renewing keeps others from taking over (renewed every
+    /// third of it).
+    #[arg(long, env = "CUSTODY_LEADER_ELECTION_SECONDS", default_value = "15")]
+    pub leader_election_seconds: u64,
+
     /// Secret, `namespace/name`, holding custody's CA, which the controller makes and rotates
     /// itself: it signs the report service's certificate and each node's gate certificate
     /// (asked for by the node's agent), and its trust bundle is published as ConfigMap
@@ -188,8 +199,9 @@ pub struct RunOptions {
     pub certificate_hours: u32,
 
     /// Seconds a new CA is trusted (in every bundle) before it signs: time for the bundle to
-    /// reach every mounted copy.
-    #[arg(long, env = "CUSTODY_CA_PROPAGATION_SECONDS", default_value = "120")]
+    /// reach every mounted copy (the kubelet refreshes a mounted ConfigMap within about a
+    /// minute and a half).
+    #[arg(long, env = "CUSTODY_CA_PROPAGATION_SECONDS", default_value = "300")]
     pub ca_propagation_seconds: u64,
 
     /// How often each replica re-reads the CA Secret and renews what is due.

@@ -63,6 +63,9 @@ pub enum Error {
     /// custody's CA or a certificate it issues could not be made or stored.
     #[error("certificates: {0}")]
     Certificates(String),
+    /// This replica stopped leading (it could not renew its Lease, or another holds it).
+    #[error("leadership lost: {0}")]
+    LeadershipLost(String),
     /// A schedule could not be evaluated.
     #[error("evaluating the schedule: {0}")]
     Schedule(String),
@@ -93,6 +96,7 @@ impl Error {
             Error::Patch { .. } => "Patch",
             Error::Webhook(_) => "Webhook",
             Error::Certificates(_) => "Certificates",
+            Error::LeadershipLost(_) => "LeadershipLost",
             Error::Schedule(_) => "Schedule",
             Error::WriteCrds(_) => "WriteCrds",
         }

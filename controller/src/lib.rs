@@ -17,6 +17,7 @@ pub mod gate_ca;
 pub mod holds;
 pub mod imports;
 pub mod inject;
+pub mod leader;
 pub mod maintenance;
 pub mod metrics;
 pub mod mover_job;

@@ -47,6 +47,8 @@ pub struct Metrics {
     pub report_refusals: Family<ReasonLabels, Counter>,
     /// TokenReviews the report service asked of the API server.
     pub report_token_reviews: Counter,
+    /// 1 while this replica leads (runs the reconcilers).
+    pub leader: prometheus_client::metrics::gauge::Gauge,
     /// Gate certificates signed for agents.
     pub gate_certificates_issued: Counter,
     /// When custody's CA was last read (Unix seconds), and when its signing CA expires.
@@ -105,6 +107,12 @@ impl Default for Metrics {
             "TokenReviews the report service asked of the API server",
             report_token_reviews.clone(),
         );
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica leads (runs the reconcilers), else 0",
+            leader.clone(),
+        );
         let gate_certificates_issued = Counter::default();
         registry.register(
             "gate_certificates_issued",
@@ -143,6 +151,7 @@ impl Default for Metrics {
             report_token_reviews,
             gate_certificates_issued,
             ca_checked_at_seconds,
+            leader,
             node_clock_offset_seconds,
             node_clock_round_trip_seconds,
             reconciliations,

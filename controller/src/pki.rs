@@ -44,6 +44,8 @@ const ANNOTATION_CA_NOT_AFTER: &str = "custody.io/ca-not-after";
 /// When the next CA starts signing (Unix seconds).
 const ANNOTATION_NEXT_PROMOTE_AT: &str = "custody.io/next-ca-signs-at";
 const ANNOTATION_NEXT_NOT_AFTER: &str = "custody.io/next-ca-not-after";
+/// When the last rotation's new CA started signing (Unix seconds).
+const ANNOTATION_PROMOTED_AT: &str = "custody.io/ca-promoted-at";
 const ANNOTATION_PREVIOUS_NOT_AFTER: &str = "custody.io/previous-ca-not-after";
 pub const ANNOTATION_REISSUE_AFTER: &str = "custody.io/reissue-after";
 pub const ANNOTATION_ROTATE: &str = "custody.io/rotate-ca";
@@ -64,6 +66,10 @@ pub struct State {
     pub next_promote_at: Option<i64>,
     /// An operator asked for a new CA.
     pub rotate_requested: bool,
+    /// When the last rotation's new CA started signing: certificates of the CA before it may
+    /// live on until a leaf lifetime later, and that CA is dropped from the bundle by the next
+    /// promotion.
+    pub promoted_at: Option<i64>,
 }
 
 /// What to do with the stored CA.
@@ -81,8 +87,9 @@ pub enum Step {
 /// The decision (pure): a missing or unreadable CA is made; a next CA is promoted once its
 /// time came (everyone has had it in their bundle for the propagation time); otherwise a next
 /// CA is added when a third of the signing CA's `lifetime` is left or a rotation was asked
-/// for.
-pub fn step(stored: Option<State>, now: i64, lifetime: i64) -> Step {
+/// for, but not before every certificate of the CA before the last rotation has expired
+/// (`leaf_lifetime` after that rotation): the next promotion drops that CA from the bundle.
+pub fn step(stored: Option<State>, now: i64, lifetime: i64, leaf_lifetime: i64) -> Step {
     let Some(state) = stored else {
         return Step::Create;
     };
@@ -92,13 +99,19 @@ pub fn step(stored: Option<State>, now: i64, lifetime: i64) -> Step {
     match state.next_promote_at {
         Some(at) if now >= at => Step::Promote,
         Some(_) => Step::Keep,
+        None if state
+            .promoted_at
+            .is_some_and(|promoted| now - promoted < leaf_lifetime) =>
+        {
+            Step::Keep
+        }
         None if state.rotate_requested || not_after - now <= lifetime / 3 => Step::AddNext,
         None => Step::Keep,
     }
 }
 
 /// What signs and what is trusted, as one replica last read it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Authority {
     pub name: String,
     pub cert: String,
@@ -107,6 +120,17 @@ pub struct Authority {
     pub bundle: String,
     /// Certificates issued before this (Unix seconds) are to be replaced.
     pub reissue_after: i64,
+}
+
+/// Without the key: an Authority in a log line must not leak it.
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Authority")
+            .field("name", &self.name)
+            .field("reissue_after", &self.reissue_after)
+            .finish_non_exhaustive()
+    }
 }
 
 fn rcgen_error(error: rcgen::Error) -> Error {
@@ -254,9 +278,11 @@ fn annotation(secret: &Secret, key: &str) -> Option<i64> {
 
 fn state_of(secret: &Secret) -> State {
     let data = secret.data.clone().unwrap_or_default();
-    let usable = [CA_NAME, CA_CERT, CA_KEY, BUNDLE]
+    // A key that does not parse would fail every signing: unusable.
+    let usable = [CA_NAME, CA_CERT, BUNDLE]
         .iter()
-        .all(|key| text(&data, key).is_some());
+        .all(|key| text(&data, key).is_some())
+        && text(&data, CA_KEY).is_some_and(|key| KeyPair::from_pem(&key).is_ok());
     let next = [NEXT_NAME, NEXT_CERT, NEXT_KEY]
         .iter()
         .all(|key| text(&data, key).is_some());
@@ -264,6 +290,7 @@ fn state_of(secret: &Secret) -> State {
         signing_not_after: annotation(secret, ANNOTATION_CA_NOT_AFTER).filter(|_| usable),
         next_promote_at: annotation(secret, ANNOTATION_NEXT_PROMOTE_AT).filter(|_| next),
         rotate_requested: secret.annotations().contains_key(ANNOTATION_ROTATE),
+        promoted_at: annotation(secret, ANNOTATION_PROMOTED_AT),
     }
 }
 
@@ -285,14 +312,29 @@ fn bundle_of(data: &BTreeMap<String, String>, previous_not_after: Option<i64>, n
     bundle
 }
 
-fn authority_of(secret: &Secret) -> Option<Authority> {
+/// What `secret` says signs and is trusted, read at `now`. A reissue time more than a
+/// minute ahead (a hand-set value in the wrong unit) is ignored: it would have every holder
+/// ask for a certificate again and again.
+fn authority_of(secret: &Secret, now: i64) -> Option<Authority> {
     let data = secret.data.clone().unwrap_or_default();
+    let reissue_after = annotation(secret, ANNOTATION_REISSUE_AFTER).unwrap_or(0);
+    if reissue_after > now + 60 {
+        tracing::warn!(
+            reissue_after,
+            now,
+            "custody.io/reissue-after on the CA Secret is in the future: ignored"
+        );
+    }
     Some(Authority {
         name: text(&data, CA_NAME)?,
         cert: text(&data, CA_CERT)?,
         key: text(&data, CA_KEY)?,
         bundle: text(&data, BUNDLE)?,
-        reissue_after: annotation(secret, ANNOTATION_REISSUE_AFTER).unwrap_or(0),
+        reissue_after: if reissue_after > now + 60 {
+            0
+        } else {
+            reissue_after
+        },
     })
 }
 
@@ -328,6 +370,7 @@ fn next_secret(
             annotations.remove(ANNOTATION_NEXT_PROMOTE_AT);
             annotations.remove(ANNOTATION_NEXT_NOT_AFTER);
             annotations.remove(ANNOTATION_PREVIOUS_NOT_AFTER);
+            annotations.remove(ANNOTATION_PROMOTED_AT);
             annotations.remove(ANNOTATION_ROTATE);
         }
         Step::AddNext => {
@@ -364,6 +407,9 @@ fn next_secret(
                 annotations.insert(ANNOTATION_PREVIOUS_NOT_AFTER.into(), old);
             }
             annotations.insert(ANNOTATION_REISSUE_AFTER.into(), now.to_string());
+            annotations.insert(ANNOTATION_PROMOTED_AT.into(), now.to_string());
+            // A rotation asked for while this one was pending is this one.
+            annotations.remove(ANNOTATION_ROTATE);
         }
     }
     let previous_not_after = annotations
@@ -401,6 +447,7 @@ pub async fn ensure(
     secret: &str,
     lifetime: i64,
     propagation: i64,
+    leaf_lifetime: i64,
 ) -> Result<Authority> {
     let (namespace, name) = secret.split_once('/').ok_or_else(|| {
         Error::Certificates(format!("--ca-secret {secret:?} is not namespace/name"))
@@ -412,9 +459,21 @@ pub async fn ensure(
             object: format!("Secret {secret}"),
             source,
         })?;
-        let decision = step(stored.as_ref().map(state_of), now, lifetime);
+        // A Secret of that name custody did not make is not overwritten: it may be someone's.
+        if let Some(found) = &stored
+            && found
+                .labels()
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str)
+                != Some("custody")
+        {
+            return Err(Error::Certificates(format!(
+                "Secret {secret} exists and is not custody's (no label app.kubernetes.io/managed-by=custody): delete it, or name another with --ca-secret"
+            )));
+        }
+        let decision = step(stored.as_ref().map(state_of), now, lifetime, leaf_lifetime);
         if decision == Step::Keep
-            && let Some(authority) = stored.as_ref().and_then(authority_of)
+            && let Some(authority) = stored.as_ref().and_then(|found| authority_of(found, now))
         {
             return Ok(authority);
         }
@@ -426,7 +485,7 @@ pub async fn ensure(
         match written {
             Ok(written) => {
                 tracing::info!(secret, ?decision, "custody CA written");
-                if let Some(authority) = authority_of(&written) {
+                if let Some(authority) = authority_of(&written, now) {
                     return Ok(authority);
                 }
             }
@@ -454,6 +513,32 @@ pub async fn publish(client: &Client, namespace: &str, bundle: &str) -> Result<(
         crate::run::CONTROLLER_NAME,
     )
     .await
+}
+
+/// Writes the new bundle into `custody-gate-ca` of every namespace under restore now, rather
+/// than at its Restore's next reconciliation: the kubelet then has the whole propagation time
+/// to bring it to the pods that wait there.
+async fn republish_gate_ca(client: &Client, bundle: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let marked = match namespaces
+        .list_metadata(&kube::api::ListParams::default().labels(crate::restoring::LABEL))
+        .await
+    {
+        Ok(marked) => marked,
+        Err(error) => {
+            tracing::warn!(%error, "listing namespaces under restore to publish the new CA bundle");
+            return;
+        }
+    };
+    for namespace in marked {
+        let name = namespace.metadata.name.unwrap_or_default();
+        if let Err(error) =
+            crate::gate_ca::publish(client, &name, Some(bundle), crate::restores::FIELD_MANAGER)
+                .await
+        {
+            tracing::warn!(namespace = name, %error, "publishing the new CA bundle");
+        }
+    }
 }
 
 /// The authority as this replica last read it, shared with the report service.
@@ -532,10 +617,14 @@ pub async fn run(
                 &settings.secret,
                 settings.ca_lifetime.as_secs() as i64,
                 settings.propagation.as_secs() as i64,
+                lifetime,
             )
             .await?;
             if published.as_deref() != Some(authority.bundle.as_str()) {
                 publish(&client, &namespace, &authority.bundle).await?;
+                if gate.current().is_some() {
+                    republish_gate_ca(&client, &authority.bundle).await;
+                }
                 published = Some(authority.bundle.clone());
             }
             gate.set(authority.bundle.clone());

@@ -166,15 +166,34 @@ where
     C: Send + Sync + 'static,
     F: Future<Output = Result<Action>> + Send + 'static,
 {
-    controller
+    let store = controller.store();
+    let synced = async move {
+        if store.wait_until_ready().await.is_ok() {
+            SYNCED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(kind = K::LABEL, "listed");
+        }
+    };
+    STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let run = controller
         .graceful_shutdown_on(stopped)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::debug!(kind = K::LABEL, %error, "controller event");
             }
-        })
-        .boxed()
+        });
+    futures::future::join(run, synced).map(|_| ()).boxed()
+}
+
+/// Reconcilers made by [`run`], and those whose watch has listed everything once: the
+/// replica is ready when both are equal.
+static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SYNCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether every reconciler made by [`run`] has listed what it watches.
+pub fn synced() -> bool {
+    SYNCED.load(std::sync::atomic::Ordering::Relaxed)
+        >= STARTED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Look again after `after`, or when something changes.

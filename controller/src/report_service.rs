@@ -33,6 +33,8 @@ pub struct Settings {
     pub address: std::net::SocketAddr,
     /// Where the serving certificate comes from; plain HTTP/2 without one.
     pub tls: Tls,
+    /// Signs the gates' certificates; none without `--ca-secret`.
+    pub gate_issuer: Option<GateIssuer>,
     /// The agents' ServiceAccount, `namespace:name`.
     pub agent_account: String,
     /// How often agents are asked to report.
@@ -51,14 +53,16 @@ pub enum Tls {
     None,
     /// PEM certificate and key files, re-read as they change.
     Files(std::path::PathBuf, std::path::PathBuf),
-    /// Issued from custody's CA ([`crate::pki::run`] keeps `Swap` current), which also signs
-    /// the gates' certificates.
-    Issued {
-        swap: Arc<custody_kube::tls::Swap>,
-        authority: crate::pki::Shared,
-        /// Lifetime of a gate certificate.
-        gate_lifetime: Duration,
-    },
+    /// Issued from custody's CA ([`crate::pki::run`] keeps `Swap` current).
+    Issued(Arc<custody_kube::tls::Swap>),
+}
+
+/// custody's CA, signing the gates' certificates (whatever the report service serves with).
+#[derive(Clone, Debug)]
+pub struct GateIssuer {
+    pub authority: crate::pki::Shared,
+    /// Lifetime of a gate certificate.
+    pub lifetime: Duration,
 }
 
 struct Service {
@@ -113,7 +117,7 @@ pub async fn run(
             tokio::spawn(follow);
             Some(swap)
         }
-        Tls::Issued { swap, .. } => Some(swap.clone()),
+        Tls::Issued(swap) => Some(swap.clone()),
     };
     let service = Arc::new(Service {
         reviewer: custody_kube::authn::Reviewer::new(client.clone()),
@@ -202,15 +206,15 @@ async fn watch_for_silence(service: Arc<Service>) {
 }
 
 impl Service {
-    /// What the agents are told about renewing their gate certificates.
-    fn reissue_after(&self) -> i64 {
-        match &self.settings.tls {
-            Tls::Issued { authority, .. } => authority
-                .current()
-                .map(|current| current.reissue_after)
-                .unwrap_or(0),
-            _ => 0,
-        }
+    /// What the agents are told about renewing their gate certificates: certificates issued
+    /// before when are to be replaced, and the CA that signs now.
+    fn renewal(&self) -> (i64, String) {
+        self.settings
+            .gate_issuer
+            .as_ref()
+            .and_then(|issuer| issuer.authority.current())
+            .map(|current| (current.reissue_after, current.name))
+            .unwrap_or_default()
     }
 
     async fn write_status(&self, node: &str, status: NodeAgentStatus) -> Result<()> {
@@ -339,9 +343,11 @@ impl AgentReport for Service {
             heard.insert(node.clone());
         }
         tracing::debug!(node, volumes = report.volumes.len(), "report");
+        let (reissue_after_unix, signing_ca) = self.renewal();
         Ok(Response::new(ReportAck {
             heartbeat_seconds: self.settings.heartbeat.as_secs() as u32,
-            reissue_after_unix: self.reissue_after(),
+            reissue_after_unix,
+            signing_ca,
         }))
     }
 
@@ -351,29 +357,34 @@ impl AgentReport for Service {
     ) -> Result<Response<GateCertificate>, Status> {
         let node = request.get_ref().node_name.clone();
         self.authenticate(request.metadata(), &node).await?;
-        let Tls::Issued {
-            authority,
-            gate_lifetime,
-            ..
-        } = &self.settings.tls
-        else {
+        let Some(issuer) = &self.settings.gate_issuer else {
             return Err(Status::failed_precondition(
-                "this controller issues no gate certificates (no --ca-secret): give the agent --gate-tls-cert and --gate-tls-key",
+                "this controller issues no gate certificates (it runs without --ca-secret): give the agent --gate-tls-cert and --gate-tls-key",
             ));
         };
-        let Some(current) = authority.current() else {
+        let Some(current) = issuer.authority.current() else {
             return Err(Status::unavailable(
                 "custody's CA is not read yet; ask again shortly",
             ));
         };
+        let public_key = &request.get_ref().public_key;
+        if public_key.len() != 65 || public_key[0] != 0x04 {
+            return Err(Status::invalid_argument(format!(
+                "the public key is not an uncompressed ECDSA P-256 point ({} bytes)",
+                public_key.len()
+            )));
+        }
         let issued = crate::pki::sign(
             &current,
             &[crate::pki::gate_name(&node)],
-            &request.get_ref().public_key,
+            public_key,
             Timestamp::now().as_second(),
-            gate_lifetime.as_secs() as i64,
+            issuer.lifetime.as_secs() as i64,
         )
-        .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        .map_err(|error| {
+            tracing::error!(node, %error, "signing a gate certificate");
+            Status::internal(error.to_string())
+        })?;
         self.metrics.gate_certificates_issued.inc();
         tracing::info!(
             node,
@@ -385,6 +396,7 @@ impl AgentReport for Service {
             issued_at_unix: issued.issued_at,
             not_after_unix: issued.not_after,
             reissue_after_unix: current.reissue_after,
+            signing_ca: current.name,
         }))
     }
 }

@@ -70,25 +70,28 @@ pub async fn run(options: RunOptions) -> Result<()> {
     let per_node_gate_names = options.ca_secret.is_some() && options.gate_ca_file.is_none();
     let authority = crate::pki::Shared::default();
     let report_swap = Arc::new(custody_kube::tls::Swap::default());
+    let certificate_lifetime =
+        std::time::Duration::from_secs(u64::from(options.certificate_hours.max(1)) * 3600);
     let report_tls = match (
         &options.report_tls_cert,
         &options.report_tls_key,
         &options.ca_secret,
     ) {
         (Some(cert), Some(key), _) => crate::report_service::Tls::Files(cert.clone(), key.clone()),
-        (_, _, Some(_)) => crate::report_service::Tls::Issued {
-            swap: report_swap.clone(),
-            authority: authority.clone(),
-            gate_lifetime: std::time::Duration::from_secs(
-                u64::from(options.certificate_hours.max(1)) * 3600,
-            ),
-        },
+        (_, _, Some(_)) => crate::report_service::Tls::Issued(report_swap.clone()),
         _ => crate::report_service::Tls::None,
     };
+    let gate_issuer = options
+        .ca_secret
+        .as_ref()
+        .map(|_| crate::report_service::GateIssuer {
+            authority: authority.clone(),
+            lifetime: certificate_lifetime,
+        });
     let pki = {
         let client = client.clone();
         let metrics = metrics.clone();
-        let issued_report = matches!(report_tls, crate::report_service::Tls::Issued { .. });
+        let issued_report = matches!(report_tls, crate::report_service::Tls::Issued(_));
         let gate = if per_node_gate_names {
             Some(gate_ca.clone())
         } else {
@@ -103,9 +106,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
                 propagation: std::time::Duration::from_secs(options.ca_propagation_seconds),
                 check: std::time::Duration::from_secs(options.ca_check_seconds.max(1)),
                 report_names: options.report_names.clone(),
-                leaf_lifetime: std::time::Duration::from_secs(
-                    u64::from(options.certificate_hours.max(1)) * 3600,
-                ),
+                leaf_lifetime: certificate_lifetime,
             });
         let authority = authority.clone();
         async move {
@@ -171,11 +172,24 @@ pub async fn run(options: RunOptions) -> Result<()> {
             stopped(),
         ),
     ]);
-    // Ready once the reconcilers run and, with a webhook, once it listens: the API server
-    // sends custody's objects and labelled pods to a ready replica only.
-    if options.webhook_address.is_none() {
-        ready.store(true, Ordering::Relaxed);
-    }
+    // Ready once the webhook listens (the API server sends custody's objects and pods to a
+    // ready replica only) and, while this replica leads, once every reconciler's watch has
+    // listed what it watches. A replica that does not lead serves the webhook and reports.
+    let listening = Arc::new(AtomicBool::new(options.webhook_address.is_none()));
+    let leading = Arc::new(AtomicBool::new(options.leader_election_lease.is_none()));
+    let readiness = {
+        let (ready, listening, leading) = (ready.clone(), listening.clone(), leading.clone());
+        async move {
+            loop {
+                let now = listening.load(Ordering::Relaxed)
+                    && (!leading.load(Ordering::Relaxed) || reconciler::synced());
+                if ready.swap(now, Ordering::Relaxed) != now {
+                    tracing::info!(ready = now, "readiness");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+    };
     let webhook = async {
         let Some(address) = options.webhook_address else {
             return Ok(());
@@ -196,7 +210,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
                 names: options.webhook_names.clone(),
                 days: options.webhook_cert_days,
                 check: std::time::Duration::from_secs(options.webhook_check_seconds.max(1)),
-                ready: ready.clone(),
+                ready: listening.clone(),
             },
             stopped(),
         )
@@ -207,6 +221,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         crate::report_service::Settings {
             address: options.report_address,
             tls: report_tls,
+            gate_issuer,
             agent_account: options.agent_service_account.clone(),
             heartbeat: std::time::Duration::from_secs(10),
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
@@ -226,19 +241,65 @@ pub async fn run(options: RunOptions) -> Result<()> {
         ),
         stopped(),
     );
-    let (served, reported, hooked, _, _) = tokio::join!(
-        http::serve(options.http_address, health, stopped()),
-        reports,
-        webhook,
-        controllers,
-        async {
-            tokio::select! {
-                () = marks => {}
-                () = pki => {}
-                () = stopped() => {}
+    // What only the leader does: the reconcilers and the restore marks.
+    let reconciling = async {
+        tokio::join!(controllers, marks);
+    };
+    let led = async {
+        match &options.leader_election_lease {
+            None => {
+                reconciling.await;
+                Ok(())
+            }
+            Some(lease) => {
+                let duration =
+                    std::time::Duration::from_secs(options.leader_election_seconds.max(3));
+                crate::leader::lead(
+                    client.clone(),
+                    crate::leader::Settings {
+                        namespace: options.lease_namespace(),
+                        lease: lease.clone(),
+                        identity: crate::leader::identity(options.instance.as_deref()),
+                        duration,
+                        renew: duration / 3,
+                    },
+                    leading.clone(),
+                    metrics.clone(),
+                    reconciling,
+                    stopped(),
+                )
+                .await
             }
         }
-    );
+    };
+    let everyone = async {
+        tokio::join!(
+            http::serve(options.http_address, health, stopped()),
+            reports,
+            webhook,
+            async {
+                tokio::select! {
+                    () = pki => {}
+                    () = readiness => {}
+                    () = stopped() => {}
+                }
+            }
+        )
+    };
+    let mut everyone = std::pin::pin!(everyone);
+    let mut led = std::pin::pin!(led);
+    // A lost leadership ends the process at once (its reconcilers may be half-way): the
+    // kubelet starts it again as a follower.
+    let (served, reported, hooked, _) = tokio::select! {
+        result = &mut led => {
+            result?;
+            everyone.await
+        }
+        all = &mut everyone => {
+            led.await?;
+            all
+        }
+    };
     served?;
     reported?;
     hooked?;

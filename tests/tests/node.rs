@@ -50,6 +50,7 @@ const INSTALLED: &[&str] = &[
     "rolebinding/custody-agent",
     "service/custody-controller",
     "deployment/custody-controller",
+    "poddisruptionbudget/custody-controller",
     "daemonset/custody-agent",
     "clusterrole/custody-controller",
     "clusterrole/custody-agent",
@@ -207,14 +208,16 @@ async fn running(client: &kube::Client) {
     await_condition(
         &deployments,
         "custody-controller",
-        "one available replica",
+        "every replica available",
         TIMEOUT,
         |deployment: &Deployment| {
-            deployment
-                .status
-                .as_ref()
-                .and_then(|status| status.available_replicas)
-                == Some(1)
+            let wanted = deployment.spec.as_ref().and_then(|spec| spec.replicas);
+            wanted.is_some()
+                && deployment
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.available_replicas)
+                    == wanted
         },
     )
     .await;
@@ -3515,6 +3518,18 @@ async fn on_a_real_node_custodys_ca_rotates_during_a_restore_and_nothing_fails()
     })
     .await;
     let promoted = asked.elapsed();
+    // By then the restore's namespace trusts it too (published when it joined the bundle,
+    // not at the Restore's next reconciliation).
+    let gate_ca =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &namespace.name)
+            .get("custody-gate-ca")
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default()
+            .remove("ca.crt")
+            .unwrap_or_default();
+    assert_eq!(gate_ca.matches("BEGIN CERTIFICATE").count(), 2, "{gate_ca}");
     let gate_after =
         custody_tests::eventually("a gate certificate from the new CA", TIMEOUT, || {
             let new_ca = new_ca.clone();
@@ -3602,6 +3617,211 @@ async fn on_a_real_node_custodys_ca_rotates_during_a_restore_and_nothing_fails()
         promoted.as_secs_f64(),
         reissued.as_secs_f64(),
         done.as_secs_f64()
+    );
+    setup.finish().await;
+}
+
+/// The replica that leads, from Lease custody-system/custody-controller: its pod's name.
+async fn leader(client: &kube::Client) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let holder = leases
+        .get_opt("custody-controller")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity?;
+    Some(holder.rsplit_once('_')?.0.to_string()).filter(|pod| !pod.is_empty())
+}
+
+/// Whether the API server got an answer from custody's webhook for a pod in `namespace`
+/// mounting `claim` (a server-side dry run): `Ok(true)` refused naming the claim (under
+/// restore), `Ok(false)` admitted (the restore is over); `Err` says why there was no answer.
+async fn webhook_answers(
+    client: &kube::Client,
+    namespace: &str,
+    claim: &str,
+) -> Result<bool, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "intruder"},
+        "spec": {
+            "containers": [{"name": "app", "image": "localhost/custody/postgres:15"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }))
+    .unwrap();
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match pods.create(&params, &pod).await {
+        Ok(_) => Ok(false),
+        Err(kube::Error::Api(status)) if status.message.contains("failed calling webhook") => {
+            Err(status.message)
+        }
+        Err(kube::Error::Api(status)) if status.message.contains(claim) => Ok(true),
+        Err(other) => Err(format!("not custody's refusal: {other}")),
+    }
+}
+
+/// #23 item 6: custody runs two controller replicas; killing the one that leads (SIGKILL, no
+/// Lease given up) while a restore writes its volume and while that restore holds the
+/// deletion of its Backup loses nothing and does nothing twice. The other replica leads once
+/// the Lease aged 15 s, the restore completes verified with one prepareData Job, the Backup's
+/// artifact is deleted once after it, and the admission webhook answers throughout (the
+/// other replica serves it).
+#[tokio::test]
+async fn on_a_real_node_killing_the_leader_during_a_restore_and_a_backup_deletion_loses_and_repeats_nothing()
+ {
+    let setup = backed_up_with("leader", Agents::Exclusive(AGENTS.write().await)).await;
+    let (namespace, pods, client) = (&setup.namespace, &setup.pods, &setup.client);
+    let ns = namespace.name.clone();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    await_condition(
+        &deployments,
+        "custody-controller",
+        "two ready replicas",
+        TIMEOUT,
+        |deployment: &Deployment| {
+            deployment
+                .status
+                .as_ref()
+                .and_then(|status| status.ready_replicas)
+                == Some(2)
+        },
+    )
+    .await;
+    let first = custody_tests::eventually("a leader", TIMEOUT, || async {
+        leader(client).await.ok_or_else(|| "none".to_string())
+    })
+    .await;
+
+    let relay = setup.slow_repository().await;
+    relay.set(s3::Fault::ThrottleDownloads(150_000));
+    let target = LoopVolume::new(64);
+    setup.restore_shop(target.path()).await;
+    let (mover, _) = setup.running_mover().await;
+    // The Backup is deleted while its restore runs: its artifact stays until the restore is
+    // over.
+    namespace
+        .api::<Backup>()
+        .delete("nightly", &Default::default())
+        .await
+        .unwrap();
+
+    let killed = std::time::Instant::now();
+    let containers = ctr(&[
+        "containers",
+        "ls",
+        "-q",
+        &format!(
+            "labels.\"io.kubernetes.pod.name\"=={first},labels.\"io.kubernetes.container.name\"==controller"
+        ),
+    ]);
+    assert!(!containers.trim().is_empty(), "the leader's container");
+    for container in containers.lines() {
+        ctr(&["tasks", "kill", "-s", "SIGKILL", container]);
+    }
+    // The webhook answers throughout, and the other replica comes to lead.
+    let (mut refused, mut admitted, mut unanswered) = (0, 0, Vec::new());
+    let mut second = None;
+    while killed.elapsed() < Duration::from_secs(30) {
+        match webhook_answers(client, &ns, "data-shop-0").await {
+            Ok(true) => refused += 1,
+            Ok(false) => admitted += 1,
+            Err(why) => unanswered.push((killed.elapsed(), why)),
+        }
+        if second.is_none()
+            && let Some(now) = leader(client).await.filter(|now| *now != first)
+        {
+            second = Some((now, killed.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (second, took_over) = second.expect("another replica leads");
+    let writing = pods.get_opt(&mover).await.unwrap().is_some_and(|pod| {
+        pod.status.and_then(|status| status.phase).as_deref() == Some("Running")
+    });
+    println!(
+        "leader {first} killed: {second} leads after {:.1} s (mover still writing: {writing}); webhook answered {} calls in 30 s ({refused} refused naming the claim under restore, {admitted} admitted), {} unanswered {unanswered:?}",
+        took_over.as_secs_f64(),
+        refused + admitted,
+        unanswered.len(),
+    );
+    assert!(
+        unanswered.is_empty(),
+        "the webhook did not answer: {unanswered:?}"
+    );
+    let running = namespace.api::<Restore>().get("shop").await.unwrap();
+    assert_ne!(
+        running.status.as_ref().and_then(|status| status.phase),
+        Some(RestorePhase::Completed),
+        "the restore finished before the other replica led: the test proves nothing"
+    );
+    assert_eq!(
+        admitted, 0,
+        "a pod mounting the claim under restore was admitted"
+    );
+    relay.set(s3::Fault::None);
+
+    // Until the restore completes, every prepareData Job there ever is: one.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = namespace.api();
+    let prepare = ListParams::default().labels(&format!(
+        "{}={}",
+        custody_proto::names::LABEL_ROLE,
+        custody_proto::names::ROLE_PREPARE_DATA
+    ));
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let restore = loop {
+        for job in jobs.list(&prepare).await.unwrap() {
+            seen.insert(job.metadata.uid.unwrap_or_default());
+        }
+        let restore = namespace.api::<Restore>().get("shop").await.unwrap();
+        if restore.status.as_ref().and_then(|status| status.phase) == Some(RestorePhase::Completed)
+        {
+            break restore;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restore did not complete: {:?}",
+            restore.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(seen.len(), 1, "prepareData Jobs: {seen:?}");
+    let volume = &restore.status.as_ref().unwrap().volumes[0];
+    assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
+    ready(pods, "shop-0").await;
+    assert_eq!(tree(setup.source.path()), tree(target.path()));
+    // The Backup goes after the restore, its artifact deleted once.
+    gone(&namespace.api::<Backup>(), "nightly").await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = namespace.api();
+    let deletions: Vec<(Option<String>, Option<i32>, Option<String>)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.involved_object.name.as_deref() == Some("nightly")
+                && matches!(
+                    event.reason.as_deref(),
+                    Some("ArtifactDeleted" | "ArtifactAlreadyAbsent")
+                )
+        })
+        .map(|event| (event.reason, event.count, event.message))
+        .collect();
+    assert_eq!(deletions.len(), 1, "{deletions:?}");
+    assert_eq!(
+        deletions[0].0.as_deref(),
+        Some("ArtifactDeleted"),
+        "{deletions:?}"
+    );
+    assert!(
+        deletions[0].1.unwrap_or(1) == 1,
+        "deleted more than once: {deletions:?}"
     );
     setup.finish().await;
 }

@@ -13,6 +13,12 @@ fn ca_steps() {
         signing_not_after: not_after,
         next_promote_at: next,
         rotate_requested: rotate,
+        promoted_at: None,
+    };
+    let leaf = 7 * DAY;
+    let after_rotation = |promoted: i64, rotate: bool| State {
+        promoted_at: Some(promoted),
+        ..state(Some(life), None, rotate)
     };
     let rows: &[(&str, Option<State>, i64, Step)] = &[
         ("nothing stored", None, 0, Step::Create),
@@ -60,9 +66,27 @@ fn ca_steps() {
             1,
             Step::Keep,
         ),
+        (
+            "rotation asked for while the last one's certificates may live",
+            Some(after_rotation(0, true)),
+            leaf - 1,
+            Step::Keep,
+        ),
+        (
+            "rotation asked for once they cannot",
+            Some(after_rotation(0, true)),
+            leaf,
+            Step::AddNext,
+        ),
+        (
+            "nothing asked after a rotation",
+            Some(after_rotation(0, false)),
+            leaf,
+            Step::Keep,
+        ),
     ];
     for (name, stored, now, expected) in rows {
-        assert_eq!(step(*stored, *now, life), *expected, "{name}");
+        assert_eq!(step(*stored, *now, life, leaf), *expected, "{name}");
     }
 }
 
@@ -93,7 +117,7 @@ fn verifies(bundle: &str, leaf: &str, name: &str, now: i64) -> bool {
 fn apply(current: Option<&Secret>, step: Step, now: i64, life: i64) -> (Secret, Authority) {
     let mut secret = next_secret(current, "custody-ca", step, now, life, 120).unwrap();
     secret.metadata.resource_version = None;
-    let authority = authority_of(&secret).unwrap();
+    let authority = authority_of(&secret, now).unwrap();
     (secret, authority)
 }
 
@@ -249,11 +273,47 @@ fn a_rotation_asked_for_waits_as_long_as_it_says() {
     annotations.insert(ANNOTATION_ROTATE.into(), "30".into());
     let state = state_of(&created);
     assert!(state.rotate_requested);
-    assert_eq!(step(Some(state), now + 1, 100 * DAY), Step::AddNext);
+    assert_eq!(step(Some(state), now + 1, 100 * DAY, DAY), Step::AddNext);
     let (added, _) = apply(Some(&created), Step::AddNext, now + 1, 100 * DAY);
     let state = state_of(&added);
     assert!(!state.rotate_requested, "the request is taken off");
     assert_eq!(state.next_promote_at, Some(now + 31));
-    assert_eq!(step(Some(state), now + 30, 100 * DAY), Step::Keep);
-    assert_eq!(step(Some(state), now + 31, 100 * DAY), Step::Promote);
+    assert_eq!(step(Some(state), now + 30, 100 * DAY, DAY), Step::Keep);
+    assert_eq!(step(Some(state), now + 31, 100 * DAY, DAY), Step::Promote);
+}
+
+#[test]
+fn a_reissue_time_far_ahead_is_ignored_and_a_key_that_does_not_parse_is_unusable() {
+    let now = 1_800_000_000;
+    let (mut secret, authority) = apply(None, Step::Create, now, 100 * DAY);
+    assert_eq!(authority.reissue_after, now);
+    fn reissue_after(secret: &mut Secret, value: i64) {
+        secret
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ANNOTATION_REISSUE_AFTER.into(), value.to_string());
+    }
+    reissue_after(&mut secret, now * 1000);
+    assert_eq!(authority_of(&secret, now).unwrap().reissue_after, 0);
+    reissue_after(&mut secret, now + 30);
+    assert_eq!(
+        authority_of(&secret, now).unwrap().reissue_after,
+        now + 30,
+        "a replica's clock ahead"
+    );
+    assert!(state_of(&secret).signing_not_after.is_some());
+    secret.data.as_mut().unwrap().insert(
+        CA_KEY.into(),
+        ByteString(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".to_vec()),
+    );
+    assert_eq!(state_of(&secret).signing_not_after, None);
+    assert_eq!(
+        step(Some(state_of(&secret)), now, 100 * DAY, DAY),
+        Step::Create
+    );
+    assert!(
+        !format!("{authority:?}").contains("PRIVATE KEY"),
+        "the key stays out of logs"
+    );
 }

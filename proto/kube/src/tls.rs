@@ -90,11 +90,14 @@ pub fn incoming(
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         let mut incoming = std::pin::pin!(incoming);
-        while let Some(connection) = incoming.next().await {
+        loop {
+            // The server gone (its stream dropped): stop accepting, and let go of the port.
+            let connection = tokio::select! {
+                () = sender.closed() => return,
+                connection = incoming.next() => connection,
+            };
+            let Some(connection) = connection else { return };
             let Ok(connection) = connection else { continue };
-            if sender.is_closed() {
-                return;
-            }
             let acceptor = acceptor.clone();
             let sender = sender.clone();
             tokio::spawn(async move {
