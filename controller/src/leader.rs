@@ -3,11 +3,11 @@
 //! `coordination.k8s.io` Lease (`--leader-election-lease`, in the Lease namespace) and renews
 //! it every `renew` seconds; a replica takes it over once the record has not changed for a
 //! whole lease duration by its own clock (observed time, not the record's timestamps: clocks
-//! of two nodes may differ). A leader that cannot renew within the lease duration stops
-//! leading by exiting (its reconcilers may be half-way; the kubelet restarts it as a
-//! follower), so two replicas never reconcile at once for longer than the clock drift over
-//! one lease. On SIGTERM the leader gives the Lease up, and the other replica takes over at
-//! once.
+//! of two nodes may differ). A leader whose renewal has not succeeded within two thirds of the
+//! duration after the last one was sent (every request bounded by that deadline) exits at
+//! once, without waiting for anything it started (the kubelet restarts it as a follower): a
+//! third of the duration before any follower may take over. On SIGTERM the leader gives the
+//! Lease up once its reconcilers stopped, and the other replica takes over at once.
 //!
 //! Why not a crate: kube-lease-manager (maintained) does this, but adds its own dependency
 //! tree for ~150 lines whose decision is a pure function here ([`decide`], table-tested).
@@ -121,8 +121,9 @@ async fn write(api: &Api<Lease>, lease: &Lease, exists: bool) -> kube::Result<Le
     }
 }
 
-/// Waits until this replica holds the Lease, saying once whom it waits for.
-async fn acquire(api: &Api<Lease>, settings: &Settings) {
+/// Waits until this replica holds the Lease, saying once whom it waits for; returns when the
+/// write that took it was sent.
+async fn acquire(api: &Api<Lease>, settings: &Settings) -> Instant {
     // The record as last seen: (resourceVersion, since when, by this replica's clock).
     let mut seen: Option<(String, Instant)> = None;
     let mut waiting_for: Option<String> = None;
@@ -141,15 +142,18 @@ async fn acquire(api: &Api<Lease>, settings: &Settings) {
                         since
                     }
                 };
-                let holder = current
-                    .as_ref()
-                    .and_then(|lease| lease.spec.as_ref())
-                    .and_then(|spec: &LeaseSpec| spec.holder_identity.clone());
+                let spec = current.as_ref().and_then(|lease| lease.spec.as_ref());
+                let holder = spec.and_then(|spec: &LeaseSpec| spec.holder_identity.clone());
+                // The holder's own duration counts when longer (a rollout changing it).
+                let recorded = spec
+                    .and_then(|spec| spec.lease_duration_seconds)
+                    .map(|seconds| Duration::from_secs(seconds.max(0) as u64))
+                    .unwrap_or_default();
                 match decide(
                     holder.as_deref(),
                     &settings.identity,
                     since.elapsed(),
-                    settings.duration,
+                    settings.duration.max(recorded),
                 ) {
                     Decision::Wait { holder } => {
                         if waiting_for.as_deref() != Some(holder.as_str()) {
@@ -164,6 +168,7 @@ async fn acquire(api: &Api<Lease>, settings: &Settings) {
                     decision => {
                         let taking = decision == Decision::Take;
                         let lease = held(current.as_ref(), settings, taking);
+                        let sent = Instant::now();
                         match write(api, &lease, current.is_some()).await {
                             Ok(_) => {
                                 tracing::info!(
@@ -172,7 +177,7 @@ async fn acquire(api: &Api<Lease>, settings: &Settings) {
                                     previous = holder.as_deref().unwrap_or(""),
                                     "leading: the reconcilers start"
                                 );
-                                return;
+                                return sent;
                             }
                             // Another replica wrote first: look again.
                             Err(kube::Error::Api(status)) if status.code == 409 => continue,
@@ -191,12 +196,19 @@ async fn acquire(api: &Api<Lease>, settings: &Settings) {
     }
 }
 
-/// Renews `lease` until it cannot: returns the error once a whole lease duration passed
-/// without a renewal, or at once when another replica holds it.
-async fn keep(api: &Api<Lease>, settings: &Settings) -> Error {
-    let mut renewed = Instant::now();
+/// Renews the Lease until it cannot. Each renewal must succeed within two thirds of the
+/// duration after the last successful one was *sent* (the record others see can be no older
+/// than that), every request bounded by that deadline (an API server that stops answering
+/// does not keep this replica leading); past it, or once another replica holds the Lease,
+/// returns the error, a third of the duration before any follower may take over.
+/// `taken` is when the write that took the Lease was sent.
+async fn keep(api: &Api<Lease>, settings: &Settings, taken: Instant) -> Error {
+    let mut sent_ok = taken;
+    let mut pause = settings.renew;
     loop {
-        tokio::time::sleep(settings.renew).await;
+        tokio::time::sleep(pause).await;
+        let deadline = sent_ok + settings.duration * 2 / 3;
+        let sent = Instant::now();
         let attempt = async {
             let current = api.get(&settings.lease).await?;
             let holder = current
@@ -210,25 +222,38 @@ async fn keep(api: &Api<Lease>, settings: &Settings) -> Error {
                 .await
                 .map(Ok)
         };
-        match attempt.await {
-            Ok(Ok(_)) => renewed = Instant::now(),
-            Ok(Err(holder)) => {
+        match tokio::time::timeout_at(deadline.into(), attempt).await {
+            Ok(Ok(Ok(_))) => {
+                sent_ok = sent;
+                pause = settings.renew;
+            }
+            Ok(Ok(Err(holder))) => {
                 return Error::LeadershipLost(format!(
                     "Lease {}/{} is held by {holder:?}",
                     settings.namespace, settings.lease
                 ));
             }
-            Err(error) => {
+            Ok(Err(error)) => {
+                // A conflict or a failure of the moment: again soon, within the deadline.
                 tracing::warn!(lease = settings.lease, %error, "renewing the leader Lease");
-                if renewed.elapsed() >= settings.duration {
-                    return Error::LeadershipLost(format!(
-                        "Lease {}/{} not renewed for {:?}: {error}",
-                        settings.namespace,
-                        settings.lease,
-                        renewed.elapsed()
-                    ));
-                }
+                pause = Duration::from_secs(1);
             }
+            Err(_) => {
+                return Error::LeadershipLost(format!(
+                    "Lease {}/{} not renewed within {:?} of the last renewal",
+                    settings.namespace,
+                    settings.lease,
+                    settings.duration * 2 / 3
+                ));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Error::LeadershipLost(format!(
+                "Lease {}/{} not renewed within {:?} of the last renewal",
+                settings.namespace,
+                settings.lease,
+                settings.duration * 2 / 3
+            ));
         }
     }
 }
@@ -265,16 +290,16 @@ pub async fn lead(
     stopped: impl Future<Output = ()>,
 ) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    tokio::select! {
-        () = acquire(&api, &settings) => {}
+    let taken = tokio::select! {
+        taken = acquire(&api, &settings) => taken,
         // Stopped before it ever led.
         () = stopped => return Ok(()),
-    }
+    };
     leading.store(true, std::sync::atomic::Ordering::Relaxed);
     metrics.leader.set(1);
     let outcome = tokio::select! {
         () = work => Ok(()),
-        lost = keep(&api, &settings) => Err(lost),
+        lost = keep(&api, &settings, taken) => Err(lost),
     };
     leading.store(false, std::sync::atomic::Ordering::Relaxed);
     metrics.leader.set(0);

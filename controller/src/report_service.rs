@@ -44,6 +44,9 @@ pub struct Settings {
     /// The controller watches one namespace (`--namespace`): other controllers may hear other
     /// nodes, so only the nodes that reported here are marked silent.
     pub scoped: bool,
+    /// Whether this replica leads: only the leader marks silent nodes (one writer, one clock
+    /// comparing heartbeats).
+    pub leading: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The report service's certificate.
@@ -77,7 +80,10 @@ struct Service {
 impl Service {
     /// Whether this process judges `node`'s silence.
     fn judges(&self, node: &str) -> bool {
-        !self.settings.scoped || self.heard.lock().is_ok_and(|heard| heard.contains(node))
+        self.settings
+            .leading
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && (!self.settings.scoped || self.heard.lock().is_ok_and(|heard| heard.contains(node)))
     }
 }
 

@@ -226,6 +226,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
             heartbeat: std::time::Duration::from_secs(10),
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
             scoped: options.namespace.is_some(),
+            leading: leading.clone(),
         },
         metrics.clone(),
         stopped(),
@@ -292,7 +293,12 @@ pub async fn run(options: RunOptions) -> Result<()> {
     // kubelet starts it again as a follower.
     let (served, reported, hooked, _) = tokio::select! {
         result = &mut led => {
-            result?;
+            if let Err(error) = result {
+                // At once: a blocking task (a repository's key written to S3) must not go on
+                // under the new leader.
+                tracing::error!(%error, "stopping at once");
+                std::process::exit(1);
+            }
             everyone.await
         }
         all = &mut everyone => {
