@@ -2,8 +2,8 @@
 # custody on a local embedded default: a real control plane on this machine (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler), a MinIO S3 server and one real node
 # (kubelet, Debian's containerd and runc, CNI, kube-proxy, CoreDNS). custody's images are built
-# from this repository and installed as users install them: two TLS Secrets, then
-# `kubectl apply -k deploy/`. The application is PostgreSQL 15 (an image assembled from
+# from this repository and installed as users install them: `kubectl apply -k deploy/`, nothing
+# made by hand first (the controller makes every certificate). The application is PostgreSQL 15 (an image assembled from
 # Debian's packages), run by a StatefulSet on real ext4 volumes.
 #
 # It fills a database, shows that a backup of it while it runs is refused without a
