@@ -1,9 +1,9 @@
 //! Freezing the filesystem of a volume while a custody backup's mover reads it (Backup
 //! `spec.consistency.method: Freeze`): the copy is then the volume at one instant.
 //!
-//! Who may freeze what is decided by [`authorize`] (pure): only the pod of a Job that a
-//! Backup controls, where that Backup runs as a frozen copy on this node, and only a claim the
-//! pod mounts. [`freezable`] (pure) refuses a mount that is not a whole filesystem of its own
+//! Who may freeze what is decided by [`authorize`] (pure): only the pod of the Job custody
+//! created for a Backup (the UID the Backup recorded), where that Backup runs as a frozen copy
+//! on this node, only a claim the pod mounts, and no longer than the Backup's bound. [`freezable`] (pure) refuses a mount that is not a whole filesystem of its own
 //! or that is the node's own disk: freezing it would stop the node's other writers.
 //!
 //! A freeze always ends at its bound: [`Frozen`] thaws when it is dropped (the caller went
@@ -42,6 +42,18 @@ pub enum Refusal {
     NotTheBackupsJob(String),
     #[error("Backup {0} does not exist")]
     BackupMissing(String),
+    #[error(
+        "Backup {backup} has not recorded the Job custody created for it yet (Job {job} asks); ask again shortly"
+    )]
+    JobNotRecorded { backup: String, job: String },
+    #[error(
+        "Job {job} is not the Job custody created for Backup {backup} (that one has UID {recorded}): a Job made by someone else, even with the Backup as its owner, may not freeze"
+    )]
+    NotCustodysJob {
+        job: String,
+        backup: String,
+        recorded: String,
+    },
     #[error("Backup {name} is not running as a frozen copy (phase {phase}, consistency {capture})")]
     NotAFrozenCopy {
         name: String,
@@ -84,6 +96,8 @@ impl Refusal {
             Refusal::JobMissing(_) => "JobMissing",
             Refusal::NotTheBackupsJob(_) => "NotTheBackupsJob",
             Refusal::BackupMissing(_) => "BackupMissing",
+            Refusal::JobNotRecorded { .. } => "JobNotRecorded",
+            Refusal::NotCustodysJob { .. } => "NotCustodysJob",
             Refusal::NotAFrozenCopy { .. } => "NotAFrozenCopy",
             Refusal::OtherNode { .. } => "OtherNode",
             Refusal::ClaimNotMounted { .. } => "ClaimNotMounted",
@@ -113,8 +127,10 @@ pub fn controller_of<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<(&'a str, &
 }
 
 /// Whether the calling `pod` (proven by its token to run on `node`) may freeze the filesystem
-/// of `claim` for `requested` seconds (at most `limit`), given its controlling Job and that
-/// Job's controlling Backup as the API server has them.
+/// of `claim` for `requested` seconds (at most the Backup's recorded bound and `limit`), given
+/// its controlling Job and that Job's controlling Backup as the API server has them. Only the
+/// Job whose UID the Backup recorded (the one custody created) qualifies: owner references
+/// and labels are written by whoever creates a Job.
 pub fn authorize(
     node: &str,
     pod: &Pod,
@@ -150,6 +166,22 @@ pub fn authorize(
         .filter(|backup| backup.metadata.uid.as_deref() == Some(backup_uid))
         .ok_or_else(|| Refusal::BackupMissing(backup_name.to_string()))?;
     let status = backup.status.clone().unwrap_or_default();
+    match &status.job {
+        None => {
+            return Err(Refusal::JobNotRecorded {
+                backup: backup_name.to_string(),
+                job: job_name.to_string(),
+            });
+        }
+        Some(recorded) if recorded.uid != job_uid => {
+            return Err(Refusal::NotCustodysJob {
+                job: job_name.to_string(),
+                backup: backup_name.to_string(),
+                recorded: recorded.uid.clone(),
+            });
+        }
+        Some(_) => {}
+    }
     if status.phase != Some(BackupPhase::Running) || status.consistency != Some(Capture::Frozen) {
         return Err(Refusal::NotAFrozenCopy {
             name: backup_name.to_string(),
@@ -181,9 +213,15 @@ pub fn authorize(
     if requested == 0 {
         return Err(Refusal::NoTime);
     }
+    // The Backup's own bound, as the controller recorded it, caps what the mover asks.
+    let recorded = status
+        .max_freeze_seconds
+        .and_then(|seconds| u32::try_from(seconds).ok())
+        .filter(|seconds| *seconds > 0)
+        .unwrap_or(limit);
     Ok(Grant {
         volume: volume.name.clone(),
-        max_seconds: requested.min(limit),
+        max_seconds: requested.min(recorded).min(limit),
     })
 }
 
@@ -304,15 +342,38 @@ pub struct Note {
     pub path: PathBuf,
     /// The bound on the node's boot clock ([`boot_millis`]).
     pub deadline_boot_millis: i64,
+    /// When it was noted, just before FIFREEZE (wall clock, Unix nanoseconds), and its bound
+    /// in seconds: what a thaw record reports.
+    pub frozen_at_unix_nanos: i64,
+    pub max_seconds: u32,
+    /// The Backup the freeze is for, when the agent knew it.
+    pub owner: Option<Owner>,
+}
+
+/// The Backup a freeze is for, and the claim frozen.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Owner {
+    pub namespace: String,
+    pub backup: String,
+    pub backup_uid: String,
+    pub claim: String,
 }
 
 impl Note {
     fn render(&self) -> String {
+        let owner = self.owner.clone().unwrap_or_default();
         format!(
-            "{}\n{}\n{}\n",
+            "{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
             self.path.display(),
             self.deadline_boot_millis,
-            self.id
+            self.id,
+            self.frozen_at_unix_nanos,
+            self.max_seconds,
+            owner.namespace,
+            owner.backup,
+            owner.backup_uid,
+            owner.claim,
         )
     }
 
@@ -322,12 +383,92 @@ impl Note {
         let path = PathBuf::from(lines.next().filter(|line| !line.is_empty())?);
         let deadline_boot_millis = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
         let id = lines.next().unwrap_or_default().to_string();
+        let frozen_at_unix_nanos = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
+        let max_seconds = lines.next().and_then(|line| line.parse().ok()).unwrap_or(0);
+        let mut owner = || lines.next().unwrap_or_default().to_string();
+        let owner = Owner {
+            namespace: owner(),
+            backup: owner(),
+            backup_uid: owner(),
+            claim: owner(),
+        };
         Some(Note {
             id,
             path,
             deadline_boot_millis,
+            frozen_at_unix_nanos,
+            max_seconds,
+            owner: (!owner.backup_uid.is_empty()).then_some(owner),
         })
     }
+}
+
+const THAWED_PREFIX: &str = "thawed-";
+
+/// A freeze that the watchdog, or an agent starting after a killed one, thawed: the mover was
+/// not told when (its call had broken), so the agent reports it to the controller, which says
+/// it on the Backup. Kept in the state directory until a report carried it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Thawed {
+    pub id: String,
+    pub device: String,
+    /// `watchdog` or `agent`.
+    pub thawer: String,
+    pub frozen_at_unix_nanos: i64,
+    pub thawed_at_unix_nanos: i64,
+    pub max_seconds: u32,
+    pub owner: Option<Owner>,
+}
+
+/// Records that `note`'s freeze of `device` was thawed now by `thawer` (written whole, then
+/// renamed into place).
+fn record_thaw(state_dir: &Path, device: &str, note: &Note, thawer: Thawer) -> std::io::Result<()> {
+    let record = Thawed {
+        id: note.id.clone(),
+        device: device.to_string(),
+        thawer: thawer.suffix().to_string(),
+        frozen_at_unix_nanos: note.frozen_at_unix_nanos,
+        thawed_at_unix_nanos: k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64,
+        max_seconds: note.max_seconds,
+        owner: note.owner.clone(),
+    };
+    let name = format!("{THAWED_PREFIX}{}", note.id);
+    let writing = state_dir.join(format!("{WRITING_PREFIX}{name}"));
+    std::fs::write(&writing, serde_json::to_vec(&record).unwrap_or_default())?;
+    std::fs::rename(&writing, state_dir.join(name))
+}
+
+/// The thaw records in `state_dir` not yet reported, with their files. A record that does not
+/// parse is removed.
+pub fn thaw_records(state_dir: &Path) -> Vec<(PathBuf, Thawed)> {
+    let Ok(listed) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    let mut records: Vec<(PathBuf, Thawed)> = listed
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(THAWED_PREFIX)
+        })
+        .filter_map(|entry| {
+            let path = entry.path();
+            match std::fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            {
+                Some(record) => Some((path, record)),
+                None => {
+                    let _ = std::fs::remove_file(&path);
+                    None
+                }
+            }
+        })
+        .collect();
+    records.sort_by_key(|(_, record)| record.thawed_at_unix_nanos);
+    records
 }
 
 /// A file of the state directory that is about a freeze.
@@ -545,8 +686,14 @@ pub fn thaw_due(
             Some(_) => None,
         };
         if let Some((file, note)) = claimed {
+            let device = entry.device_file.replace('_', ":");
             let result = finish(&file, &entry.device_file, &note, mounts);
-            results.push((entry.device_file.replace('_', ":"), result));
+            if matches!(result, Ok(true))
+                && let Err(error) = record_thaw(state_dir, &device, &note, thawer)
+            {
+                tracing::warn!(device, %error, "cannot record the thaw for the controller");
+            }
+            results.push((device, result));
         }
     }
     results
@@ -578,14 +725,15 @@ pub struct Frozen {
 }
 
 impl Frozen {
-    /// Notes (with its bound of `max_seconds`), then freezes, the filesystem of `device`
-    /// mounted at `path`. Blocks until the kernel has flushed it (run it off the async
+    /// Notes (with its bound of `max_seconds` and the Backup it is for), then freezes, the
+    /// filesystem of `device` mounted at `path`. Blocks until the kernel has flushed it (run it off the async
     /// threads). A filesystem noted as frozen already is refused before anything is written.
     pub fn freeze(
         path: &Path,
         device: &str,
         state_dir: &Path,
         max_seconds: u32,
+        owner: Option<Owner>,
         metrics: Arc<Metrics>,
     ) -> Result<Frozen, FreezeError> {
         let id = freeze_id();
@@ -594,6 +742,9 @@ impl Frozen {
             id: id.clone(),
             path: path.to_path_buf(),
             deadline_boot_millis: deadline,
+            frozen_at_unix_nanos: k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64,
+            max_seconds,
+            owner,
         };
         {
             let _notes = NOTES
@@ -740,10 +891,12 @@ pub async fn serve(
 ) -> Result<(Frozen, u32), (&'static str, tonic::Status)> {
     use kube::api::Api;
     let refused = |refusal: Refusal| {
-        (
-            refusal.reason(),
-            tonic::Status::permission_denied(refusal.to_string()),
-        )
+        let status = match refusal {
+            // The controller records the Job right after creating it: asked again, it is there.
+            Refusal::JobNotRecorded { .. } => tonic::Status::unavailable(refusal.to_string()),
+            _ => tonic::Status::permission_denied(refusal.to_string()),
+        };
+        (refusal.reason(), status)
     };
     let unavailable = |what: String| ("ReadFailed", tonic::Status::unavailable(what));
     let pod = agent
@@ -817,8 +970,14 @@ pub async fn serve(
     let device = freezable(&path, &mounts, &node_devices).map_err(refused)?;
     let (state_dir, metrics) = (options.state_dir.clone(), agent.metrics.clone());
     let max_seconds = grant.max_seconds;
+    let owner = backup.as_ref().map(|backup| Owner {
+        namespace: namespace.to_string(),
+        backup: backup.metadata.name.clone().unwrap_or_default(),
+        backup_uid: backup.metadata.uid.clone().unwrap_or_default(),
+        claim: request.claim_name.clone(),
+    });
     let frozen = tokio::task::spawn_blocking(move || {
-        Frozen::freeze(&path, &device, &state_dir, max_seconds, metrics)
+        Frozen::freeze(&path, &device, &state_dir, max_seconds, owner, metrics)
     })
     .await
     .map_err(|error| unavailable(format!("the freezing thread: {error}")))?

@@ -78,17 +78,26 @@ pub async fn run(agent: Arc<Agent>) {
                     measured_at_unix_nanos: *at,
                 })
         });
+        let thawed = crate::freeze::thaw_records(&agent.options.state_dir);
         let report = NodeReport {
             node_name: agent.options.node_name.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             clock: best,
             volumes: volume_reports(&snapshot),
+            thaws: thawed
+                .iter()
+                .map(|(_, record)| thaw_report(record))
+                .collect(),
         };
         let mut request = tonic::Request::new(report);
         authorize(&agent, &mut request);
         match client.report(request).await {
             Ok(ack) => {
                 metrics::count(&agent.metrics.reports, "Sent");
+                // Carried: the controller says them on their Backups.
+                for (file, _) in &thawed {
+                    let _ = std::fs::remove_file(file);
+                }
                 crate::certificate::told(
                     &agent,
                     ack.get_ref().reissue_after_unix,
@@ -100,6 +109,22 @@ pub async fn run(agent: Arc<Agent>) {
                 tracing::warn!(code = ?status.code(), message = status.message(), "report refused");
             }
         }
+    }
+}
+
+/// A thaw record as the report carries it.
+fn thaw_report(record: &crate::freeze::Thawed) -> custody_proto::report::ThawReport {
+    let owner = record.owner.clone().unwrap_or_default();
+    custody_proto::report::ThawReport {
+        namespace: owner.namespace,
+        backup_name: owner.backup,
+        backup_uid: owner.backup_uid,
+        claim_name: owner.claim,
+        device: record.device.clone(),
+        thawer: record.thawer.clone(),
+        frozen_at_unix_nanos: record.frozen_at_unix_nanos,
+        thawed_at_unix_nanos: record.thawed_at_unix_nanos,
+        max_seconds: record.max_seconds,
     }
 }
 

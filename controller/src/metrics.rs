@@ -58,6 +58,9 @@ pub struct Metrics {
     pub node_clock_round_trip_seconds: Family<NodeLabels, FloatGauge>,
     /// Admission decisions on labelled pods: Injected, Denied, Error.
     pub webhook_decisions: Family<ReasonLabels, Counter>,
+    /// Freezes a node's watchdog, or its restarted agent, thawed (the agent had stopped), by
+    /// thawer (`watchdog`, `agent`), as agents reported them.
+    pub freezes_thawed_without_agent: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -143,9 +146,16 @@ impl Default for Metrics {
             "Admission decisions on pods of Clusters, by outcome",
             webhook_decisions.clone(),
         );
+        let freezes_thawed_without_agent = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "freezes_thawed_without_agent",
+            "Freezes a node's watchdog or restarted agent thawed after the agent stopped, by thawer (reason)",
+            freezes_thawed_without_agent.clone(),
+        );
         Metrics {
             registry,
             webhook_decisions,
+            freezes_thawed_without_agent,
             agent_reports,
             report_refusals,
             report_token_reviews,

@@ -204,17 +204,17 @@ pub fn requeue(after: Option<Duration>) -> Action {
     }
 }
 
-/// Creates `job` in `namespace`; one already there under its name (created by an earlier
-/// attempt of the same reconciliation) is fine.
+/// Creates `job` in `namespace`: the Job as created, or `None` when one is already there under
+/// its name (created by an earlier attempt of the same reconciliation, or by someone else).
 pub async fn create_job(
     client: &Client,
     namespace: &str,
     job: &k8s_openapi::api::batch::v1::Job,
-) -> Result<()> {
+) -> Result<Option<k8s_openapi::api::batch::v1::Job>> {
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
     match jobs.create(&kube::api::PostParams::default(), job).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(source) => Err(Error::Create {
             object: format!("Job {namespace}/{}", job.name_any()),
             source,

@@ -47,6 +47,8 @@ pub struct Settings {
     /// Whether this replica leads: only the leader marks silent nodes (one writer, one clock
     /// comparing heartbeats).
     pub leading: Arc<std::sync::atomic::AtomicBool>,
+    /// Who publishes the Events about reported thaws.
+    pub reporter: kube::runtime::events::Reporter,
 }
 
 /// The report service's certificate.
@@ -75,9 +77,74 @@ struct Service {
     metrics: Arc<Metrics>,
     /// The nodes whose agents reported to this process.
     heard: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    recorder: crate::events::Recorder,
 }
 
 impl Service {
+    /// Says on its Backup that a freeze of `node` was thawed by the node's watchdog or its
+    /// restarted agent, and when: the mover, its call broken, only knew when it noticed. A
+    /// thaw of a Backup that ran on another node, or is gone, is only logged. An error makes
+    /// the agent send it again.
+    async fn say_thawed(
+        &self,
+        node: &str,
+        thaw: &custody_proto::report::ThawReport,
+    ) -> std::result::Result<(), Status> {
+        self.metrics
+            .freezes_thawed_without_agent
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: thaw.thawer.clone(),
+            })
+            .inc();
+        let backup = match thaw.backup_name.is_empty() {
+            true => None,
+            false => {
+                Api::<custody_kube::api::Backup>::namespaced(self.client.clone(), &thaw.namespace)
+                    .get_opt(&thaw.backup_name)
+                    .await
+                    .map_err(|error| {
+                        Status::unavailable(format!(
+                            "reading Backup {}/{}: {error}",
+                            thaw.namespace, thaw.backup_name
+                        ))
+                    })?
+            }
+        };
+        let note = thaw_note(node, thaw);
+        let theirs = backup.filter(|backup| {
+            backup.metadata.uid.as_deref() == Some(thaw.backup_uid.as_str())
+                && backup
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.node_name.as_deref())
+                    == Some(node)
+        });
+        tracing::warn!(
+            node,
+            namespace = thaw.namespace,
+            backup = thaw.backup_name,
+            device = thaw.device,
+            thawer = thaw.thawer,
+            on_backup = theirs.is_some(),
+            "{}",
+            note.text
+        );
+        if let Some(backup) = theirs {
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: note.reason.clone(),
+                note: Some(crate::events::fit_note(&note.text)),
+                action: "Freeze".into(),
+                secondary: None,
+            };
+            self.recorder
+                .publish(&event, &kube::Resource::object_ref(&backup, &()))
+                .await
+                .map_err(|error| Status::unavailable(format!("publishing an Event: {error}")))?;
+        }
+        Ok(())
+    }
+
     /// Whether this process judges `node`'s silence.
     fn judges(&self, node: &str) -> bool {
         self.settings
@@ -85,6 +152,32 @@ impl Service {
             .load(std::sync::atomic::Ordering::Relaxed)
             && (!self.settings.scoped || self.heard.lock().is_ok_and(|heard| heard.contains(node)))
     }
+}
+
+/// What a thaw by the watchdog or a restarted agent says on its Backup: who thawed, when, and
+/// how long after the freeze, against its bound.
+pub fn thaw_note(node: &str, thaw: &custody_proto::report::ThawReport) -> crate::events::Note {
+    let at = |nanos: i64| {
+        Timestamp::from_nanosecond(i128::from(nanos))
+            .map(|time| time.to_string())
+            .unwrap_or_else(|_| format!("{nanos} ns"))
+    };
+    let held = (thaw.thawed_at_unix_nanos - thaw.frozen_at_unix_nanos) as f64 / 1e9;
+    let (reason, who) = match thaw.thawer.as_str() {
+        "watchdog" => ("ThawedByWatchdog", "its watchdog"),
+        _ => ("ThawedByRestartedAgent", "the agent, restarted,"),
+    };
+    crate::events::Note::warning(
+        reason,
+        format!(
+            "the agent on node {node} stopped while claim {} was frozen: {who} thawed the filesystem (device {}) at {}, {held:.1} s after it was frozen at {} (bound {} s); the mover had reported the freeze lost when its call broke, not when the filesystem thawed",
+            thaw.claim_name,
+            thaw.device,
+            at(thaw.thawed_at_unix_nanos),
+            at(thaw.frozen_at_unix_nanos),
+            thaw.max_seconds
+        ),
+    )
 }
 
 /// Serves the report service and watches for silent agents until `stop` completes.
@@ -131,6 +224,7 @@ pub async fn run(
         settings: settings.clone(),
         metrics,
         heard: Default::default(),
+        recorder: crate::events::Recorder::new(client.clone(), settings.reporter.clone()),
     });
     tracing::info!(%address, tls = swap.is_some(), "serving agent reports");
     let silence = watch_for_silence(service.clone());
@@ -344,6 +438,9 @@ impl AgentReport for Service {
             tracing::warn!(node, %error, "writing NodeAgent status");
             Status::unavailable(error.to_string())
         })?;
+        for thaw in &report.thaws {
+            self.say_thawed(&node, thaw).await?;
+        }
         self.metrics.agent_reports.inc();
         if let Ok(mut heard) = self.heard.lock() {
             heard.insert(node.clone());
@@ -404,5 +501,50 @@ impl AgentReport for Service {
             reissue_after_unix: current.reissue_after,
             signing_ca: current.name,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thaw(thawer: &str) -> custody_proto::report::ThawReport {
+        custody_proto::report::ThawReport {
+            namespace: "ns".into(),
+            backup_name: "nightly".into(),
+            backup_uid: "uid".into(),
+            claim_name: "data-db-0".into(),
+            device: "7:3".into(),
+            thawer: thawer.into(),
+            frozen_at_unix_nanos: 1_764_900_000_000_000_000,
+            thawed_at_unix_nanos: 1_764_900_005_080_000_000,
+            max_seconds: 5,
+        }
+    }
+
+    /// The Event says who thawed, when, how long after the freeze, and the bound.
+    #[test]
+    fn a_reported_thaw_says_who_thawed_when_against_the_bound() {
+        let note = thaw_note("node-a", &thaw("watchdog"));
+        assert!(note.warning);
+        assert_eq!(note.reason, "ThawedByWatchdog");
+        for part in [
+            "node node-a",
+            "claim data-db-0",
+            "its watchdog thawed",
+            "device 7:3",
+            "at 2025-12-05T02:00:05.08Z",
+            "5.1 s after it was frozen at 2025-12-05T02:00:00Z",
+            "(bound 5 s)",
+        ] {
+            assert!(note.text.contains(part), "{part:?} in {}", note.text);
+        }
+        let restarted = thaw_note("node-a", &thaw("agent"));
+        assert_eq!(restarted.reason, "ThawedByRestartedAgent");
+        assert!(
+            restarted.text.contains("the agent, restarted, thawed"),
+            "{}",
+            restarted.text
+        );
     }
 }

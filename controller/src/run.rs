@@ -50,7 +50,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
     };
     let context = Arc::new(Context {
         client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         leases: options.lease_namespace(),
     });
@@ -227,6 +227,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
             timeout: std::time::Duration::from_secs(options.agent_timeout_seconds.max(1)),
             scoped: options.namespace.is_some(),
             leading: leading.clone(),
+            reporter: reporter.clone(),
         },
         metrics.clone(),
         stopped(),

@@ -3209,6 +3209,17 @@ async fn frozen_backup(namespace: &TestNamespace, name: &str, max_seconds: u32) 
     .await;
 }
 
+/// The note of the Warning Event `reason` on Backup `name` (a thaw the agent reported).
+async fn thaw_said(namespace: &TestNamespace, name: &str, reason: &str) -> String {
+    custody_tests::event_where(namespace, &format!("{reason} on Backup {name}"), |event| {
+        event.reason.as_deref() == Some(reason)
+            && event.involved_object.name.as_deref() == Some(name)
+    })
+    .await
+    .message
+    .unwrap_or_default()
+}
+
 /// Waits for Backup `name` to fail; its Ready reason and message.
 async fn backup_fails(namespace: &TestNamespace, name: &str) -> (String, String) {
     let failed = await_condition(
@@ -3231,6 +3242,75 @@ async fn backup_fails(namespace: &TestNamespace, name: &str) -> (String, String)
     (ready.reason, ready.message)
 }
 
+/// What both freeze tests start from: custody installed on the real node, Cluster `orders`
+/// whose pod runs on a loop-device volume holding the small database (and what `fill` adds),
+/// backed up through an S3 relay the test can stall.
+struct FreezeSetup {
+    _agents: tokio::sync::RwLockWriteGuard<'static, ()>,
+    _installed: Installed,
+    node: &'static str,
+    client: kube::Client,
+    namespace: TestNamespace,
+    relay: s3::FaultyLink,
+    source: LoopVolume,
+    pods: Api<Pod>,
+}
+
+impl FreezeSetup {
+    async fn start(name: &str, fill: impl FnOnce(&Path)) -> FreezeSetup {
+        let agents = AGENTS.write().await;
+        let node = real_node();
+        let installed = Installed::apply();
+        let client = client().await;
+        running(&client).await;
+        let namespace = TestNamespace::create(name).await;
+        let bucket = s3::bucket(s3::shared(), name).await;
+        let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
+        let relay = s3::FaultyLink::start_on(&host, s3::shared());
+        repository(&namespace, &relay.url, &bucket).await;
+        let source = LoopVolume::new(64);
+        small_database(source.path());
+        fill(source.path());
+        local_volume(
+            &client,
+            node,
+            &namespace.name,
+            "data-orders-0",
+            source.path(),
+        )
+        .await;
+        source_cluster(&namespace).await;
+        create::<StatefulSet>(&namespace.api(), statefulset("orders")).await;
+        let pods: Api<Pod> = namespace.api();
+        await_condition(&pods, "orders-0", "running", TIMEOUT, |pod: &Pod| {
+            pod.status
+                .as_ref()
+                .and_then(|status| status.phase.as_deref())
+                == Some("Running")
+        })
+        .await;
+        FreezeSetup {
+            _agents: agents,
+            _installed: installed,
+            node,
+            client,
+            namespace,
+            relay,
+            source,
+            pods,
+        }
+    }
+
+    /// Deletes the namespace and the volume's PersistentVolume.
+    async fn finish(self) {
+        let ns = self.namespace.name.clone();
+        self.namespace.delete().await;
+        let _ = Api::<PersistentVolume>::all(self.client.clone())
+            .delete(&format!("{ns}-data-orders-0"), &Default::default())
+            .await;
+    }
+}
+
 /// Issue 14, method Freeze: a frozen filesystem is always thawed, within its bound, whichever
 /// party fails. The S3 server stalls (a relay that accepts and never answers), so the mover
 /// holds the freeze while its upload hangs; a writer on the volume measures the stall.
@@ -3240,37 +3320,24 @@ async fn backup_fails(namespace: &TestNamespace, name: &str) -> (String, String)
 ///   and the mover, its call broken, fails the Backup with `FreezeLost`.
 #[tokio::test]
 async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
-    let _agents = AGENTS.write().await;
-    let node = real_node();
-    let _installed = Installed::apply();
-    let client = client().await;
-    running(&client).await;
-    let namespace = TestNamespace::create("freeze").await;
+    let bulk = |root: &Path| {
+        // More than the mover buffers (two 5 MiB parts) and incompressible: with the upload
+        // stalled, the read waits, and the freeze lasts.
+        let mut bulk = vec![0u8; 40 << 20];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bulk))
+            .unwrap();
+        std::fs::write(root.join("bulk"), bulk).unwrap();
+    };
+    let setup = FreezeSetup::start("freeze", bulk).await;
+    let (namespace, relay, source, pods, client) = (
+        &setup.namespace,
+        &setup.relay,
+        &setup.source,
+        &setup.pods,
+        &setup.client,
+    );
     let ns = namespace.name.clone();
-    let bucket = s3::bucket(s3::shared(), "freeze").await;
-    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
-    let relay = s3::FaultyLink::start_on(&host, s3::shared());
-    repository(&namespace, &relay.url, &bucket).await;
-    let source = LoopVolume::new(64);
-    small_database(source.path());
-    // More than the mover buffers (two 5 MiB parts) and incompressible: with the upload
-    // stalled, the read waits, and the freeze lasts.
-    let mut bulk = vec![0u8; 40 << 20];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bulk))
-        .unwrap();
-    std::fs::write(source.path().join("bulk"), bulk).unwrap();
-    local_volume(&client, node, &ns, "data-orders-0", source.path()).await;
-    source_cluster(&namespace).await;
-    create::<StatefulSet>(&namespace.api(), statefulset("orders")).await;
-    let pods: Api<Pod> = namespace.api();
-    await_condition(&pods, "orders-0", "running", TIMEOUT, |pod: &Pod| {
-        pod.status
-            .as_ref()
-            .and_then(|status| status.phase.as_deref())
-            == Some("Running")
-    })
-    .await;
     await_condition(
         &namespace.api::<custody_kube::api::BackupRepository>(),
         "store",
@@ -3293,11 +3360,11 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
 
     // The bound passes.
     let created = std::time::Instant::now();
-    frozen_backup(&namespace, "bounded", 5).await;
+    frozen_backup(namespace, "bounded", 5).await;
     let frozen = frozen_now().await;
     let thawed = writer.writable_after(frozen, "the bound").await;
     relay.set(s3::Fault::None);
-    let (reason, message) = backup_fails(&namespace, "bounded").await;
+    let (reason, message) = backup_fails(namespace, "bounded").await;
     assert_eq!(reason, "FreezeLost", "{message}");
     let (stall, _) = writer.longest_since(created);
     eprintln!(
@@ -3313,7 +3380,7 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
 
     // The mover's pod killed mid-freeze.
     relay.set(s3::Fault::StallWrites);
-    frozen_backup(&namespace, "mover-killed", 120).await;
+    frozen_backup(namespace, "mover-killed", 120).await;
     frozen_now().await;
     let jobs = kubectl(&[
         "-n",
@@ -3346,11 +3413,11 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
     );
     assert!(thawed.saturating_duration_since(killed) < Duration::from_secs(30));
     relay.set(s3::Fault::None);
-    backup_fails(&namespace, "mover-killed").await;
+    backup_fails(namespace, "mover-killed").await;
 
     // The agent killed mid-freeze.
     relay.set(s3::Fault::StallWrites);
-    frozen_backup(&namespace, "agent-killed", 120).await;
+    frozen_backup(namespace, "agent-killed", 120).await;
     frozen_now().await;
     let killed = std::time::Instant::now();
     kill_agents();
@@ -3360,7 +3427,7 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
         thawed.saturating_duration_since(killed).as_secs_f64()
     );
     relay.set(s3::Fault::None);
-    let (reason, message) = backup_fails(&namespace, "agent-killed").await;
+    let (reason, message) = backup_fails(namespace, "agent-killed").await;
     assert_eq!(reason, "FreezeLost", "{message}");
     let thawed_at_start =
         agent_metric("custody_agent_freezes_total{reason=\"ThawedAtStart\"}").await;
@@ -3369,6 +3436,9 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
         Some(1.0),
         "the restarted agent thawed the noted filesystem"
     );
+    // The Backup says when the filesystem thawed (the mover only knew when its call broke).
+    let said = thaw_said(namespace, "agent-killed", "ThawedByRestartedAgent").await;
+    eprintln!("agent-killed: {said}");
 
     // The agent killed again, twice in a row (issue 23, item 3): the kubelet's crash-loop
     // back-off delays its restart by 10 s, then 20 s, but the watchdog container thaws at
@@ -3386,8 +3456,36 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
         .await;
         relay.set(s3::Fault::StallWrites);
         let name = format!("agent-killed-{}", round.replace(' ', "-"));
-        frozen_backup(&namespace, &name, bound).await;
+        frozen_backup(namespace, &name, bound).await;
         let frozen = frozen_now().await;
+        if bound == 15 {
+            // A second freeze of the frozen filesystem (here the mover's own pod asking again)
+            // is refused before FIFREEZE and leaves the first freeze's note alone: the
+            // watchdog still thaws at the first freeze's bound once the agent is killed.
+            let mover = pods
+                .list(&ListParams::default().labels("custody.io/role=backup"))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|status| status.phase.as_deref())
+                        == Some("Running")
+                })
+                .expect("the running mover");
+            let refused = freeze_as(client, &ns, &mover, "data-orders-0", 30, None)
+                .await
+                .expect_err("a second freeze of a frozen filesystem");
+            eprintln!("second freeze: {}", refused.message());
+            assert_eq!(
+                refused.code(),
+                tonic::Code::FailedPrecondition,
+                "{refused:?}"
+            );
+            assert!(refused.message().contains("frozen already"), "{refused:?}");
+        }
         kill_agents();
         let thawed = writer.writable_after(frozen, "the agent was killed").await;
         relay.set(s3::Fault::None);
@@ -3401,16 +3499,260 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
             stall <= Duration::from_secs(bound.into()) + Duration::from_millis(1500),
             "the freeze outlived its bound of {bound} s: {stall:?}"
         );
-        let (reason, message) = backup_fails(&namespace, &name).await;
+        let (reason, message) = backup_fails(namespace, &name).await;
         assert_eq!(reason, "FreezeLost", "{message}");
+        // Once the agent is back, the Backup says when the watchdog thawed: at the bound.
+        let said = thaw_said(namespace, &name, "ThawedByWatchdog").await;
+        eprintln!("{name}: {said}");
+        let held: f64 = said
+            .split(" s after it was frozen")
+            .next()
+            .and_then(|before| before.rsplit(", ").next())
+            .and_then(|seconds| seconds.parse().ok())
+            .unwrap_or_else(|| panic!("no time held in {said:?}"));
+        assert!(
+            held >= f64::from(bound) - 0.5 && held <= f64::from(bound) + 1.5,
+            "the watchdog thawed {held} s after the freeze, bound {bound} s: {said}"
+        );
+        assert!(said.contains(&format!("(bound {bound} s)")), "{said}");
     }
 
     relay.set(s3::Fault::None);
     drop(writer);
-    namespace.delete().await;
-    let _ = Api::<PersistentVolume>::all(client.clone())
-        .delete(&format!("{ns}-data-orders-0"), &Default::default())
-        .await;
+    setup.finish().await;
+}
+
+/// Asks this node's gate to freeze `claim` for `seconds` as pod `pod` of `namespace` (a
+/// token bound to it, as the kubelet projects into the mover), over a connection whose
+/// stream window is `window` bytes (`Some(0)`: a client that reads nothing). The response
+/// once the agent answered; its messages are not read.
+async fn freeze_as(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &Pod,
+    claim: &str,
+    seconds: u32,
+    window: Option<u32>,
+) -> Result<tonic::Response<tonic::Streaming<custody_proto::gate::FreezeProgress>>, tonic::Status> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_name.clone())
+        .expect("the pod's node");
+    let address = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(&node)
+        .await
+        .unwrap()
+        .status
+        .and_then(|status| status.addresses)
+        .into_iter()
+        .flatten()
+        .find(|address| address.type_ == "InternalIP")
+        .expect("the node's address")
+        .address;
+    let bundle =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), NAMESPACE)
+            .get("custody-ca")
+            .await
+            .unwrap()
+            .data
+            .and_then(|data| data.get("ca.crt").cloned())
+            .expect("custody's CA bundle");
+    let token = custody_tests::kubelet::request_token(
+        client,
+        namespace,
+        "default",
+        custody_proto::names::GATE_AUDIENCE,
+        Some(k8s_openapi::api::authentication::v1::BoundObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name_any()),
+            uid: pod.metadata.uid.clone(),
+        }),
+    )
+    .await;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(bundle))
+        .domain_name(format!("{node}.{}", custody_proto::names::GATE_NAME_SUFFIX));
+    let channel = Endpoint::from_shared(format!(
+        "https://{address}:{}",
+        custody_proto::names::GATE_PORT
+    ))
+    .unwrap()
+    .tls_config(tls)
+    .unwrap()
+    .initial_stream_window_size(window)
+    .connect()
+    .await
+    .expect("connecting to the gate");
+    let mut request = tonic::Request::new(custody_proto::gate::FreezeRequest {
+        claim_name: claim.to_string(),
+        max_seconds: seconds,
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    custody_proto::gate::gate_client::GateClient::new(channel)
+        .freeze(request)
+        .await
+}
+
+/// #23 item 3: only the Job custody created for a Backup may freeze, and never longer than
+/// the Backup's bound, whatever the caller does. A Backup with `maxFreezeSeconds: 8` runs
+/// (its upload stalled once the small volume is read and its freeze released). Then:
+/// - a tenant's forged Job (the Backup as its controlling owner, custody's labels, a pod
+///   that mounts the claim on this node) asks the agent for a freeze: refused, naming the
+///   Job the Backup recorded;
+/// - the real mover's pod asks for 120 s over a connection that reads nothing (a zero HTTP/2
+///   stream window: not even the first message can be sent): the filesystem is frozen and
+///   thawed at the Backup's 8 s, not the 120 s asked nor the agent's 600 s, and a writer on
+///   the volume stalls no longer.
+#[tokio::test]
+async fn on_a_real_node_only_custodys_job_freezes_and_never_past_the_backups_bound() {
+    let setup = FreezeSetup::start("freezecall", |_| {}).await;
+    let (namespace, relay, source, pods, client, node) = (
+        &setup.namespace,
+        &setup.relay,
+        &setup.source,
+        &setup.pods,
+        &setup.client,
+        setup.node,
+    );
+    let ns = namespace.name.clone();
+    let writer = Writer::start(source.path());
+
+    // The Backup runs: its mover froze, read the few MiB and let go; its upload hangs.
+    let released = "custody_agent_freezes_total{reason=\"Released\"}";
+    let before = agent_metric(released).await.unwrap_or(0.0);
+    relay.set(s3::Fault::StallWrites);
+    frozen_backup(namespace, "held", 8).await;
+    // Frozen and thawed again within milliseconds: the counter, not the gauge, shows it.
+    custody_tests::eventually("the mover's freeze released", TIMEOUT, || async {
+        match agent_metric(released).await {
+            Some(count) if count > before => Ok(()),
+            other => Err(format!("{released} {other:?}")),
+        }
+    })
+    .await;
+    let backup = namespace.api::<Backup>().get("held").await.unwrap();
+    let status = backup.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Running));
+    assert_eq!(status.max_freeze_seconds, Some(8));
+    let recorded = status
+        .job
+        .clone()
+        .expect("the Job custody created, recorded");
+    let mover = pods
+        .list(&ListParams::default().labels(&format!("job-name={}", recorded.name)))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the mover's pod");
+
+    // A forged Job: everything a tenant can write says it is the Backup's.
+    let backup_uid = backup.metadata.uid.clone().unwrap();
+    create::<k8s_openapi::api::batch::v1::Job>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {
+                "name": "forged",
+                "labels": {"custody.io/role": "backup", "custody.io/backup-uid": backup_uid},
+                "ownerReferences": [{"apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+                                     "name": "held", "uid": backup_uid, "controller": true}],
+            },
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": {"labels": {"custody.io/role": "backup"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeName": node,
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "forger", "image": "ghcr.io/custody/custody-agent:0.1.0",
+                                    "command": ["custody-watchdog", "--state-dir=/tmp"],
+                                    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true}]}],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-orders-0", "readOnly": true}}],
+                },
+            }},
+        }),
+    )
+    .await;
+    let forger = custody_tests::eventually("the forged Job's pod running", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let listed = pods
+                .list(&ListParams::default().labels("job-name=forged"))
+                .await
+                .map_err(|error| error.to_string())?;
+            listed
+                .items
+                .into_iter()
+                .find(|pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|status| status.phase.as_deref())
+                        == Some("Running")
+                })
+                .ok_or_else(|| "not running yet".to_string())
+        }
+    })
+    .await;
+    let refused = freeze_as(client, &ns, &forger, "data-orders-0", 30, None)
+        .await
+        .expect_err("a forged Job's pod was allowed to freeze");
+    eprintln!("forged Job: {}", refused.message());
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("not the Job custody created")
+            && refused.message().contains(&recorded.uid),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(
+        agent_metric("custody_agent_frozen_filesystems").await,
+        Some(0.0),
+        "nothing frozen for the forger"
+    );
+
+    // The real mover's pod, asking for 120 s and reading nothing.
+    let asked = std::time::Instant::now();
+    let response = freeze_as(client, &ns, &mover, "data-orders-0", 120, Some(0))
+        .await
+        .expect("the mover's pod may freeze");
+    let frozen = frozen_now().await;
+    let thawed = writer.writable_after(frozen, "the Backup's bound").await;
+    let (stall, _) = writer.longest_since(asked);
+    eprintln!(
+        "zero-window client asking 120 s, Backup bound 8 s: writes stalled {:.2} s; writable {:.2} s after the agent reported frozen",
+        stall.as_secs_f64(),
+        (thawed - frozen).as_secs_f64()
+    );
+    assert!(
+        stall >= Duration::from_secs(5),
+        "the volume was not frozen: {stall:?}"
+    );
+    assert!(
+        stall <= Duration::from_millis(9_500),
+        "the freeze outlived the Backup's bound of 8 s: {stall:?}"
+    );
+    drop(response);
+
+    // The Backup itself was not disturbed: its copy completes.
+    relay.set(s3::Fault::None);
+    await_condition(
+        &namespace.api::<Backup>(),
+        "held",
+        "Completed",
+        TIMEOUT,
+        |backup: &Backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        },
+    )
+    .await;
+    drop(writer);
+    setup.finish().await;
 }
 
 /// The certificates of custody's CA on this host's agent: the gate's, as the agent stored it.

@@ -7,12 +7,17 @@ use super::*;
 const NODE: &str = "node-a";
 
 fn pod(role: Option<&str>, job_owner: bool) -> Pod {
+    pod_of(role, job_owner, "job-uid")
+}
+
+/// A pod whose controlling Job (if `job_owner`) has UID `job_uid`.
+fn pod_of(role: Option<&str>, job_owner: bool, job_uid: &str) -> Pod {
     let mut labels = serde_json::Map::new();
     if let Some(role) = role {
         labels.insert(custody_proto::names::LABEL_ROLE.into(), json!(role));
     }
     let owners = if job_owner {
-        json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "nightly-backup-1", "uid": "job-uid", "controller": true}])
+        json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "nightly-backup-1", "uid": job_uid, "controller": true}])
     } else {
         json!([])
     };
@@ -39,11 +44,30 @@ fn job(uid: &str, backup_owner: bool) -> Job {
 }
 
 fn backup(uid: &str, phase: &str, capture: &str, node: &str) -> Backup {
+    recorded(uid, phase, capture, node, Some("job-uid"), None)
+}
+
+/// A Backup whose status records the Job of UID `job_uid` and the freeze bound `bound`.
+fn recorded(
+    uid: &str,
+    phase: &str,
+    capture: &str,
+    node: &str,
+    job_uid: Option<&str>,
+    bound: Option<i32>,
+) -> Backup {
+    let mut status = json!({"phase": phase, "consistency": capture, "nodeName": node});
+    if let Some(job_uid) = job_uid {
+        status["job"] = json!({"name": "nightly-backup-1", "uid": job_uid});
+    }
+    if let Some(bound) = bound {
+        status["maxFreezeSeconds"] = json!(bound);
+    }
     serde_json::from_value(json!({
         "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
         "metadata": {"name": "nightly", "namespace": "ns", "uid": uid},
         "spec": {"clusterRef": {"name": "db"}},
-        "status": {"phase": phase, "consistency": capture, "nodeName": node},
+        "status": status,
     }))
     .unwrap()
 }
@@ -78,6 +102,85 @@ fn only_a_frozen_backups_own_pod_on_this_node_freezes_a_claim_it_mounts() {
             "data-db-0",
             9000,
             Ok(600),
+        ),
+        (
+            "the Backup's recorded bound wins over a larger request",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded(
+                    "backup-uid",
+                    "Running",
+                    "Frozen",
+                    NODE,
+                    Some("job-uid"),
+                    Some(20),
+                );
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            120,
+            Ok(20),
+        ),
+        (
+            "a smaller request wins over the Backup's bound",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded(
+                    "backup-uid",
+                    "Running",
+                    "Frozen",
+                    NODE,
+                    Some("job-uid"),
+                    Some(20),
+                );
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            5,
+            Ok(5),
+        ),
+        (
+            "the agent's limit wins over the Backup's bound",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded(
+                    "backup-uid",
+                    "Running",
+                    "Frozen",
+                    NODE,
+                    Some("job-uid"),
+                    Some(900),
+                );
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            9000,
+            Ok(600),
+        ),
+        (
+            "a forged Job: the Backup as its controller, the role label, not the recorded UID",
+            {
+                let (_, _, backup) = good();
+                (
+                    pod_of(Some("backup"), true, "forged-uid"),
+                    Some(job("forged-uid", true)),
+                    backup,
+                )
+            },
+            "data-db-0",
+            30,
+            Err("NotCustodysJob"),
+        ),
+        (
+            "the Backup has not recorded its Job yet",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded("backup-uid", "Running", "Frozen", NODE, None, None);
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            30,
+            Err("JobNotRecorded"),
         ),
         (
             "no role label",
@@ -325,6 +428,14 @@ mod notes {
             id: id.into(),
             path: path.to_path_buf(),
             deadline_boot_millis: deadline,
+            frozen_at_unix_nanos: 1_700_000_000_000_000_000,
+            max_seconds: 5,
+            owner: Some(Owner {
+                namespace: "ns".into(),
+                backup: "nightly".into(),
+                backup_uid: "backup-uid".into(),
+                claim: "data-db-0".into(),
+            }),
         }
     }
 
@@ -346,6 +457,29 @@ mod notes {
         assert_eq!(old.deadline_boot_millis, 0);
         assert_eq!(old.id, "");
         assert_eq!(Note::parse(""), None);
+    }
+
+    #[test]
+    fn a_thaw_is_recorded_for_the_report_and_a_broken_record_is_dropped() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        let frozen = note("f1", Path::new("/gone"), 10);
+        record_thaw(dir, "7:3", &frozen, Thawer::Watchdog).unwrap();
+        std::fs::write(dir.join("thawed-broken"), b"{not json").unwrap();
+        let records = thaw_records(dir);
+        assert_eq!(records.len(), 1, "{records:?}");
+        let (file, record) = &records[0];
+        assert_eq!(file, &dir.join("thawed-f1"));
+        assert_eq!(record.thawer, "watchdog");
+        assert_eq!(record.device, "7:3");
+        assert_eq!(record.max_seconds, 5);
+        assert_eq!(record.frozen_at_unix_nanos, frozen.frozen_at_unix_nanos);
+        assert!(record.thawed_at_unix_nanos > frozen.frozen_at_unix_nanos);
+        assert_eq!(record.owner, frozen.owner);
+        // The broken one is gone; nothing is half written; notes are not records.
+        assert_eq!(names(dir), ["thawed-f1"]);
+        create_note(dir, "7:4", &note("f2", dir, 10)).unwrap();
+        assert_eq!(thaw_records(dir).len(), 1);
     }
 
     #[test]

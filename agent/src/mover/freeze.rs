@@ -67,7 +67,8 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
             .map_err(|_| refused("the token is not a valid header value".into()))?;
     let mut client = GateClient::new(channel);
     // The gate reviews at most a few tokens at once and refuses a call beyond them
-    // (`ResourceExhausted`): asked again for a while, before nothing is frozen yet.
+    // (`ResourceExhausted`), and a Job the controller has just created may not be recorded on
+    // its Backup yet (`Unavailable`): asked again for a while, before nothing is frozen yet.
     let mut busy = 0;
     let mut stream = loop {
         let mut request = tonic::Request::new(FreezeRequest {
@@ -79,7 +80,12 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
             .insert("authorization", authorization.clone());
         match client.freeze(request).await {
             Ok(response) => break response.into_inner(),
-            Err(status) if status.code() == tonic::Code::ResourceExhausted && busy < 30 => {
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+                ) && busy < 30 =>
+            {
                 busy += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }

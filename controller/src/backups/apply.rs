@@ -91,8 +91,20 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         }
         crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, &status).await?;
     }
-    if let Some(job) = &plan.job {
-        crate::reconciler::create_job(client, &namespace, job).await?;
+    if let Some(job) = &plan.job
+        && let Some(created) = crate::reconciler::create_job(client, &namespace, job).await?
+    {
+        // Recorded as the API server answered: only this Job's pod may freeze the volume.
+        let mut status = plan
+            .status
+            .clone()
+            .or_else(|| backup.status.clone())
+            .unwrap_or_default();
+        status.job = Some(custody_kube::api::JobRef {
+            name: created.name_any(),
+            uid: created.metadata.uid.clone().unwrap_or_default(),
+        });
+        crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, &status).await?;
     }
     if let Some(why) = &plan.stop_job {
         let name = super::decide::job_name(&backup.name_any(), &uid);

@@ -71,9 +71,21 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         .get_opt(&job_name)
         .await
         .map_err(Error::read(format!("Job {namespace}/{job_name}")))?;
+    let recorded = facts
+        .backup
+        .status
+        .as_ref()
+        .and_then(|status| status.job.as_ref());
     facts.job = match &job {
         None => JobFact::Missing,
         Some(job) if !decide::owned_by(job, &uid) => JobFact::Foreign,
+        // Made again under the name after custody's own was deleted: not the recorded one.
+        Some(job)
+            if recorded
+                .is_some_and(|recorded| job.metadata.uid.as_ref() != Some(&recorded.uid)) =>
+        {
+            JobFact::Foreign
+        }
         Some(job) => JobFact::Owned(decide::job_state(job)),
     };
     match &facts.job {

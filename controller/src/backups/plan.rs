@@ -527,6 +527,9 @@ fn start(
         plan.hold_secret = Some(repository.spec.credentials_secret_ref.name.clone());
         status.node_name = node.clone();
         status.start_time = Some(Time(facts.now));
+        // The freeze's bound, decided once: the agent reads it here, not from the mover.
+        status.max_freeze_seconds = (status.consistency == Some(Capture::Frozen))
+            .then(|| consistency::max_freeze_seconds(chosen) as i32);
         status.node_clock = facts.clock.clone();
         status.destination = Some(Destination {
             endpoint: repository.spec.endpoint.clone(),
@@ -576,7 +579,10 @@ fn start(
     // A frozen copy: the mover asks the agent, and checks it with the gate's CA.
     let freeze = (status.consistency == Some(Capture::Frozen)).then(|| FreezeArgs {
         claim: claim.to_string(),
-        max_seconds: consistency::max_freeze_seconds(chosen),
+        max_seconds: status
+            .max_freeze_seconds
+            .and_then(|seconds| u32::try_from(seconds).ok())
+            .unwrap_or_else(|| consistency::max_freeze_seconds(chosen)),
     });
     plan.publish_gate_ca = freeze.is_some();
     // Hooks: the pre hook runs first; a failure that skips the copy still runs the post hook.

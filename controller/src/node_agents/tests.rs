@@ -63,6 +63,7 @@ fn report() -> NodeReport {
             volume(VolumeState::Verifying),
             volume(VolumeState::Restoring),
         ],
+        thaws: vec![],
     }
 }
 

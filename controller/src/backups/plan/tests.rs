@@ -949,6 +949,8 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
     let status = start.status.unwrap();
     assert_eq!(status.consistency, Some(custody_kube::api::Capture::Frozen));
     assert_eq!(status.node_name.as_deref(), Some(NODE));
+    // The bound is recorded where the agent reads it (the mover's request is capped by it).
+    assert_eq!(status.max_freeze_seconds, Some(20));
     let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.node_name.as_deref(), Some(NODE));
     let mover = &pod.containers[0];
@@ -1014,8 +1016,32 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
         args.windows(2)
             .any(|window| window == ["--max-freeze-seconds", "60"])
     );
+    // Started: the recorded bound stays, whatever the Cluster says later.
+    let mut later = Facts {
+        cluster: Some(frozen(Some(300))),
+        ..facts()
+    };
+    later.backup.status = Some(status.clone());
+    let args = plan(&later)
+        .job
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.windows(2)
+            .any(|window| window == ["--max-freeze-seconds", "20"]),
+        "{args:?}"
+    );
     let unsafe_copy = plan(&facts());
     assert!(!unsafe_copy.publish_gate_ca);
+    assert_eq!(unsafe_copy.status.unwrap().max_freeze_seconds, None);
     let args = unsafe_copy
         .job
         .unwrap()

@@ -343,6 +343,18 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_millis: Option<i64>,
 
+    /// `Frozen` only: the longest the filesystem may stay frozen, in seconds, decided when the
+    /// backup starts (the Backup's `maxFreezeSeconds`, else its Cluster's, else 60). The node
+    /// agent holds a freeze no longer than this, whatever the mover asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_freeze_seconds: Option<i32>,
+
+    /// The Job custody created for this run, as the API server answered its creation. Only
+    /// this Job's pod may ask the node agent to freeze the volume: a Job someone else made,
+    /// even with this name, this Backup as its owner and its labels, is not it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobRef>,
+
     /// When the upload started, by the API server's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -372,6 +384,16 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// A Job by name and UID.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRef {
+    /// The Job's name.
+    pub name: String,
+    /// Its UID: a Job deleted and made again under the name is another Job.
+    pub uid: String,
 }
 
 /// A node's clock compared with the controller's.
