@@ -28,6 +28,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::metrics::{self, Metrics};
 use crate::volumes::Mount;
 
+/// The bound of a Backup that records none (the default of `maxFreezeSeconds`).
+pub const DEFAULT_BOUND_SECONDS: u32 = 60;
+
 /// Filesystems whose freeze custody relies on.
 pub const FREEZABLE: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
 
@@ -46,6 +49,10 @@ pub enum Refusal {
         "Backup {backup} has not recorded the Job custody created for it yet (Job {job} asks); ask again shortly"
     )]
     JobNotRecorded { backup: String, job: String },
+    #[error(
+        "Backup {0} records no Job: it was started by an older custody, whose Jobs may not freeze; create a new Backup"
+    )]
+    NoJobRecorded(String),
     #[error(
         "Job {job} is not the Job custody created for Backup {backup} (that one has UID {recorded}): a Job made by someone else, even with the Backup as its owner, may not freeze"
     )]
@@ -97,6 +104,7 @@ impl Refusal {
             Refusal::NotTheBackupsJob(_) => "NotTheBackupsJob",
             Refusal::BackupMissing(_) => "BackupMissing",
             Refusal::JobNotRecorded { .. } => "JobNotRecorded",
+            Refusal::NoJobRecorded(_) => "NoJobRecorded",
             Refusal::NotCustodysJob { .. } => "NotCustodysJob",
             Refusal::NotAFrozenCopy { .. } => "NotAFrozenCopy",
             Refusal::OtherNode { .. } => "OtherNode",
@@ -166,22 +174,6 @@ pub fn authorize(
         .filter(|backup| backup.metadata.uid.as_deref() == Some(backup_uid))
         .ok_or_else(|| Refusal::BackupMissing(backup_name.to_string()))?;
     let status = backup.status.clone().unwrap_or_default();
-    match &status.job {
-        None => {
-            return Err(Refusal::JobNotRecorded {
-                backup: backup_name.to_string(),
-                job: job_name.to_string(),
-            });
-        }
-        Some(recorded) if recorded.uid != job_uid => {
-            return Err(Refusal::NotCustodysJob {
-                job: job_name.to_string(),
-                backup: backup_name.to_string(),
-                recorded: recorded.uid.clone(),
-            });
-        }
-        Some(_) => {}
-    }
     if status.phase != Some(BackupPhase::Running) || status.consistency != Some(Capture::Frozen) {
         return Err(Refusal::NotAFrozenCopy {
             name: backup_name.to_string(),
@@ -195,6 +187,23 @@ pub fn authorize(
             expected: node.to_string(),
             found: status.node_name,
         });
+    }
+    match &status.job {
+        None => return Err(Refusal::NoJobRecorded(backup_name.to_string())),
+        Some(recorded) if recorded.uid.is_empty() => {
+            return Err(Refusal::JobNotRecorded {
+                backup: backup_name.to_string(),
+                job: job_name.to_string(),
+            });
+        }
+        Some(recorded) if recorded.uid != job_uid => {
+            return Err(Refusal::NotCustodysJob {
+                job: job_name.to_string(),
+                backup: backup_name.to_string(),
+                recorded: recorded.uid.clone(),
+            });
+        }
+        Some(_) => {}
     }
     let volume = pod
         .spec
@@ -213,12 +222,13 @@ pub fn authorize(
     if requested == 0 {
         return Err(Refusal::NoTime);
     }
-    // The Backup's own bound, as the controller recorded it, caps what the mover asks.
+    // The Backup's own bound, as the controller recorded it, caps what the mover asks (a
+    // Backup that records none gets the default a Backup gets).
     let recorded = status
         .max_freeze_seconds
         .and_then(|seconds| u32::try_from(seconds).ok())
         .filter(|seconds| *seconds > 0)
-        .unwrap_or(limit);
+        .unwrap_or(DEFAULT_BOUND_SECONDS);
     Ok(Grant {
         volume: volume.name.clone(),
         max_seconds: requested.min(recorded).min(limit),
@@ -424,6 +434,11 @@ pub struct Thawed {
 /// Records that `note`'s freeze of `device` was thawed now by `thawer` (written whole, then
 /// renamed into place).
 fn record_thaw(state_dir: &Path, device: &str, note: &Note, thawer: Thawer) -> std::io::Result<()> {
+    use std::io::Write;
+    if note.frozen_at_unix_nanos == 0 {
+        // An older agent's note: when it froze is not known, there is nothing to report.
+        return Ok(());
+    }
     let record = Thawed {
         id: note.id.clone(),
         device: device.to_string(),
@@ -434,10 +449,19 @@ fn record_thaw(state_dir: &Path, device: &str, note: &Note, thawer: Thawer) -> s
         owner: note.owner.clone(),
     };
     let name = format!("{THAWED_PREFIX}{}", note.id);
-    let writing = state_dir.join(format!("{WRITING_PREFIX}{name}"));
-    std::fs::write(&writing, serde_json::to_vec(&record).unwrap_or_default())?;
+    let writing = state_dir.join(format!("{RECORDING_PREFIX}{}", note.id));
+    let mut file = std::fs::File::create(&writing)?;
+    file.write_all(&serde_json::to_vec(&record).unwrap_or_default())?;
+    file.sync_all()?;
     std::fs::rename(&writing, state_dir.join(name))
 }
+
+/// A thaw record being written (by the agent or the watchdog: an agent that starts removes
+/// only those a stopped party left an hour ago or more).
+const RECORDING_PREFIX: &str = "recording-";
+
+/// Records older than this are dropped unsent (a controller that never accepts them).
+pub const RECORD_DAYS: i64 = 1;
 
 /// The thaw records in `state_dir` not yet reported, with their files. A record that does not
 /// parse is removed.
@@ -467,6 +491,19 @@ pub fn thaw_records(state_dir: &Path) -> Vec<(PathBuf, Thawed)> {
             }
         })
         .collect();
+    let oldest = k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64
+        - RECORD_DAYS * 86_400 * 1_000_000_000;
+    records.retain(|(path, record)| {
+        let keep = record.thawed_at_unix_nanos >= oldest;
+        if !keep {
+            tracing::warn!(
+                id = record.id,
+                "dropping a thaw record no controller accepted for a day"
+            );
+            let _ = std::fs::remove_file(path);
+        }
+        keep
+    });
     records.sort_by_key(|(_, record)| record.thawed_at_unix_nanos);
     records
 }
@@ -617,6 +654,7 @@ fn finish(
     device_file: &str,
     note: &Note,
     mounts: &[Mount],
+    thawer: Thawer,
 ) -> std::io::Result<bool> {
     let device = device_file.replace('_', ":");
     let mut result = thaw_at(&note.path, &device);
@@ -631,6 +669,14 @@ fn finish(
     if result.is_err() && !mounts.iter().any(|mount| mount.device == device) {
         // Mounted nowhere (the noted mount gone, no other): nothing is left frozen to thaw.
         result = Ok(false);
+    }
+    if let Ok(true) = result
+        && let Some(state_dir) = claimed.parent()
+        && let Err(error) = record_thaw(state_dir, &device, note, thawer)
+    {
+        // Recorded before the claim goes: a thawer stopped in between thaws again (EINVAL,
+        // not frozen) and records nothing, so at worst the record is missing, never doubled.
+        tracing::warn!(device, %error, "cannot record the thaw for the controller");
     }
     if result.is_ok() {
         let _ = std::fs::remove_file(claimed);
@@ -686,14 +732,8 @@ pub fn thaw_due(
             Some(_) => None,
         };
         if let Some((file, note)) = claimed {
-            let device = entry.device_file.replace('_', ":");
-            let result = finish(&file, &entry.device_file, &note, mounts);
-            if matches!(result, Ok(true))
-                && let Err(error) = record_thaw(state_dir, &device, &note, thawer)
-            {
-                tracing::warn!(device, %error, "cannot record the thaw for the controller");
-            }
-            results.push((device, result));
+            let result = finish(&file, &entry.device_file, &note, mounts, thawer);
+            results.push((entry.device_file.replace('_', ":"), result));
         }
     }
     results
@@ -849,11 +889,16 @@ impl Drop for Frozen {
 pub fn thaw_left_frozen(state_dir: &Path, mounts: &[Mount], metrics: &Metrics) -> Vec<String> {
     if let Ok(listed) = std::fs::read_dir(state_dir) {
         for entry in listed.flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(WRITING_PREFIX)
-            {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let stale = || {
+                entry
+                    .metadata()
+                    .and_then(|metadata| metadata.modified())
+                    .ok()
+                    .and_then(|modified| modified.elapsed().ok())
+                    .is_some_and(|age| age >= std::time::Duration::from_secs(3600))
+            };
+            if name.starts_with(WRITING_PREFIX) || (name.starts_with(RECORDING_PREFIX) && stale()) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }

@@ -94,9 +94,13 @@ pub async fn run(agent: Arc<Agent>) {
         match client.report(request).await {
             Ok(ack) => {
                 metrics::count(&agent.metrics.reports, "Sent");
-                // Carried: the controller says them on their Backups.
-                for (file, _) in &thawed {
-                    let _ = std::fs::remove_file(file);
+                // Said on their Backups (or nothing to say them on): forgotten; the others
+                // go again with the next report.
+                let accepted = &ack.get_ref().thaws_accepted;
+                for (file, record) in &thawed {
+                    if accepted.contains(&record.id) {
+                        let _ = std::fs::remove_file(file);
+                    }
                 }
                 crate::certificate::told(
                     &agent,
@@ -125,6 +129,7 @@ fn thaw_report(record: &crate::freeze::Thawed) -> custody_proto::report::ThawRep
         frozen_at_unix_nanos: record.frozen_at_unix_nanos,
         thawed_at_unix_nanos: record.thawed_at_unix_nanos,
         max_seconds: record.max_seconds,
+        id: record.id.clone(),
     }
 }
 

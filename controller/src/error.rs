@@ -50,6 +50,11 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The API server dropped a field custody wrote: its CRD is older than the controller.
+    #[error(
+        "the API server dropped {field} of {object}: the CRD is older than this controller; apply deploy/crds (helm upgrade does not update CRDs)"
+    )]
+    OutdatedSchema { object: String, field: String },
     /// An object could not be patched.
     #[error("patching {object}: {source}")]
     Patch {
@@ -99,6 +104,7 @@ impl Error {
             Error::LeadershipLost(_) => "LeadershipLost",
             Error::Schedule(_) => "Schedule",
             Error::WriteCrds(_) => "WriteCrds",
+            Error::OutdatedSchema { .. } => "OutdatedSchema",
         }
     }
 }

@@ -612,6 +612,7 @@ async fn write(
         }),
     )
     .await
+    .map(|_| ())
 }
 
 #[cfg(test)]

@@ -32,6 +32,12 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels naming who thawed a frozen filesystem: `watchdog` or `agent` (restarted).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThawerLabels {
+    pub thawer: String,
+}
+
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// The controller's metrics, registered once at start-up.
@@ -60,7 +66,7 @@ pub struct Metrics {
     pub webhook_decisions: Family<ReasonLabels, Counter>,
     /// Freezes a node's watchdog, or its restarted agent, thawed (the agent had stopped), by
     /// thawer (`watchdog`, `agent`), as agents reported them.
-    pub freezes_thawed_without_agent: Family<ReasonLabels, Counter>,
+    pub freezes_thawed_without_agent: Family<ThawerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -146,10 +152,10 @@ impl Default for Metrics {
             "Admission decisions on pods of Clusters, by outcome",
             webhook_decisions.clone(),
         );
-        let freezes_thawed_without_agent = Family::<ReasonLabels, Counter>::default();
+        let freezes_thawed_without_agent = Family::<ThawerLabels, Counter>::default();
         registry.register(
             "freezes_thawed_without_agent",
-            "Freezes a node's watchdog or restarted agent thawed after the agent stopped, by thawer (reason)",
+            "Freezes a node's watchdog or restarted agent thawed in the agent's stead, by thawer, as agents reported them",
             freezes_thawed_without_agent.clone(),
         );
         Metrics {

@@ -82,33 +82,26 @@ struct Service {
 
 impl Service {
     /// Says on its Backup that a freeze of `node` was thawed by the node's watchdog or its
-    /// restarted agent, and when: the mover, its call broken, only knew when it noticed. A
-    /// thaw of a Backup that ran on another node, or is gone, is only logged. An error makes
-    /// the agent send it again.
-    async fn say_thawed(
-        &self,
-        node: &str,
-        thaw: &custody_proto::report::ThawReport,
-    ) -> std::result::Result<(), Status> {
-        self.metrics
-            .freezes_thawed_without_agent
-            .get_or_create(&crate::metrics::ReasonLabels {
-                reason: thaw.thawer.clone(),
-            })
-            .inc();
+    /// restarted agent, and when: the mover, its call broken, only knew when it noticed.
+    /// Whether the thaw is dealt with: said, or about a Backup that is gone or ran on another
+    /// node (then only logged). Not dealt with (the API server did not answer): the agent sends
+    /// it again; the report itself is never refused for it.
+    async fn say_thawed(&self, node: &str, thaw: &custody_proto::report::ThawReport) -> bool {
         let backup = match thaw.backup_name.is_empty() {
             true => None,
-            false => {
-                Api::<custody_kube::api::Backup>::namespaced(self.client.clone(), &thaw.namespace)
-                    .get_opt(&thaw.backup_name)
-                    .await
-                    .map_err(|error| {
-                        Status::unavailable(format!(
-                            "reading Backup {}/{}: {error}",
-                            thaw.namespace, thaw.backup_name
-                        ))
-                    })?
-            }
+            false => match Api::<custody_kube::api::Backup>::namespaced(
+                self.client.clone(),
+                &thaw.namespace,
+            )
+            .get_opt(&thaw.backup_name)
+            .await
+            {
+                Ok(backup) => backup,
+                Err(error) => {
+                    tracing::warn!(node, namespace = thaw.namespace, backup = thaw.backup_name, %error, "reading the Backup of a reported thaw; the agent sends it again");
+                    return false;
+                }
+            },
         };
         let note = thaw_note(node, thaw);
         let theirs = backup.filter(|backup| {
@@ -119,6 +112,23 @@ impl Service {
                     .and_then(|status| status.node_name.as_deref())
                     == Some(node)
         });
+        if let Some(backup) = &theirs {
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: note.reason.clone(),
+                note: Some(crate::events::fit_note(&note.text)),
+                action: "Freeze".into(),
+                secondary: None,
+            };
+            if let Err(error) = self
+                .recorder
+                .publish(&event, &kube::Resource::object_ref(backup, &()))
+                .await
+            {
+                tracing::warn!(node, namespace = thaw.namespace, backup = thaw.backup_name, %error, "publishing the Event of a reported thaw; the agent sends it again");
+                return false;
+            }
+        }
         tracing::warn!(
             node,
             namespace = thaw.namespace,
@@ -129,20 +139,13 @@ impl Service {
             "{}",
             note.text
         );
-        if let Some(backup) = theirs {
-            let event = kube::runtime::events::Event {
-                type_: kube::runtime::events::EventType::Warning,
-                reason: note.reason.clone(),
-                note: Some(crate::events::fit_note(&note.text)),
-                action: "Freeze".into(),
-                secondary: None,
-            };
-            self.recorder
-                .publish(&event, &kube::Resource::object_ref(&backup, &()))
-                .await
-                .map_err(|error| Status::unavailable(format!("publishing an Event: {error}")))?;
-        }
-        Ok(())
+        self.metrics
+            .freezes_thawed_without_agent
+            .get_or_create(&crate::metrics::ThawerLabels {
+                thawer: thaw.thawer.clone(),
+            })
+            .inc();
+        true
     }
 
     /// Whether this process judges `node`'s silence.
@@ -163,15 +166,21 @@ pub fn thaw_note(node: &str, thaw: &custody_proto::report::ThawReport) -> crate:
             .unwrap_or_else(|_| format!("{nanos} ns"))
     };
     let held = (thaw.thawed_at_unix_nanos - thaw.frozen_at_unix_nanos) as f64 / 1e9;
-    let (reason, who) = match thaw.thawer.as_str() {
-        "watchdog" => ("ThawedByWatchdog", "its watchdog"),
-        _ => ("ThawedByRestartedAgent", "the agent, restarted,"),
+    let (reason, what) = match thaw.thawer.as_str() {
+        "watchdog" => (
+            "ThawedByWatchdog",
+            "did not thaw claim {claim} by its bound (it had stopped, or its own thaw failed): its watchdog thawed",
+        ),
+        _ => (
+            "ThawedByRestartedAgent",
+            "stopped while claim {claim} was frozen: the agent, restarted, thawed",
+        ),
     };
+    let what = what.replace("{claim}", &thaw.claim_name);
     crate::events::Note::warning(
         reason,
         format!(
-            "the agent on node {node} stopped while claim {} was frozen: {who} thawed the filesystem (device {}) at {}, {held:.1} s after it was frozen at {} (bound {} s); the mover had reported the freeze lost when its call broke, not when the filesystem thawed",
-            thaw.claim_name,
+            "the agent on node {node} {what} the filesystem (device {}) at {}, {held:.1} s after it was frozen at {} (bound {} s); the mover had reported the freeze lost when its call broke, not when the filesystem thawed",
             thaw.device,
             at(thaw.thawed_at_unix_nanos),
             at(thaw.frozen_at_unix_nanos),
@@ -327,6 +336,7 @@ impl Service {
             &status,
         )
         .await
+        .map(|_| ())
     }
 
     /// Whether the caller is the agent of `node` (its token, reviewed).
@@ -438,8 +448,11 @@ impl AgentReport for Service {
             tracing::warn!(node, %error, "writing NodeAgent status");
             Status::unavailable(error.to_string())
         })?;
+        let mut thaws_accepted = Vec::new();
         for thaw in &report.thaws {
-            self.say_thawed(&node, thaw).await?;
+            if self.say_thawed(&node, thaw).await {
+                thaws_accepted.push(thaw.id.clone());
+            }
         }
         self.metrics.agent_reports.inc();
         if let Ok(mut heard) = self.heard.lock() {
@@ -451,6 +464,7 @@ impl AgentReport for Service {
             heartbeat_seconds: self.settings.heartbeat.as_secs() as u32,
             reissue_after_unix,
             signing_ca,
+            thaws_accepted,
         }))
     }
 
@@ -519,6 +533,7 @@ mod tests {
             frozen_at_unix_nanos: 1_764_900_000_000_000_000,
             thawed_at_unix_nanos: 1_764_900_005_080_000_000,
             max_seconds: 5,
+            id: "f1".into(),
         }
     }
 

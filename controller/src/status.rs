@@ -9,15 +9,15 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
-/// Applies `status` to `name` under `field_manager` (forcing ownership of what it sets).
-/// `object` names the object in the error.
+/// Applies `status` to `name` under `field_manager` (forcing ownership of what it sets); the
+/// object as the API server answered. `object` names the object in the error.
 pub async fn apply<K>(
     api: &Api<K>,
     name: &str,
     field_manager: &str,
     object: &str,
     status: &impl Serialize,
-) -> Result<()>
+) -> Result<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
@@ -35,8 +35,7 @@ where
     .map_err(|source| Error::PatchStatus {
         object: object.to_string(),
         source,
-    })?;
-    Ok(())
+    })
 }
 
 /// `object` as the API server has it now (`None` when it is gone), read past the watch cache:

@@ -3439,6 +3439,10 @@ async fn on_a_real_node_a_frozen_volume_is_always_thawed_within_its_bound() {
     // The Backup says when the filesystem thawed (the mover only knew when its call broke).
     let said = thaw_said(namespace, "agent-killed", "ThawedByRestartedAgent").await;
     eprintln!("agent-killed: {said}");
+    assert!(
+        said.contains("the agent, restarted, thawed") && said.contains("(bound 120 s)"),
+        "{said}"
+    );
 
     // The agent killed again, twice in a row (issue 23, item 3): the kubelet's crash-loop
     // back-off delays its restart by 10 s, then 20 s, but the watchdog container thaws at

@@ -97,11 +97,11 @@ fn only_a_frozen_backups_own_pod_on_this_node_freezes_a_claim_it_mounts() {
             Ok(30),
         ),
         (
-            "the agent's limit wins over a larger request",
+            "a Backup that records no bound gets the default bound",
             good(),
             "data-db-0",
             9000,
-            Ok(600),
+            Ok(60),
         ),
         (
             "the Backup's recorded bound wins over a larger request",
@@ -172,7 +172,18 @@ fn only_a_frozen_backups_own_pod_on_this_node_freezes_a_claim_it_mounts() {
             Err("NotCustodysJob"),
         ),
         (
-            "the Backup has not recorded its Job yet",
+            "the Backup has recorded its Job as coming, not its UID yet",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded("backup-uid", "Running", "Frozen", NODE, Some(""), None);
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            30,
+            Err("JobNotRecorded"),
+        ),
+        (
+            "a Backup an older custody started records no Job",
             {
                 let (pod, job, _) = good();
                 let backup = recorded("backup-uid", "Running", "Frozen", NODE, None, None);
@@ -180,7 +191,18 @@ fn only_a_frozen_backups_own_pod_on_this_node_freezes_a_claim_it_mounts() {
             },
             "data-db-0",
             30,
-            Err("JobNotRecorded"),
+            Err("NoJobRecorded"),
+        ),
+        (
+            "a Backup that is over is refused as such, recorded Job or not",
+            {
+                let (pod, job, _) = good();
+                let backup = recorded("backup-uid", "Failed", "Frozen", NODE, Some(""), None);
+                (pod, job, Some(backup))
+            },
+            "data-db-0",
+            30,
+            Err("NotAFrozenCopy"),
         ),
         (
             "no role label",
@@ -480,6 +502,17 @@ mod notes {
         assert_eq!(names(dir), ["thawed-f1"]);
         create_note(dir, "7:4", &note("f2", dir, 10)).unwrap();
         assert_eq!(thaw_records(dir).len(), 1);
+        // An older agent's note says nothing of when it froze: nothing to report.
+        let legacy = Note::parse("/gone").unwrap();
+        record_thaw(dir, "7:5", &legacy, Thawer::Agent).unwrap();
+        assert_eq!(thaw_records(dir).len(), 1);
+        // A record no controller accepted for a day is dropped.
+        let mut old = record.clone();
+        old.id = "old".into();
+        old.thawed_at_unix_nanos = 1;
+        std::fs::write(dir.join("thawed-old"), serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(thaw_records(dir).len(), 1);
+        assert!(!dir.join("thawed-old").exists());
     }
 
     #[test]

@@ -35,7 +35,17 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         cleanup::hold_secret(client, &namespace, secret).await?;
     }
     if let Some(status) = &plan.status {
-        crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, status).await?;
+        let written =
+            crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, status)
+                .await?;
+        // A Job is recorded before it is created; a CRD that drops the record would make every
+        // frozen copy's mover refused: stop here, saying what to do.
+        if status.job.is_some() && written.status.and_then(|status| status.job).is_none() {
+            return Err(crate::error::Error::OutdatedSchema {
+                object: what,
+                field: "status.job".into(),
+            });
+        }
         let ready = status.conditions.first();
         tracing::info!(
             namespace,
@@ -94,7 +104,10 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
     if let Some(job) = &plan.job
         && let Some(created) = crate::reconciler::create_job(client, &namespace, job).await?
     {
-        // Recorded as the API server answered: only this Job's pod may freeze the volume.
+        // Its UID recorded as the API server answered: only this Job's pod may freeze the
+        // volume, and only a Job of that UID is read as this Backup's. (Taken already, 409: the
+        // next reconciliation finds it unproven, and the Backup fails saying so.) A failed
+        // write is tried again at once: the next reconciliation could not prove the Job.
         let mut status = plan
             .status
             .clone()
@@ -104,7 +117,17 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
             name: created.name_any(),
             uid: created.metadata.uid.clone().unwrap_or_default(),
         });
-        crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, &status).await?;
+        let mut attempt = 0;
+        while let Err(error) =
+            crate::status::apply(&backups, &backup.name_any(), FIELD_MANAGER, &what, &status).await
+        {
+            attempt += 1;
+            if attempt == 3 {
+                return Err(error);
+            }
+            tracing::warn!(namespace, name = backup.name_any(), %error, "recording the created Job; trying again");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
     }
     if let Some(why) = &plan.stop_job {
         let name = super::decide::job_name(&backup.name_any(), &uid);

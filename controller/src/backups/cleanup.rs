@@ -390,6 +390,7 @@ async fn record(
         &serde_json::json!({"cleanup": cleanup}),
     )
     .await
+    .map(|_| ())
 }
 
 enum Failure {

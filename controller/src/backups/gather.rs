@@ -79,14 +79,15 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
     facts.job = match &job {
         None => JobFact::Missing,
         Some(job) if !decide::owned_by(job, &uid) => JobFact::Foreign,
-        // Made again under the name after custody's own was deleted: not the recorded one.
-        Some(job)
-            if recorded
-                .is_some_and(|recorded| job.metadata.uid.as_ref() != Some(&recorded.uid)) =>
-        {
-            JobFact::Foreign
-        }
-        Some(job) => JobFact::Owned(decide::job_state(job)),
+        Some(job) => match recorded {
+            // Recorded as about to be created, never as created: custody cannot tell its own
+            // from one someone else made under the name.
+            Some(recorded) if recorded.uid.is_empty() => JobFact::Unproven,
+            // Made again under the name after custody's own was deleted: not the recorded one.
+            Some(recorded) if job.metadata.uid.as_ref() != Some(&recorded.uid) => JobFact::Foreign,
+            // Recorded, or started by an older custody that recorded none.
+            _ => JobFact::Owned(decide::job_state(job)),
+        },
     };
     match &facts.job {
         JobFact::Missing => {
@@ -180,7 +181,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             .and_then(|tool| tool.timeout_seconds);
             facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
         }
-        JobFact::Foreign => {}
+        JobFact::Foreign | JobFact::Unproven => {}
     }
     Ok(facts)
 }

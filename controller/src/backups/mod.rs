@@ -51,6 +51,8 @@ pub mod reasons {
     pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
     pub const VOLUME_NOT_MOUNTED: &str = "VolumeNotMounted";
     pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
+    /// A Job of the Backup's name exists whose creation custody never recorded.
+    pub const JOB_NOT_PROVEN: &str = "JobNotProven";
     pub const RUNNING: &str = "Running";
     pub const COMPLETED: &str = "Completed";
     /// The Job's pod does not start (image pull, configuration, scheduling).

@@ -32,6 +32,9 @@ pub enum JobFact {
     Missing,
     /// A Job of that name this Backup did not create.
     Foreign,
+    /// A Job of that name whose creation this Backup recorded as coming and never as done: the
+    /// controller stopped between the two, or someone else made it first.
+    Unproven,
     /// The Backup's own Job.
     Owned(JobState),
 }
@@ -223,6 +226,20 @@ pub fn plan(facts: &Facts) -> Plan {
             format!("Job {job_name} exists but was not created by this Backup; it is left alone"),
             60,
         ),
+        JobFact::Unproven => {
+            let why = format!(
+                "Job {job_name} exists, but custody never recorded creating it (the controller stopped between creating and recording it, or someone else created it under this name): it may not freeze the volume and its outcome is not read"
+            );
+            Plan {
+                stop_job: Some(why.clone()),
+                ..fail_started(
+                    facts,
+                    status,
+                    reasons::JOB_NOT_PROVEN,
+                    format!("{why}; it is stopped; create a new Backup"),
+                )
+            }
+        }
         JobFact::Owned(JobState::Running) => {
             let on = status.node_name.as_deref().map_or_else(
                 || "the node the scheduler picked".to_string(),
@@ -639,6 +656,18 @@ fn start(
             .unwrap_or_default(),
         consistency: status.consistency,
     });
+    // The Job recorded as about to be created (its UID once the API server answers): one
+    // found later without a UID was not proven to be custody's. A frozen copy's bound is
+    // recorded too, if an older custody started it without one.
+    let mut recorded = plan.status.take().unwrap_or_else(|| status.clone());
+    recorded.job = Some(custody_kube::api::JobRef {
+        name: job_name.to_string(),
+        uid: String::new(),
+    });
+    if recorded.consistency == Some(Capture::Frozen) && recorded.max_freeze_seconds.is_none() {
+        recorded.max_freeze_seconds = Some(consistency::max_freeze_seconds(chosen) as i32);
+    }
+    plan.status = Some(recorded);
     plan.job = Some(job::spec(JobInputs {
         name: job_name,
         backup,

@@ -484,7 +484,7 @@ fn every_path_of_a_reconciliation() {
                 ..started(facts(), JobState::Running)
             },
             expect(
-                None,
+                Some(Running),
                 None,
                 &[("BackupStarted", NORMAL)],
                 true,
@@ -500,6 +500,22 @@ fn every_path_of_a_reconciliation() {
                 ..facts()
             },
             pending(reasons::JOB_NAME_TAKEN, 60),
+        ),
+        (
+            "a Job of that name whose creation was never recorded: stopped, and the Backup fails",
+            Facts {
+                job: JobFact::Unproven,
+                ..started(facts(), JobState::Running)
+            },
+            expect(
+                Some(Failed),
+                Some(reasons::JOB_NOT_PROVEN),
+                &[(reasons::JOB_NOT_PROVEN, WARN)],
+                false,
+                false,
+                Release,
+                None,
+            ),
         ),
         (
             "the Job runs",
@@ -951,6 +967,26 @@ fn a_frozen_copy_reaches_its_agent_and_records_the_stall() {
     assert_eq!(status.node_name.as_deref(), Some(NODE));
     // The bound is recorded where the agent reads it (the mover's request is capped by it).
     assert_eq!(status.max_freeze_seconds, Some(20));
+    // The Job is recorded as coming before it is created (its UID once the API server answers).
+    let coming = status.job.clone().expect("the Job recorded as coming");
+    assert_eq!(coming.uid, "");
+    assert_eq!(
+        coming.name,
+        start.job.as_ref().unwrap().metadata.name.clone().unwrap()
+    );
+    // One found without its UID recorded is stopped, and the Backup fails saying why.
+    let unproven = plan(&Facts {
+        job: JobFact::Unproven,
+        ..started(facts(), JobState::Running)
+    });
+    assert!(
+        unproven
+            .stop_job
+            .as_deref()
+            .is_some_and(|why| why.contains("never recorded creating it")),
+        "{:?}",
+        unproven.stop_job
+    );
     let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
     assert_eq!(pod.node_name.as_deref(), Some(NODE));
     let mover = &pod.containers[0];
