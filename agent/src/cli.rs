@@ -195,6 +195,16 @@ pub struct MoverOptions {
     )]
     pub ca_bundle: Option<String>,
 
+    /// The longest wait for an S3 answer, or for the next bytes of one, in seconds (the
+    /// repository's `spec.timeouts.stallSeconds`).
+    #[arg(long, env = env::STALL_SECONDS, global = true, default_value_t = custody_proto::s3_limits::DEFAULT_STALL_SECONDS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub s3_stall_seconds: u64,
+
+    /// The slowest S3 transfer accepted, in KiB/s (the repository's
+    /// `spec.timeouts.minimumKiBPerSecond`).
+    #[arg(long, env = env::MIN_KIB_PER_SECOND, global = true, default_value_t = custody_proto::s3_limits::DEFAULT_MIN_KIB_PER_SECOND, value_parser = clap::value_parser!(u64).range(1..))]
+    pub s3_min_kib_per_second: u64,
+
     /// Also write the JSON result (or the error) here: the container's termination message.
     #[arg(long = flags::RESULT_FILE, env = env::RESULT_FILE, global = true)]
     pub result_file: Option<PathBuf>,

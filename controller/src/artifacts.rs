@@ -46,6 +46,7 @@ pub fn delete_endpoint(
                     .ca_bundle
                     .as_ref()
                     .map(|pem| pem.as_bytes().to_vec()),
+                limits: custody_kube::s3::Limits::default(),
             },
             artifact.credentials_secret.clone().unwrap_or_default(),
         ),

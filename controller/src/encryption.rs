@@ -164,9 +164,10 @@ pub async fn open_repository(
         })
         .unwrap_or_default();
     let runtime = tokio::runtime::Handle::current();
+    let limits = endpoint.limits;
     let secret_for_errors = secret_name.clone();
     let opened = tokio::task::spawn_blocking(move || {
-        let backend = S3Backend::new(client_s3, location, runtime);
+        let backend = S3Backend::new(client_s3, location, runtime).with_limits(limits);
         let backends = rustic_core::RepositoryBackends::new(backend.clone().shared(), None);
         let (opened, arrival) = open::open_or_init(&backends, &passwords)?;
         let opens: BTreeMap<String, Option<String>> =

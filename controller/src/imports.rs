@@ -260,9 +260,10 @@ pub async fn read_snapshots(
         prefix: encrypted.prefix.clone(),
     };
     let runtime = tokio::runtime::Handle::current();
+    let limits = endpoint.limits;
     let expected_id = encrypted.id.clone();
     let listed = tokio::task::spawn_blocking(move || {
-        let backend = S3Backend::new(s3_client, location, runtime);
+        let backend = S3Backend::new(s3_client, location, runtime).with_limits(limits);
         let backends = rustic_core::RepositoryBackends::new(backend.shared(), None);
         let (opened, id) = open::open_with_master_key(&backends, &master_key)?;
         if id != expected_id {

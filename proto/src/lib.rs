@@ -9,6 +9,7 @@ pub mod manifest;
 pub mod mover;
 pub mod names;
 pub mod reasons;
+pub mod s3_limits;
 pub mod volume;
 
 /// The generated gRPC code, nested by protobuf package so that cross-package references

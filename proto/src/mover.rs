@@ -45,6 +45,10 @@ pub mod env {
     pub const CA_BUNDLE: &str = "CUSTODY_S3_CA_BUNDLE";
     /// Where a user's backup command writes (the command method only).
     pub const PREFIX: &str = "CUSTODY_S3_PREFIX";
+    /// The longest wait for an S3 answer, in seconds (the repository's `spec.timeouts`).
+    pub const STALL_SECONDS: &str = "CUSTODY_S3_STALL_SECONDS";
+    /// The slowest S3 transfer accepted, in KiB/s (the repository's `spec.timeouts`).
+    pub const MIN_KIB_PER_SECOND: &str = "CUSTODY_S3_MIN_KIB_PER_SECOND";
     /// Where the mover also writes its result.
     pub const RESULT_FILE: &str = "CUSTODY_RESULT_FILE";
     /// The access key, from the repository's credentials Secret.

@@ -138,6 +138,9 @@ reasons! {
         LocalError,
         /// The artifact or its manifest could not be downloaded.
         DownloadFailed,
+        /// The artifact or its manifest is not in the repository (404): deleted behind
+        /// custody's back.
+        ArtifactMissing,
         /// The manifest in the repository is not the one the Backup recorded.
         ManifestTampered,
         /// The manifest names another Backup.
@@ -198,6 +201,7 @@ impl MoverFailure {
             MoverFailure::CredentialsMissing
             | MoverFailure::InvalidRepository
             | MoverFailure::SymlinkLeavesVolume
+            | MoverFailure::ArtifactMissing
             | MoverFailure::ManifestTampered
             | MoverFailure::ManifestOfAnotherBackup
             | MoverFailure::ManifestInvalid

@@ -73,6 +73,8 @@ pub struct S3Backend {
     client: aws_sdk_s3::Client,
     location: Location,
     runtime: Handle,
+    /// How long each call may take.
+    limits: custody_proto::s3_limits::Limits,
     /// Snapshot files written through this backend (and its clones), in order: rustic_core
     /// does not say under which ID it saved one.
     snapshots_written: Arc<Mutex<Vec<Id>>>,
@@ -87,8 +89,33 @@ impl S3Backend {
             client,
             location,
             runtime,
+            limits: custody_proto::s3_limits::Limits::default(),
             snapshots_written: Arc::default(),
             failures: Arc::default(),
+        }
+    }
+
+    /// The same backend, its calls bounded by `limits` (the repository's `spec.timeouts`).
+    pub fn with_limits(mut self, limits: custody_proto::s3_limits::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// `call`, moving `bytes`, within the limits; a call past them fails naming them.
+    async fn bounded<T, E>(
+        &self,
+        what: &'static str,
+        key: &str,
+        bytes: u64,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) -> RusticResult<T>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match self.limits.bounded(bytes, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(self.failed(what, key, error)),
+            Err(overdue) => Err(self.failed(what, key, overdue)),
         }
     }
 
@@ -133,19 +160,21 @@ impl S3Backend {
 
     fn get(&self, key: &str) -> RusticResult<Bytes> {
         self.runtime.block_on(async {
-            let object = self
+            let request = self
                 .client
                 .get_object()
                 .bucket(&self.location.bucket)
                 .key(key)
-                .send()
-                .await
-                .map_err(|error| self.failed("reading", key, S3Error::of(&error)))?;
-            let body = object
-                .body
-                .collect()
-                .await
-                .map_err(|error| self.failed("reading", key, error))?;
+                .send();
+            let object = self
+                .bounded("reading", key, 0, async {
+                    request.await.map_err(|error| S3Error::of(&error))
+                })
+                .await?;
+            let length = u64::try_from(object.content_length().unwrap_or_default()).unwrap_or(0);
+            let body = self
+                .bounded("reading", key, length, object.body.collect())
+                .await?;
             Ok(body.into_bytes())
         })
     }
@@ -168,29 +197,26 @@ impl S3Backend {
         let end = u64::from(offset) + u64::from(length) - 1;
         let start = buffer.len();
         buffer.reserve(length as usize);
-        let more = self.runtime.block_on(async {
-            let mut object = self
-                .client
-                .get_object()
-                .bucket(&self.location.bucket)
-                .key(&key)
-                .range(format!("bytes={offset}-{end}"))
-                .send()
-                .await
-                .map_err(|error| self.failed("reading", &key, S3Error::of(&error)))?;
-            while let Some(piece) = object
-                .body
-                .try_next()
-                .await
-                .map_err(|error| self.failed("reading", &key, error))?
-            {
-                if buffer.len() - start + piece.len() > length as usize {
-                    return Ok(true);
+        let more = self
+            .runtime
+            .block_on(self.bounded("reading", &key, u64::from(length), async {
+                let mut object = self
+                    .client
+                    .get_object()
+                    .bucket(&self.location.bucket)
+                    .key(&key)
+                    .range(format!("bytes={offset}-{end}"))
+                    .send()
+                    .await
+                    .map_err(|error| ReadFailure::S3(S3Error::of(&error)))?;
+                while let Some(piece) = object.body.try_next().await.map_err(ReadFailure::Body)? {
+                    if buffer.len() - start + piece.len() > length as usize {
+                        return Ok(true);
+                    }
+                    buffer.extend_from_slice(&piece);
                 }
-                buffer.extend_from_slice(&piece);
-            }
-            Ok::<_, Box<RusticError>>(false)
-        });
+                Ok::<_, ReadFailure>(false)
+            }));
         let more = more.inspect_err(|_| buffer.truncate(start))?;
         let found = buffer.len() - start;
         if more || found != length as usize {
@@ -212,6 +238,15 @@ impl S3Backend {
         }
         Ok(())
     }
+}
+
+/// Why a ranged read failed: the call, or its body.
+#[derive(Debug, thiserror::Error)]
+enum ReadFailure {
+    #[error(transparent)]
+    S3(S3Error),
+    #[error(transparent)]
+    Body(aws_sdk_s3::primitives::ByteStreamError),
 }
 
 /// An S3 error as one line: the server's status and code, or the cause of a failed call.
@@ -259,14 +294,18 @@ impl ReadBackend for S3Backend {
         if file_type == FileType::Config {
             let key = self.location.key(FileType::Config, &Id::default());
             return self.runtime.block_on(async {
-                match self
+                let head = self
                     .client
                     .head_object()
                     .bucket(&self.location.bucket)
                     .key(&key)
-                    .send()
+                    .send();
+                let head = self
+                    .limits
+                    .bounded(0, head)
                     .await
-                {
+                    .map_err(|overdue| self.failed("reading", &key, overdue))?;
+                match head {
                     Ok(head) => Ok(vec![(
                         Id::default(),
                         u32::try_from(head.content_length().unwrap_or_default())
@@ -293,7 +332,12 @@ impl ReadBackend for S3Backend {
                 .prefix(&directory)
                 .into_paginator()
                 .send();
-            while let Some(page) = pages.next().await {
+            while let Some(page) = self
+                .limits
+                .bounded(0, pages.next())
+                .await
+                .map_err(|overdue| self.failed("listing", &directory, overdue))?
+            {
                 let page =
                     page.map_err(|error| self.failed("listing", &directory, S3Error::of(&error)))?;
                 for object in page.contents() {
@@ -357,8 +401,10 @@ impl WriteBackend for S3Backend {
             }
             joined.freeze()
         };
+        let bytes = body.len() as u64;
         self.runtime.block_on(async {
-            self.client
+            let request = self
+                .client
                 .put_object()
                 .bucket(&self.location.bucket)
                 .key(&key)
@@ -367,9 +413,11 @@ impl WriteBackend for S3Backend {
                 // SHA-256: signing their payload again would cost a core for nothing.
                 .customize()
                 .disable_payload_signing()
-                .send()
-                .await
-                .map_err(|error| self.failed("writing", &key, S3Error::of(&error)))?;
+                .send();
+            self.bounded("writing", &key, bytes, async {
+                request.await.map_err(|error| S3Error::of(&error))
+            })
+            .await?;
             Ok::<_, Box<RusticError>>(())
         })?;
         if file_type == FileType::Snapshot {
@@ -384,13 +432,16 @@ impl WriteBackend for S3Backend {
     fn remove(&self, file_type: FileType, id: &Id, _cacheable: bool) -> RusticResult<()> {
         let key = self.location.key(file_type, id);
         self.runtime.block_on(async {
-            self.client
+            let request = self
+                .client
                 .delete_object()
                 .bucket(&self.location.bucket)
                 .key(&key)
-                .send()
-                .await
-                .map_err(|error| self.failed("deleting", &key, S3Error::of(&error)))?;
+                .send();
+            self.bounded("deleting", &key, 0, async {
+                request.await.map_err(|error| S3Error::of(&error))
+            })
+            .await?;
             Ok(())
         })
     }

@@ -67,6 +67,7 @@ pub fn endpoint(url: &str, bucket: &str) -> Endpoint {
         bucket: bucket.to_string(),
         path_style: true,
         ca_bundle: trusted().lock().expect("CAs").get(url).cloned(),
+        limits: s3::Limits::default(),
     }
 }
 

@@ -492,3 +492,119 @@ fn used_bytes(path: &Path) -> u64 {
         .and_then(|bytes| bytes.parse().ok())
         .unwrap_or(0)
 }
+
+/// Issue 24, item 4: an artifact deleted behind custody's back is gone for good: the restore
+/// fails at once with `ArtifactMissing` and the exit code its Job does not retry (before: exit
+/// 1, `DownloadFailed`, and the Job tried three pods). The manifest's download resumes after a
+/// reset, as the archive's does (before, a cut manifest failed the restore at once).
+#[tokio::test]
+async fn a_deleted_artifact_fails_the_restore_for_good_and_a_cut_manifest_download_resumes() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "missing").await;
+    let source = LoopVolume::new(64);
+    for index in 0..3_000 {
+        let directory = source.path().join(format!("base/{:02}", index / 100));
+        std::fs::create_dir_all(&directory).unwrap();
+        std::fs::write(
+            directory.join(format!("{index:05}")),
+            format!("row {index}"),
+        )
+        .unwrap();
+    }
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let result = backup(url, &bucket, source.path(), &prefix);
+    drop(source);
+    let client = s3::client(url);
+    let manifest_size = client
+        .head_object()
+        .bucket(&bucket)
+        .key(&result.manifest_key)
+        .send()
+        .await
+        .unwrap()
+        .content_length()
+        .unwrap() as u64;
+    let cut = manifest_size.max(result.size_bytes) / 4;
+    assert!(
+        manifest_size > cut,
+        "the manifest ({manifest_size} bytes) is cut too"
+    );
+
+    // Every answer cut after a quarter of the larger object: both downloads resume.
+    let link = s3::FaultyLink::start(url);
+    link.set(s3::Fault::CutEvery(cut));
+    let target = LoopVolume::new(64);
+    let output = restore(&link.url, &bucket, target.path(), &result, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(output.status.success(), "{stderr}");
+    let manifest_resumes = stderr
+        .lines()
+        .filter(|line| line.contains(&format!("downloading {} stopped", result.manifest_key)))
+        .count();
+    eprintln!(
+        "manifest of {manifest_size} bytes cut every {cut} bytes: {manifest_resumes} resumes"
+    );
+    assert!(manifest_resumes >= 1, "{stderr}");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        3_000
+    );
+    link.set(s3::Fault::None);
+    drop(target);
+
+    // The archive, then the manifest, deleted behind custody's back: no retry can bring
+    // either back.
+    for (key, said) in [(&result.key, "404"), (&result.manifest_key, "NoSuchKey")] {
+        client
+            .delete_object()
+            .bucket(&bucket)
+            .key(key)
+            .send()
+            .await
+            .unwrap();
+        let target = LoopVolume::new(64);
+        let output = restore(url, &bucket, target.path(), &result, &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(custody_proto::mover::EXIT_PERMANENT)),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("ArtifactMissing") && stderr.contains(key) && stderr.contains(said),
+            "{stderr}"
+        );
+    }
+}
+
+/// Issue 24, item 4: format 1 too: a server that accepts and never answers fails the backup
+/// within the repository's stall bound, naming it (the uploads' calls had no bound at all).
+#[tokio::test]
+async fn a_stalled_server_fails_a_format_1_backup_within_its_bound() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "stalled-f1").await;
+    let source = LoopVolume::new(64);
+    std::fs::write(source.path().join("table"), incompressible(2 << 20, 7)).unwrap();
+    let link = s3::FaultyLink::start(url);
+    link.set(s3::Fault::Stall);
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let started = Instant::now();
+    let mut command = mover(&link.url, &bucket, &backup_args(source.path(), &prefix));
+    command.args(["--s3-stall-seconds", "3"]);
+    let output = run(command);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    eprintln!("stalled server, stall bound 3 s: the format 1 backup failed after {took:?}");
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("UploadFailed") && stderr.contains("did not finish within 3s"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    link.set(s3::Fault::None);
+}

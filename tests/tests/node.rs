@@ -3268,6 +3268,17 @@ impl FreezeSetup {
         let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
         let relay = s3::FaultyLink::start_on(&host, s3::shared());
         repository(&namespace, &relay.url, &bucket).await;
+        // The tests stall uploads on purpose, longer than the default 60 s stall bound would
+        // allow on a slow run.
+        namespace
+            .api::<custody_kube::api::BackupRepository>()
+            .patch(
+                "store",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"timeouts": {"stallSeconds": 600}}})),
+            )
+            .await
+            .unwrap();
         let source = LoopVolume::new(64);
         small_database(source.path());
         fill(source.path());

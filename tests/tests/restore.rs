@@ -1126,6 +1126,62 @@ async fn a_pod_on_a_node_without_an_agent_is_named_in_the_restore() {
     setup.finish().await;
 }
 
+/// Issue 24, item 4: a volume that waits with no progress (here its pod is on a node where no
+/// agent reports, so it can never be verified) fails the Restore at its
+/// `progressDeadlineSeconds`, naming the volume and what it waited for, and frees the Cluster's
+/// Lease, instead of holding the Cluster's Backups back for good. The pod stays held.
+#[tokio::test]
+async fn a_restore_that_makes_no_progress_fails_at_its_progress_deadline_naming_the_wait() {
+    let setup = setup("rprogress").await;
+    let (elsewhere, _target, _) = restore_on_a_node_without_an_agent(&setup).await;
+    let restores = setup.namespace.api::<Restore>();
+    let started = std::time::Instant::now();
+    restores
+        .patch(
+            "shop",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"progressDeadlineSeconds": 10}})),
+        )
+        .await
+        .unwrap();
+    let failed =
+        custody_tests::scenario::restore_reaches(&setup.namespace, "shop", RestorePhase::Failed)
+            .await;
+    let took = started.elapsed();
+    let volume = &failed.status.as_ref().unwrap().volumes[0];
+    assert_eq!(
+        volume.reason.as_deref(),
+        Some("ProgressDeadlineExceeded"),
+        "{volume:?}"
+    );
+    let message = volume.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("data-shop-0")
+            && message.contains("(10s)")
+            && message.contains(&elsewhere.node)
+            && message.contains("no custody agent reports"),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(40), "failed after {took:?}");
+    let ready = failed
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready.reason, "ProgressDeadlineExceeded", "{ready:?}");
+    await_event(&setup, "Restore", "shop", |(kind, reason, note)| {
+        kind == "Warning" && reason == "ProgressDeadlineExceeded" && note.contains("data-shop-0")
+    })
+    .await;
+    eprintln!("no progress, deadline 10 s: the Restore failed {took:?} after the deadline was set");
+    elsewhere.delete().await;
+    setup.finish().await;
+}
+
 /// Issue 15, item 5: a node's agent may only speak for pods on its own node. Node a's agent
 /// token reports Verified for a pod on node b (where no agent runs, so nothing was restored):
 /// the controller records what node a said, but the Restore and the pod take nothing from it.

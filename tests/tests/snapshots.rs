@@ -546,3 +546,118 @@ async fn a_backup_reusing_data_while_a_prune_runs_keeps_every_block_and_forgotte
         "space did not come back"
     );
 }
+
+/// How many bytes the overdue call had to move, as its message says.
+fn moved_bytes(said: &serde_json::Value) -> u64 {
+    let message = said["message"].as_str().unwrap();
+    let (before, _) = message
+        .split_once(" bytes to move")
+        .unwrap_or_else(|| panic!("no overdue call: {message}"));
+    before
+        .rsplit('(')
+        .next()
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count: {message}"))
+}
+
+/// Issue 24, item 4: a repository server that stops answering, or trickles, fails the mover
+/// within the repository's bounds (`spec.timeouts`, passed to the mover as a Job does: here
+/// 3 s and 256 KiB/s), naming them, and as a failure its Job may try again. Before, the SDK
+/// waited without end: the Job held its Cluster's Lease until its one-day deadline.
+#[tokio::test]
+async fn a_server_that_stalls_or_trickles_fails_the_mover_within_its_bounds_naming_them() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "bounded").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(64);
+    let random = |mut state: u64| -> Vec<u8> {
+        (0..(1usize << 20))
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    std::fs::write(source.path().join("table"), random(0x9e3779b97f4a7c15)).unwrap();
+    let result = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let link = s3::FaultyLink::start(url);
+    let bounds = ["--s3-stall-seconds", "3", "--s3-min-kib-per-second", "256"];
+    let second = "5a9a0b2e-2222-4000-8000-0000000000b2";
+    let temporary = |said: &serde_json::Value| {
+        custody_proto::reasons::MoverFailure::known(said["reason"].as_str().unwrap())
+            .is_some_and(|reason| !reason.permanent())
+    };
+    // Runs the mover through the link; how long it took to fail, and what it said (a failure
+    // its Job may try again).
+    let fails = |args: &[&str], what: &str| {
+        let started = std::time::Instant::now();
+        let output = run(mover(&link.url, &bucket, &key, args));
+        let took = started.elapsed();
+        let said = failure(&output);
+        eprintln!("{what}: failed after {took:?}: {said}");
+        assert!(temporary(&said), "{said}");
+        (took, said)
+    };
+
+    // Accepts and never answers: the first call fails at the stall bound.
+    link.set(s3::Fault::Stall);
+    let mut args = backup_args(source.path(), second, None);
+    args.extend(bounds);
+    let (took, said) = fails(&args, "stalled server, backup");
+    assert!(
+        said["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not finish within 3s"),
+        "{said}"
+    );
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+
+    // Uploads trickle at 8 kB/s: the new 1 MiB pack (the table changed: nothing to reuse)
+    // may take 3 s + 4 s, and fails then.
+    std::fs::write(source.path().join("table"), random(0x2545f4914f6cdd1d)).unwrap();
+    link.set(s3::Fault::Throttle(8_000));
+    let (took, said) = fails(&args, "uploads at 8 kB/s, backup");
+    assert_eq!(said["reason"], "UploadFailed", "{said}");
+    assert!(
+        moved_bytes(&said) > 100_000,
+        "a transfer's bound, not the stall: {said}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+
+    // Downloads trickle at 8 kB/s: the restore fails the same way.
+    link.set(s3::Fault::ThrottleDownloads(8_000));
+    let target = LoopVolume::new(64);
+    let snapshot = snapshot_id(&result);
+    let mut args = vec![
+        "restore",
+        "--target",
+        target.path().to_str().unwrap(),
+        "--snapshot",
+        &snapshot,
+        "--volume",
+        "data",
+        "--manifest-hash",
+        &result.manifest_hash,
+        "--backup-uid",
+        BACKUP_UID,
+        "--restore-uid",
+        RESTORE_UID,
+    ];
+    args.extend(bounds);
+    let (took, said) = fails(&args, "downloads at 8 kB/s, restore");
+    assert!(
+        moved_bytes(&said) > 100_000,
+        "a transfer's bound, not the stall: {said}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+
+    // At full speed the same bounds hold nothing up.
+    link.set(s3::Fault::None);
+    let target = LoopVolume::new(64);
+    args[2] = target.path().to_str().unwrap();
+    let output = run(mover(&link.url, &bucket, &key, &args));
+    assert!(output.status.success(), "restore failed");
+}

@@ -30,6 +30,11 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
         bucket: options.bucket.clone(),
         path_style: options.path_style,
         ca_bundle,
+        limits: custody_kube::s3::Limits {
+            stall: std::time::Duration::from_secs(options.s3_stall_seconds),
+            min_bytes_per_second: options.s3_min_kib_per_second * 1024,
+            ..custody_kube::s3::Limits::default()
+        },
     })
 }
 

@@ -54,6 +54,10 @@ pub enum MoverError {
     #[error("downloading {key}: {message}")]
     Download { key: String, message: String },
     #[error(
+        "{key} is not in the repository ({message}): it was deleted behind custody's back, and trying again cannot bring it back"
+    )]
+    Missing { key: String, message: String },
+    #[error(
         "the manifest in the repository is not the one Backup recorded (BLAKE3 {found}, expected {expected})"
     )]
     ManifestTampered { expected: String, found: String },
@@ -98,6 +102,7 @@ impl MoverError {
 
             MoverError::Local(_) => MoverFailure::LocalError,
             MoverError::Download { .. } => MoverFailure::DownloadFailed,
+            MoverError::Missing { .. } => MoverFailure::ArtifactMissing,
             MoverError::ManifestTampered { .. } => MoverFailure::ManifestTampered,
             MoverError::ManifestOfAnotherBackup { .. } => MoverFailure::ManifestOfAnotherBackup,
             MoverError::Extract(error) => error.reason(),
@@ -189,7 +194,10 @@ pub async fn backup(
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = key.clone();
-        tokio::spawn(async move { upload::multipart(&client, &bucket, &key, receiver, stop).await })
+        let limits = endpoint.limits;
+        tokio::spawn(async move {
+            upload::multipart(&client, &bucket, &key, receiver, stop, limits).await
+        })
     };
 
     let source = source.to_path_buf();
@@ -261,13 +269,27 @@ pub async fn backup(
     let body = aws_sdk_s3::primitives::ByteStream::from_path(manifest_path.path())
         .await
         .map_err(|error| MoverError::Local(format!("reading the manifest: {error}")))?;
-    client
+    let manifest_bytes = manifest_path
+        .as_file()
+        .metadata()
+        .map_err(local("the manifest's size"))?
+        .len();
+    let request = client
         .put_object()
         .bucket(&endpoint.bucket)
         .key(&manifest_key)
         .body(body)
-        .send()
+        .send();
+    endpoint
+        .limits
+        .bounded(manifest_bytes, request)
         .await
+        .map_err(|overdue| {
+            MoverError::Upload(upload::UploadError::Complete {
+                key: manifest_key.clone(),
+                message: overdue.to_string(),
+            })
+        })?
         .map_err(|error| {
             MoverError::Upload(upload::UploadError::Complete {
                 key: manifest_key.clone(),
@@ -410,7 +432,13 @@ pub async fn restore(
     let client = s3::client(endpoint, secret)?;
 
     // The manifest first: it decides everything that may be written.
-    let manifest_file = download_to_file(&client, &endpoint.bucket, request.manifest_key).await?;
+    let manifest_file = download_to_file(
+        &client,
+        &endpoint.bucket,
+        request.manifest_key,
+        endpoint.limits,
+    )
+    .await?;
     let found = manifest::hash_reader(BufReader::new(
         manifest_file.reopen().map_err(local("the manifest"))?,
     ))
@@ -434,7 +462,8 @@ pub async fn restore(
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = request.key.to_string();
-        tokio::spawn(async move { upload::download(&client, &bucket, &key, sender).await })
+        let limits = endpoint.limits;
+        tokio::spawn(async move { upload::download(&client, &bucket, &key, sender, limits).await })
     };
     let extract_target = target.clone();
     let extracted = tokio::task::spawn_blocking(move || -> Result<_, MoverError> {
@@ -449,13 +478,10 @@ pub async fn restore(
     .map_err(|error| MoverError::Local(format!("the extracting thread: {error}")))?;
     // A download that gave up is named as such (the extractor only saw its stream end).
     if extracted.is_err()
-        && let Ok(Ok(Err(message))) =
+        && let Ok(Ok(Err(stopped))) =
             tokio::time::timeout(std::time::Duration::from_secs(2), &mut downloader).await
     {
-        return Err(MoverError::Download {
-            key: request.key.to_string(),
-            message,
-        });
+        return Err(downloaded(request.key, stopped));
     }
     downloader.abort();
     let totals = extracted?;
@@ -490,31 +516,46 @@ fn finished_output_of(target: &Path, identity: &RestoreIdentity, manifest_hash: 
             .is_some_and(|hash| hash.to_hex().as_str() == manifest_hash)
 }
 
+/// The error of a download that gave up.
+fn downloaded(key: &str, stopped: upload::DownloadStopped) -> MoverError {
+    if stopped.missing {
+        MoverError::Missing {
+            key: key.to_string(),
+            message: stopped.message,
+        }
+    } else {
+        MoverError::Download {
+            key: key.to_string(),
+            message: stopped.message,
+        }
+    }
+}
+
+/// `key` into a temporary file, resumed after a reset or a stall as the archive is.
 async fn download_to_file(
     client: &aws_sdk_s3::Client,
     bucket: &str,
     key: &str,
+    limits: custody_kube::s3::Limits,
 ) -> Result<tempfile::NamedTempFile, MoverError> {
-    let failed = |message: String| MoverError::Download {
-        key: key.to_string(),
-        message,
-    };
-    let object = client
-        .get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .map_err(|error| failed(s3::sdk_error(&error)))?;
     let mut file = tempfile::NamedTempFile::new().map_err(local("a temporary file"))?;
-    let mut body = object.body;
-    while let Some(chunk) = body
-        .try_next()
-        .await
-        .map_err(|error| failed(error.to_string()))?
-    {
-        file.write_all(&chunk).map_err(local("a temporary file"))?;
-    }
+    let (sender, mut receiver) = mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let written = async {
+        while let Some(Ok(chunk)) = receiver.recv().await {
+            if let Err(error) = file.write_all(&chunk) {
+                // The download must not wait for a reader that is gone.
+                receiver.close();
+                return Err(local("a temporary file")(error));
+            }
+        }
+        Ok::<_, MoverError>(())
+    };
+    let (downloaded_whole, written) = tokio::join!(
+        upload::download(client, bucket, key, sender, limits),
+        written
+    );
+    downloaded_whole.map_err(|stopped| downloaded(key, stopped))?;
+    written?;
     file.flush().map_err(local("a temporary file"))?;
     Ok(file)
 }

@@ -76,7 +76,8 @@ impl Repo {
                 prefix: prefix.trim_matches('/').to_string(),
             },
             tokio::runtime::Handle::current(),
-        );
+        )
+        .with_limits(endpoint.limits);
         let backends = RepositoryBackends::new(backend.clone().shared(), None);
         Ok(Repo {
             backend,
@@ -134,7 +135,25 @@ pub struct SnapshotBackup {
 
 /// Backs the volumes up into one snapshot. `stop` ends the reading; `on_read` runs once every
 /// file is read. Blocks: run it on a blocking thread.
+///
+/// A volume that cannot be archived while an S3 call failed is the server's fault: it is said
+/// as a failed upload, not as an unreadable volume.
 pub fn backup(
+    repo: &Repo,
+    request: SnapshotBackup,
+    stop: Arc<AtomicBool>,
+    on_read: Option<Box<dyn FnOnce() + Send>>,
+) -> Result<BackupResult, MoverError> {
+    let failures = repo.backend.failures();
+    backup_into(repo, request, stop, on_read).map_err(|error| match error {
+        MoverError::ReadVolume(error) if repo.backend.failures() > failures => {
+            MoverError::RepositoryWrite(error.to_string())
+        }
+        other => other,
+    })
+}
+
+fn backup_into(
     repo: &Repo,
     request: SnapshotBackup,
     stop: Arc<AtomicBool>,
@@ -399,7 +418,23 @@ pub struct SnapshotRestore<'a> {
 }
 
 /// Restores a volume out of a snapshot. Blocks: run it on a blocking thread.
+///
+/// A snapshot or manifest that cannot be read while an S3 call failed (a stall, a trickle, a
+/// dropped connection) is the server's fault, not the snapshot's: worth trying again.
 pub fn restore(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResult, MoverError> {
+    let failures = repo.backend.failures();
+    restore_from(repo, request).map_err(|error| match error {
+        MoverError::Snapshot(message) if repo.backend.failures() > failures => {
+            MoverError::Repository(OpenError::Unreadable {
+                location: repo.backend.location(),
+                message,
+            })
+        }
+        other => other,
+    })
+}
+
+fn restore_from(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResult, MoverError> {
     let identity = custody_proto::volume::RestoreIdentity {
         restore_uid: request.restore_uid.to_string(),
         backup_uid: request.backup_uid.to_string(),

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use custody_kube::s3::sdk_error;
+use custody_kube::s3::{Limits, sdk_error};
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
@@ -12,6 +12,9 @@ pub const PART_SIZE: usize = 5 << 20;
 /// Parts uploaded at once. With the part being filled and the one queued, the upload holds
 /// at most four parts (20 MiB) whatever the volume's size.
 pub const PARTS_IN_FLIGHT: usize = 2;
+
+/// The least time a server gets to complete a multipart upload.
+const COMPLETE_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What the writing side sends to the uploader.
 pub enum Chunk {
@@ -100,27 +103,34 @@ pub async fn multipart(
     key: &str,
     mut chunks: mpsc::Receiver<Chunk>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
 ) -> Result<(), UploadError> {
-    let created = client
-        .create_multipart_upload()
-        .bucket(bucket)
-        .key(key)
-        .send()
+    let start = |message: String| UploadError::Start {
+        key: key.to_string(),
+        message,
+    };
+    let created = limits
+        .bounded(
+            0,
+            client
+                .create_multipart_upload()
+                .bucket(bucket)
+                .key(key)
+                .send(),
+        )
         .await
-        .map_err(|error| UploadError::Start {
-            key: key.to_string(),
-            message: sdk_error(&error),
-        })?;
+        .map_err(|overdue| start(overdue.to_string()))?
+        .map_err(|error| start(sdk_error(&error)))?;
     let upload_id = created.upload_id().unwrap_or_default().to_string();
     // A stop (SIGTERM) ends the upload where it is; the abort below still runs.
     let result = tokio::select! {
-        result = upload_parts(client, bucket, key, &upload_id, &mut chunks) => result,
+        result = upload_parts(client, bucket, key, &upload_id, &mut chunks, limits) => result,
         _ = stop.wait_for(|stopped| *stopped) => Err(UploadError::Interrupted { key: key.to_string() }),
     };
     if result.is_err() {
         // Dropping the receiver stops the writer; then the parts are discarded.
         drop(chunks);
-        abort(client, bucket, key, &upload_id).await;
+        abort(client, bucket, key, &upload_id, limits).await;
     }
     result
 }
@@ -136,25 +146,33 @@ const ABORT_RETRIES: [std::time::Duration; 6] = [
     std::time::Duration::from_secs(8),
 ];
 
-async fn abort(client: &aws_sdk_s3::Client, bucket: &str, key: &str, upload_id: &str) {
+async fn abort(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    upload_id: &str,
+    limits: Limits,
+) {
     for delay in ABORT_RETRIES {
         tokio::time::sleep(delay).await;
-        match client
+        let request = client
             .abort_multipart_upload()
             .bucket(bucket)
             .key(key)
             .upload_id(upload_id)
-            .send()
-            .await
-        {
-            Ok(_) => {
+            .send();
+        match limits.bounded(0, request).await {
+            Ok(Ok(_)) => {
                 eprintln!("custody-mover: aborted the multipart upload of {key}");
                 return;
             }
-            Err(error) => eprintln!(
+            Ok(Err(error)) => eprintln!(
                 "custody-mover: aborting the multipart upload of {key}: {}",
                 sdk_error(&error)
             ),
+            Err(overdue) => {
+                eprintln!("custody-mover: aborting the multipart upload of {key}: {overdue}");
+            }
         }
     }
 }
@@ -165,6 +183,7 @@ async fn upload_parts(
     key: &str,
     upload_id: &str,
     chunks: &mut mpsc::Receiver<Chunk>,
+    limits: Limits,
 ) -> Result<(), UploadError> {
     let mut in_flight = tokio::task::JoinSet::new();
     let mut completed = Vec::new();
@@ -179,6 +198,7 @@ async fn upload_parts(
             }
         };
         number += 1;
+        let bytes = data.len() as u64;
         while in_flight.len() >= PARTS_IN_FLIGHT {
             completed.push(joined(in_flight.join_next().await, key)?);
         }
@@ -195,11 +215,16 @@ async fn upload_parts(
             .disable_payload_signing();
         let key = key.to_string();
         in_flight.spawn(async move {
-            let uploaded = request.send().await.map_err(|error| UploadError::Part {
-                key,
+            let failed = |message: String| UploadError::Part {
+                key: key.clone(),
                 part: number,
-                message: sdk_error(&error),
-            })?;
+                message,
+            };
+            let uploaded = limits
+                .bounded(bytes, request.send())
+                .await
+                .map_err(|overdue| failed(overdue.to_string()))?
+                .map_err(|error| failed(sdk_error(&error)))?;
             Ok::<_, UploadError>(
                 CompletedPart::builder()
                     .part_number(number)
@@ -215,7 +240,11 @@ async fn upload_parts(
         return Err(UploadError::Incomplete);
     }
     completed.sort_by_key(|part| part.part_number());
-    client
+    let complete = |message: String| UploadError::Complete {
+        key: key.to_string(),
+        message,
+    };
+    let request = client
         .complete_multipart_upload()
         .bucket(bucket)
         .key(key)
@@ -225,12 +254,18 @@ async fn upload_parts(
                 .set_parts(Some(completed))
                 .build(),
         )
-        .send()
+        .send();
+    // S3 may take minutes to assemble a large upload, sending blanks meanwhile.
+    let bound = limits.stall.max(COMPLETE_AT_LEAST);
+    tokio::time::timeout(bound, request)
         .await
-        .map_err(|error| UploadError::Complete {
-            key: key.to_string(),
-            message: sdk_error(&error),
-        })?;
+        .map_err(|_| {
+            complete(format!(
+                "the S3 server did not complete the upload within {}s",
+                bound.as_secs()
+            ))
+        })?
+        .map_err(|error| complete(sdk_error(&error)))?;
     Ok(())
 }
 
@@ -292,9 +327,20 @@ pub const RESUME_DELAYS: [std::time::Duration; 5] = [
 
 /// Why a stretch of a download ended early.
 struct Stopped {
-    /// A reset, a timeout or a server error: worth resuming.
+    /// A reset, a stall or a server error: worth resuming.
     transient: bool,
+    /// The object is not there (404): nothing will bring it back.
+    missing: bool,
     message: String,
+}
+
+/// Why a download gave up.
+#[derive(Debug)]
+pub struct DownloadStopped {
+    /// The object is not there (404 NoSuchKey): someone deleted it, and trying again cannot
+    /// help.
+    pub missing: bool,
+    pub message: String,
 }
 
 /// Whether a failed request is worth trying again: no answer at all, or a 5xx or 429 answer.
@@ -315,22 +361,26 @@ fn transient<E>(
 /// timeout or a 5xx in the middle resumes with a ranged GET from the first byte not yet
 /// received, on the condition (`If-Match`) that the object is still the one begun with.
 ///
+/// A stretch must move its bytes within `limits` (a trickle is not resumed: it fails).
+///
 /// Returns why it gave up, if it did (the reader also gets it as an error).
 pub async fn download(
     client: &aws_sdk_s3::Client,
     bucket: &str,
     key: &str,
     sender: mpsc::Sender<io::Result<bytes::Bytes>>,
-) -> Result<(), String> {
+    limits: Limits,
+) -> Result<(), DownloadStopped> {
     let mut offset: u64 = 0;
     let mut etag: Option<String> = None;
     let mut failures = 0usize;
     loop {
         let before = offset;
-        let stopped = match stretch(client, bucket, key, &sender, &mut offset, &mut etag).await {
-            Ok(()) => return Ok(()),
-            Err(stopped) => stopped,
-        };
+        let stopped =
+            match stretch(client, bucket, key, &sender, &mut offset, &mut etag, limits).await {
+                Ok(()) => return Ok(()),
+                Err(stopped) => stopped,
+            };
         if offset > before {
             failures = 0;
         }
@@ -345,12 +395,13 @@ pub async fn download(
             }
             _ => {
                 let message = format!("stopped at byte {offset}: {}", stopped.message);
-                let _ = sender
-                    .send(Err(io::Error::other(format!(
-                        "downloading {key} ({message})"
-                    ))))
-                    .await;
-                return Err(message);
+                let _ = sender.try_send(Err(io::Error::other(format!(
+                    "downloading {key} ({message})"
+                ))));
+                return Err(DownloadStopped {
+                    missing: stopped.missing,
+                    message,
+                });
             }
         }
     }
@@ -365,6 +416,7 @@ async fn stretch(
     sender: &mpsc::Sender<io::Result<bytes::Bytes>>,
     offset: &mut u64,
     etag: &mut Option<String>,
+    limits: Limits,
 ) -> Result<(), Stopped> {
     let mut request = client.get_object().bucket(bucket).key(key);
     if *offset > 0 {
@@ -372,15 +424,26 @@ async fn stretch(
             .range(format!("bytes={offset}-"))
             .set_if_match(etag.clone());
     }
-    let object = request.send().await.map_err(|error| Stopped {
-        transient: transient(&error),
-        message: sdk_error(&error),
-    })?;
+    let object = limits
+        .bounded(0, request.send())
+        .await
+        .map_err(|overdue| Stopped {
+            transient: true,
+            missing: false,
+            message: overdue.to_string(),
+        })?
+        .map_err(|error| Stopped {
+            transient: transient(&error),
+            // Not a missing bucket (`NoSuchBucket`: a wrong setting, or an outage of it).
+            missing: aws_sdk_s3::error::ProvideErrorMetadata::code(&error) == Some("NoSuchKey"),
+            message: sdk_error(&error),
+        })?;
     if *offset > 0 {
         let range = object.content_range().unwrap_or_default();
         if !range.starts_with(&format!("bytes {offset}-")) {
             return Err(Stopped {
                 transient: false,
+                missing: false,
                 message: format!(
                     "asked for the bytes from {offset} on, the server answered the range {range:?}"
                 ),
@@ -389,9 +452,32 @@ async fn stretch(
     } else {
         *etag = object.e_tag().map(str::to_string);
     }
+    let length = u64::try_from(object.content_length().unwrap_or_default()).unwrap_or(0);
     let mut body = object.body;
+    // The server's share of the time only: waiting for the reader (the extractor writing the
+    // volume) moves the deadline on.
+    let mut budget = limits.bound(length);
     loop {
-        match body.try_next().await {
+        let asked = tokio::time::Instant::now();
+        let next = match tokio::time::timeout(budget, body.try_next()).await {
+            Ok(next) => next,
+            // Too slow for its bound: a resume would be as slow.
+            Err(_) => {
+                return Err(Stopped {
+                    transient: false,
+                    missing: false,
+                    message: custody_kube::s3::Overdue {
+                        bound: limits.bound(length),
+                        stall: limits.stall,
+                        bytes: length,
+                        min_bytes_per_second: limits.min_bytes_per_second,
+                    }
+                    .to_string(),
+                });
+            }
+        };
+        budget = budget.saturating_sub(asked.elapsed());
+        match next {
             Ok(Some(chunk)) => {
                 *offset += chunk.len() as u64;
                 if sender.send(Ok(chunk)).await.is_err() {
@@ -402,6 +488,7 @@ async fn stretch(
             Err(error) => {
                 return Err(Stopped {
                     transient: true,
+                    missing: false,
                     message: error.to_string(),
                 });
             }

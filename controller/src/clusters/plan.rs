@@ -82,6 +82,7 @@ pub fn plan(facts: &Facts) -> Plan {
                     },
                     backup_ref: spec.backup_ref.clone(),
                     volume_restore_policy: spec.volume_restore_policy,
+                    progress_deadline_seconds: spec.progress_deadline_seconds,
                 },
             );
             restore.metadata.owner_references =

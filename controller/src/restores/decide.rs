@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::backups::decide::JobState;
@@ -30,6 +31,9 @@ pub const POD_MOVED: &str = "PodMoved";
 pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
 /// The volume's prepareData pod was deleted before its agent verified it, on every attempt.
 pub const PREPARE_DATA_POD_GONE: &str = "PrepareDataPodGone";
+/// The volume waited for its pod, its node's agent or its verification past the Restore's
+/// `progressDeadlineSeconds`.
+pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
 /// How long after a prepareData Job finished its node's agent may not have seen its pod yet
 /// (watch lag, a report on its way): a later report that sees no such pod means it is gone.
 pub const POD_GONE_AFTER_SECONDS: i64 = 15;
@@ -43,6 +47,7 @@ pub fn condition_reason(reason: &str) -> &'static str {
         JOB_NAME_TAKEN,
         POD_MOVED,
         PREPARE_DATA_POD_GONE,
+        PROGRESS_DEADLINE_EXCEEDED,
     ]
     .into_iter()
     .find(|own| *own == reason)
@@ -405,6 +410,76 @@ fn pod_gone(finished: Option<Timestamp>, reported: Option<Timestamp>) -> bool {
     finished.is_some()
         && reported.is_some()
         && seconds_between(finished, reported) >= POD_GONE_AFTER_SECONDS
+}
+
+/// `step` with the time its volume entered its state: kept while the state stays, `now` when
+/// it changed.
+pub fn since(
+    mut step: VolumeStep,
+    previous: Option<&VolumeRestoreStatus>,
+    now: Timestamp,
+) -> VolumeStep {
+    let since = previous
+        .filter(|previous| previous.state == step.status.state)
+        .and_then(|previous| previous.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    step.status.last_transition_time = Some(since);
+    step
+}
+
+/// Fails `ProgressDeadlineExceeded` every volume that waits (`Pending`: for its pod or its
+/// node's agent; `Verifying`: for the agent's verdict) when the Restore made no progress for
+/// longer than `deadline_seconds`: no volume changed state since, and none is being written
+/// (a Job's own deadline bounds that, and volumes may wait their turn behind it: `Serial`, or
+/// a StatefulSet that starts its pods one by one).
+pub fn past_deadline(steps: &mut [VolumeStep], now: Timestamp, deadline_seconds: i64) {
+    // A volume whose node's agent is missing or silent waits, whatever its state says.
+    let agent_away = |step: &VolumeStep| {
+        matches!(
+            step.status.reason.as_deref(),
+            Some(super::reasons::AGENT_MISSING | super::reasons::AGENT_NOT_READY)
+        )
+    };
+    if steps
+        .iter()
+        .any(|step| step.status.state == VolumeState::Restoring && !agent_away(step))
+    {
+        return;
+    }
+    let Some(progress) = steps
+        .iter()
+        .filter_map(|step| step.status.last_transition_time.as_ref())
+        .map(|time| time.0)
+        .max()
+    else {
+        return;
+    };
+    let waited = now.as_second() - progress.as_second();
+    if waited <= deadline_seconds {
+        return;
+    }
+    for step in steps.iter_mut() {
+        let waiting = match step.status.state {
+            VolumeState::Pending => "Pending",
+            VolumeState::Verifying => "Verifying",
+            VolumeState::Restoring if agent_away(step) => "Restoring",
+            VolumeState::Restoring | VolumeState::Verified | VolumeState::Failed => continue,
+        };
+        let what = step
+            .status
+            .message
+            .clone()
+            .unwrap_or_else(|| "nothing reported".to_string());
+        let claim = step.status.claim_name.clone();
+        *step = failed(
+            step.status.clone(),
+            PROGRESS_DEADLINE_EXCEEDED,
+            format!(
+                "claim {claim} stayed {waiting} and the Restore made no progress for {waited}s, past its progressDeadlineSeconds ({deadline_seconds}s); it waited for: {what}"
+            ),
+        );
+        step.status.last_transition_time = Some(Time(now));
+    }
 }
 
 /// Whole seconds from `from` to `to` (0 when either is unknown).

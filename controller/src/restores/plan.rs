@@ -319,6 +319,24 @@ pub fn plan(facts: &Facts) -> Plan {
     }
 
     let reports = decide::reports_for(agents(), &namespace, &uid, &claims);
+    // After a wait before the volumes (for the Repository, the StatefulSet, a backup), their
+    // recorded times are as old as that wait: the progress deadline counts from now again.
+    let resumed = !restore
+        .status
+        .iter()
+        .flat_map(|status| status.conditions.iter())
+        .any(|condition| {
+            condition.type_ == types::READY
+                && [
+                    reasons::WAITING_FOR_PODS,
+                    reasons::RESTORING,
+                    reasons::AGENT_MISSING,
+                    reasons::AGENT_NOT_READY,
+                    reasons::JOB_POD_NOT_STARTING,
+                    reasons::POD_NOT_HELD,
+                ]
+                .contains(&condition.reason.as_str())
+        });
     let mut steps: Vec<decide::VolumeStep> = Vec::with_capacity(claims.len());
     for claim in &claims {
         let previous = volumes_status
@@ -367,8 +385,22 @@ pub fn plan(facts: &Facts) -> Plan {
                 pod_gone: false,
             };
         }
-        steps.push(step);
+        steps.push(decide::since(
+            step,
+            previous.filter(|_| !resumed),
+            facts.now,
+        ));
     }
+    decide::past_deadline(
+        &mut steps,
+        facts.now,
+        i64::from(
+            restore
+                .spec
+                .progress_deadline_seconds
+                .unwrap_or(custody_kube::api::DEFAULT_PROGRESS_DEADLINE_SECONDS),
+        ),
+    );
 
     let mut events = Vec::new();
     let mut jobs = Vec::new();

@@ -87,6 +87,7 @@ fn cluster(restore: bool) -> Cluster {
                     name: "nightly".into(),
                 },
                 volume_restore_policy: VolumeRestorePolicy::Parallel,
+                progress_deadline_seconds: None,
             }),
             consistency: None,
         },
@@ -106,6 +107,7 @@ fn restore(name: &str, owner_uid: Option<&str>, phase: Option<RestorePhase>) -> 
                 name: "nightly".into(),
             },
             volume_restore_policy: VolumeRestorePolicy::Parallel,
+            progress_deadline_seconds: None,
         },
     );
     restore.metadata.owner_references = owner_uid.map(|uid| {

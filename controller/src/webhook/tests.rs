@@ -15,6 +15,7 @@ fn cluster(restore: bool) -> Cluster {
                     name: "nightly".into(),
                 },
                 volume_restore_policy: VolumeRestorePolicy::Parallel,
+                progress_deadline_seconds: None,
             }),
             consistency: None,
         },

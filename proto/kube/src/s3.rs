@@ -15,6 +15,33 @@ pub struct Endpoint {
     pub path_style: bool,
     /// PEM CA bundle trusted in addition to the system roots.
     pub ca_bundle: Option<Vec<u8>>,
+    /// How long its calls may take.
+    pub limits: Limits,
+}
+
+pub use custody_proto::s3_limits::{
+    DEFAULT_MIN_KIB_PER_SECOND, DEFAULT_STALL_SECONDS, Limits, Overdue,
+};
+
+/// The limits a repository's `spec.timeouts` asks for (the defaults where it says nothing).
+pub fn limits_of(timeouts: Option<&crate::api::RepositoryTimeouts>) -> Limits {
+    let default = Limits::default();
+    let Some(timeouts) = timeouts else {
+        return default;
+    };
+    Limits {
+        connect: default.connect,
+        stall: timeouts
+            .stall_seconds
+            .and_then(|seconds| u64::try_from(seconds).ok())
+            .filter(|seconds| *seconds > 0)
+            .map_or(default.stall, std::time::Duration::from_secs),
+        min_bytes_per_second: timeouts
+            .minimum_kib_per_second
+            .and_then(|rate| u64::try_from(rate).ok())
+            .filter(|rate| *rate > 0)
+            .map_or(default.min_bytes_per_second, |rate| rate * 1024),
+    }
 }
 
 /// Access key and secret.
@@ -78,6 +105,18 @@ pub fn client(endpoint: &Endpoint, secret: &Secret) -> Result<aws_sdk_s3::Client
         .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
         .http_client(http)
+        // Connecting is bounded here; a call as a whole by `Limits::bounded` at the caller,
+        // which knows how many bytes it moves. A body that stops coming fails after `stall`.
+        .timeout_config(
+            aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                .connect_timeout(endpoint.limits.connect)
+                .build(),
+        )
+        .stalled_stream_protection(
+            aws_sdk_s3::config::StalledStreamProtectionConfig::enabled()
+                .grace_period(endpoint.limits.stall)
+                .build(),
+        )
         .build();
     Ok(aws_sdk_s3::Client::from_conf(config))
 }
@@ -136,6 +175,18 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
     ];
     if let Some(ca) = &repository.ca_bundle {
         variables.push(serde_json::json!({"name": env::CA_BUNDLE, "value": ca}));
+    }
+    if let Some(timeouts) = &repository.timeouts {
+        if let Some(seconds) = timeouts.stall_seconds {
+            variables.push(
+                serde_json::json!({"name": env::STALL_SECONDS, "value": seconds.to_string()}),
+            );
+        }
+        if let Some(rate) = timeouts.minimum_kib_per_second {
+            variables.push(
+                serde_json::json!({"name": env::MIN_KIB_PER_SECOND, "value": rate.to_string()}),
+            );
+        }
     }
     variables
 }

@@ -30,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
         bucket: bucket.clone(),
         path_style: true,
         ca_bundle: None,
+        limits: custody_kube::s3::Limits::default(),
     };
     let secret = custody_kube::s3::Secret {
         access_key_id: env("AWS_ACCESS_KEY_ID")?,

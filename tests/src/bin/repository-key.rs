@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<()> {
             bucket: bucket.clone(),
             path_style: true,
             ca_bundle: None,
+            limits: custody_kube::s3::Limits::default(),
         },
         &custody_kube::s3::Secret {
             access_key_id: env("AWS_ACCESS_KEY_ID")?,

@@ -863,3 +863,154 @@ fn verified_claims_get_the_restores_record_once() {
         assert_eq!(needs_record(annotations.as_ref(), UID), needed, "{name}");
     }
 }
+
+#[test]
+fn a_volume_keeps_the_time_it_entered_its_state() {
+    use VolumeState::*;
+    let now = Timestamp::from_second(1_000_000).unwrap();
+    let earlier = Time(Timestamp::from_second(999_000).unwrap());
+    let entered = |state, since: Option<Time>| VolumeRestoreStatus {
+        last_transition_time: since,
+        ..previous(state, 0)
+    };
+    // (previous, state now) -> when it entered it
+    let rows = [
+        (None, Pending, now),
+        (
+            Some(entered(Pending, Some(earlier.clone()))),
+            Pending,
+            earlier.0,
+        ),
+        (
+            Some(entered(Pending, Some(earlier.clone()))),
+            Verifying,
+            now,
+        ),
+        (Some(entered(Verifying, None)), Verifying, now),
+    ];
+    for (before, state, expected) in rows {
+        let after = since(step(state), before.as_ref(), now);
+        assert_eq!(
+            after.status.last_transition_time,
+            Some(Time(expected)),
+            "{before:?} -> {state:?}"
+        );
+    }
+}
+
+#[test]
+fn waiting_volumes_fail_only_after_the_whole_restore_made_no_progress_past_the_deadline() {
+    use VolumeState::*;
+    let now = Timestamp::from_second(1_000_000).unwrap();
+    let at = |state, seconds_ago: i64, message: &str| {
+        let mut step = step(state);
+        step.status.claim_name = format!("data-db-{seconds_ago}");
+        step.status.message = Some(message.to_string());
+        step.status.last_transition_time = Some(Time(
+            Timestamp::from_second(now.as_second() - seconds_ago).unwrap(),
+        ));
+        step
+    };
+    // (volumes as (state, seconds in it)) -> the states after, deadline 600 s
+    type Row = (&'static str, Vec<(VolumeState, i64)>, Vec<VolumeState>);
+    let rows: Vec<Row> = vec![
+        (
+            "a pod never scheduled, past the deadline",
+            vec![(Pending, 601)],
+            vec![Failed],
+        ),
+        (
+            "a pod not scheduled, at the deadline",
+            vec![(Pending, 600)],
+            vec![Pending],
+        ),
+        (
+            "an agent that never finishes",
+            vec![(Verifying, 700)],
+            vec![Failed],
+        ),
+        (
+            "waits behind a volume being written (Serial, or pods started one by one)",
+            vec![(Restoring, 5_000), (Pending, 5_000)],
+            vec![Restoring, Pending],
+        ),
+        (
+            "another volume verified recently: progress",
+            vec![(Verified, 30), (Pending, 5_000)],
+            vec![Verified, Pending],
+        ),
+        (
+            "no progress anywhere: every waiting volume fails, the verified one stays",
+            vec![(Verified, 900), (Pending, 5_000), (Verifying, 800)],
+            vec![Verified, Failed, Failed],
+        ),
+        (
+            "a failed volume is left as it is",
+            vec![(Failed, 9_000)],
+            vec![Failed],
+        ),
+    ];
+    for (name, volumes, expected) in rows {
+        let mut steps: Vec<VolumeStep> = volumes
+            .iter()
+            .map(|(state, ago)| at(*state, *ago, "waiting for a pod that mounts claim x"))
+            .collect();
+        let before = steps.clone();
+        past_deadline(&mut steps, now, 600);
+        let states: Vec<VolumeState> = steps.iter().map(|step| step.status.state).collect();
+        assert_eq!(states, expected, "{name}");
+        for (old, new) in before.iter().zip(&steps) {
+            if old.status.state != Failed && new.status.state == Failed {
+                assert_eq!(
+                    new.status.reason.as_deref(),
+                    Some(PROGRESS_DEADLINE_EXCEEDED),
+                    "{name}"
+                );
+                let message = new.status.message.clone().unwrap();
+                assert!(
+                    message.contains(&old.status.claim_name)
+                        && message.contains("(600s)")
+                        && message.contains("waiting for a pod that mounts claim x"),
+                    "{name}: {message}"
+                );
+                assert_eq!(new.status.last_transition_time, Some(Time(now)), "{name}");
+            } else {
+                assert_eq!(old, new, "{name}: untouched");
+            }
+        }
+    }
+    assert_eq!(
+        condition_reason(PROGRESS_DEADLINE_EXCEEDED),
+        PROGRESS_DEADLINE_EXCEEDED
+    );
+
+    // A volume left Restoring while its node's agent is away waits for that agent: it counts
+    // down, and does not exempt the others.
+    for reason in [
+        super::super::reasons::AGENT_MISSING,
+        super::super::reasons::AGENT_NOT_READY,
+    ] {
+        let mut away = at(Restoring, 700, "its node's agent is not ready");
+        away.status.reason = Some(reason.to_string());
+        let mut steps = vec![away.clone(), at(Pending, 5_000, "waiting for a pod")];
+        past_deadline(&mut steps, now, 600);
+        let states: Vec<VolumeState> = steps.iter().map(|step| step.status.state).collect();
+        assert_eq!(states, vec![Failed, Failed], "{reason}");
+        assert!(
+            steps[0]
+                .status
+                .message
+                .as_deref()
+                .is_some_and(|message| message.contains("stayed Restoring")
+                    && message.contains("its node's agent is not ready")),
+            "{:?}",
+            steps[0].status
+        );
+        let mut steps = vec![away, at(Pending, 5_000, "waiting for a pod")];
+        past_deadline(&mut steps, now, 800);
+        assert_eq!(
+            steps[0].status.state, Restoring,
+            "{reason}: within the deadline"
+        );
+    }
+}

@@ -88,6 +88,33 @@ pub struct BackupRepositorySpec {
     /// `custody.io/check-requested` to a new value (any text, such as the time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<RepositoryMaintenance>,
+
+    /// How long custody waits for the S3 server, in the controller and in every mover Job. A
+    /// call that gets no answer (or no further bytes) for `stallSeconds`, or moves its bytes
+    /// slower than `minimumKiBPerSecond`, fails, and with it the Backup or Restore, naming
+    /// the bound. Defaults: 60 s and 64 KiB/s; raise them for a slow link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<RepositoryTimeouts>,
+}
+
+/// Bounds on the S3 server's answers.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryTimeouts {
+    /// The longest wait for an answer, or for the next bytes of one (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub stall_seconds: Option<i32>,
+
+    /// The slowest transfer accepted, in KiB per second (default 64): a call moving N KiB
+    /// may take `stallSeconds + N / minimumKiBPerSecond` seconds.
+    #[serde(
+        default,
+        rename = "minimumKiBPerSecond",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub minimum_kib_per_second: Option<i32>,
 }
 
 /// When custody prunes and checks an encrypted repository.

@@ -61,6 +61,13 @@ pub struct ClusterRestoreSpec {
     /// Whether the volumes are restored all at once (`Parallel`) or one at a time (`Serial`).
     #[serde(default)]
     pub volume_restore_policy: VolumeRestorePolicy,
+
+    /// The Restore's `progressDeadlineSeconds`: how long a volume may wait for its pod, its
+    /// node's agent or its verification with no progress before the restore fails (default
+    /// 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 2592000))]
+    pub progress_deadline_seconds: Option<i32>,
 }
 
 /// Lifecycle of a Cluster.

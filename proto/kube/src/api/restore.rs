@@ -37,7 +37,21 @@ pub struct RestoreSpec {
     /// Whether the volumes are restored all at once (`Parallel`) or one at a time (`Serial`).
     #[serde(default)]
     pub volume_restore_policy: VolumeRestorePolicy,
+
+    /// The longest a volume may wait in one state without moving on: for its pod to be
+    /// scheduled and reported by its node's agent (`Pending`, also while that agent is missing
+    /// or not ready), or for the agent to verify it (`Verifying`). Past it the Restore fails
+    /// `ProgressDeadlineExceeded`, naming the volume and what it waited for, and stops holding
+    /// the Cluster's Backups back. Default 3600. Verification reads every byte of the volume:
+    /// raise it for volumes the agent cannot read in an hour. Writing is bounded by the
+    /// prepareData Job's own deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 2592000))]
+    pub progress_deadline_seconds: Option<i32>,
 }
+
+/// [`RestoreSpec::progress_deadline_seconds`] when a Restore sets none.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: i32 = 3600;
 
 /// Lifecycle of a Restore.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
@@ -98,6 +112,9 @@ pub struct VolumeRestoreStatus {
     /// Why the volume failed, naming the first differences found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the volume entered its state (what the progress deadline counts from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
 }
 
 /// Observed state of a Restore.
