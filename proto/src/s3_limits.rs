@@ -46,15 +46,19 @@ impl Limits {
         bytes: u64,
         call: impl std::future::Future<Output = T>,
     ) -> Result<T, Overdue> {
-        let bound = self.bound(bytes);
-        tokio::time::timeout(bound, call)
+        tokio::time::timeout(self.bound(bytes), call)
             .await
-            .map_err(|_| Overdue {
-                bound,
-                stall: self.stall,
-                bytes,
-                min_bytes_per_second: self.min_bytes_per_second,
-            })
+            .map_err(|_| self.overdue(bytes))
+    }
+
+    /// What a call moving `bytes` that outlasted its bound says.
+    pub fn overdue(&self, bytes: u64) -> Overdue {
+        Overdue {
+            bound: self.bound(bytes),
+            stall: self.stall,
+            bytes,
+            min_bytes_per_second: self.min_bytes_per_second,
+        }
     }
 }
 

@@ -466,13 +466,7 @@ async fn stretch(
                 return Err(Stopped {
                     transient: false,
                     missing: false,
-                    message: custody_kube::s3::Overdue {
-                        bound: limits.bound(length),
-                        stall: limits.stall,
-                        bytes: length,
-                        min_bytes_per_second: limits.min_bytes_per_second,
-                    }
-                    .to_string(),
+                    message: limits.overdue(length).to_string(),
                 });
             }
         };

@@ -462,8 +462,9 @@ pub fn past_deadline(steps: &mut [VolumeStep], now: Timestamp, deadline_seconds:
         let waiting = match step.status.state {
             VolumeState::Pending => "Pending",
             VolumeState::Verifying => "Verifying",
-            VolumeState::Restoring if agent_away(step) => "Restoring",
-            VolumeState::Restoring | VolumeState::Verified | VolumeState::Failed => continue,
+            // Only one whose agent is away is left Restoring here (see above).
+            VolumeState::Restoring => "Restoring",
+            VolumeState::Verified | VolumeState::Failed => continue,
         };
         let what = step
             .status
