@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use custody_agent::manifest_builder;
 use custody_agent::verify::{Expected, Options, verify_tree};
-use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::manifest::Header;
 use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 
 const RUNS: usize = 3;
@@ -19,12 +19,7 @@ fn main() {
         .find(|argument| !argument.starts_with('-'))
         .map(PathBuf::from)
         .expect("usage: verify DIR");
-    let header = Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: "bench-backup".into(),
-        cluster_uid: "bench-cluster".into(),
-        created_at: "2026-11-30T00:00:00Z".into(),
-    };
+    let header = Header::new("bench-backup", "bench-cluster", "2026-11-30T00:00:00Z");
     let started = Instant::now();
     let (manifest, summary) =
         manifest_builder::build(&root, &header, Vec::new()).expect("building the manifest");

@@ -222,12 +222,17 @@ pub struct MoverOptions {
 /// What custody records about a snapshot backup (format 2), sealed in the snapshot.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SnapshotFlags {
-    /// The volume claim template whose claim is backed up (`data/<volume>` in the snapshot).
+    /// The volume claim template whose claim is backed up (`data/<volume>` in the snapshot),
+    /// once per `--source`, in the same order.
     #[arg(long = flags::VOLUME, requires = "repository_prefix")]
-    pub volume: Option<String>,
-    /// The claim.
+    pub volume: Vec<String>,
+    /// The claim, once per `--volume`.
     #[arg(long = flags::CLAIM, requires = "volume")]
-    pub claim: Option<String>,
+    pub claim: Vec<String>,
+    /// Where the application mounts each volume (empty: not known), once per `--volume` or
+    /// not at all: a symlink of one volume may lead into another by these paths.
+    #[arg(long = flags::MOUNT_PATH, requires = "volume")]
+    pub mount_path: Vec<String>,
     #[arg(long = flags::BACKUP_NAME, requires = "volume")]
     pub backup_name: Option<String>,
     #[arg(long = flags::NAMESPACE, requires = "volume")]
@@ -252,9 +257,9 @@ pub enum MoverCommand {
     /// 2). With `--prefix`: tar + zstd, multipart, manifest after the data (format 1).
     #[command(name = flags::BACKUP)]
     Backup {
-        /// The volume (read only).
-        #[arg(long = flags::SOURCE)]
-        source: PathBuf,
+        /// The volume (read only); with `--repository-prefix`, once per volume of the snapshot.
+        #[arg(long = flags::SOURCE, required = true)]
+        source: Vec<PathBuf>,
         /// Format 1: key prefix of the artifact; it contains the Backup's UID.
         #[arg(long = flags::PREFIX, required_unless_present = "repository_prefix")]
         prefix: Option<String>,
@@ -264,12 +269,13 @@ pub enum MoverCommand {
         cluster_uid: String,
         #[command(flatten)]
         snapshot: SnapshotFlags,
-        /// Freeze the filesystem of this claim (one the pod mounts) while the volume is read:
-        /// the node's agent holds it frozen as long as the mover asks, up to
-        /// `--max-freeze-seconds`. The agent, the pod's token and the agent's CA come from
-        /// `CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE` and `CUSTODY_CA_FILE`.
+        /// Freeze the filesystem of this claim (one the pod mounts; repeated: every one,
+        /// before any is read) while the volumes are read: the node's agent holds each frozen
+        /// as long as the mover asks, up to `--max-freeze-seconds`. The agent, the pod's
+        /// token and the agent's CA come from `CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE`
+        /// and `CUSTODY_CA_FILE`.
         #[arg(long = flags::FREEZE_CLAIM, requires = "max_freeze_seconds")]
-        freeze_claim: Option<String>,
+        freeze_claim: Vec<String>,
         /// The longest the filesystem may stay frozen; past it the backup fails.
         #[arg(long = flags::MAX_FREEZE_SECONDS, requires = "freeze_claim")]
         max_freeze_seconds: Option<u32>,
@@ -351,7 +357,7 @@ mod tests {
             backup_uid: "b".into(),
             cluster_uid: "c".into(),
             freeze: Some(custody_proto::mover::FreezeArgs {
-                claim: "data-db-0".into(),
+                claims: vec!["data-db-0".into()],
                 max_seconds: 30,
             }),
             source_limit_bytes: Some(1 << 20),
@@ -376,12 +382,12 @@ mod tests {
                 ..
             } => {
                 assert_eq!(source_limit_bytes, Some(1 << 20));
-                assert_eq!(source, std::path::PathBuf::from("/data"));
+                assert_eq!(source, [std::path::PathBuf::from("/data")]);
                 assert_eq!(
                     (prefix.as_deref(), backup_uid.as_str(), cluster_uid.as_str()),
                     (Some("p/ns/db/uid"), "b", "c")
                 );
-                assert_eq!(freeze_claim.as_deref(), Some("data-db-0"));
+                assert_eq!(freeze_claim, ["data-db-0"]);
                 assert_eq!(max_freeze_seconds, Some(30));
             }
             other => panic!("parsed as {other:?}"),
@@ -468,16 +474,27 @@ mod tests {
 
     #[test]
     fn snapshot_invocations_parse_as_the_mover_reads_them() {
-        use custody_proto::mover::{FreezeArgs, RepositoryArgs, SnapshotBackupArgs};
+        use custody_proto::mover::{FreezeArgs, RepositoryArgs, SnapshotBackupArgs, SourceVolume};
         let repository = RepositoryArgs {
             prefix: "custody/custody_repository".into(),
             id: Some("r1".into()),
         };
         let backup = Invocation::SnapshotBackup(SnapshotBackupArgs {
-            source: "/data".into(),
             repository: repository.clone(),
-            volume: "data".into(),
-            claim: "data-db-0".into(),
+            volumes: vec![
+                SourceVolume {
+                    name: "data".into(),
+                    claim: "data-db-0".into(),
+                    source: "/data/data".into(),
+                    mount_path: "/var/lib/postgresql/data".into(),
+                },
+                SourceVolume {
+                    name: "wal".into(),
+                    claim: "wal-db-0".into(),
+                    source: "/data/wal".into(),
+                    mount_path: String::new(),
+                },
+            ],
             backup_name: "nightly".into(),
             backup_uid: "b".into(),
             namespace: "shop".into(),
@@ -487,7 +504,7 @@ mod tests {
             consistency: "Frozen".into(),
             parent: Some("p".into()),
             freeze: Some(FreezeArgs {
-                claim: "data-db-0".into(),
+                claims: vec!["data-db-0".into(), "wal-db-0".into()],
                 max_seconds: 30,
             }),
             source_limit_bytes: Some(2 << 20),
@@ -503,38 +520,36 @@ mod tests {
         assert_eq!(parsed.repository_id.as_deref(), Some("r1"));
         match parsed.command {
             MoverCommand::Backup {
+                source,
                 prefix,
                 snapshot,
                 freeze_claim,
+                max_freeze_seconds,
                 source_limit_bytes,
                 ..
             } => {
                 assert_eq!(source_limit_bytes, Some(2 << 20));
                 assert_eq!(prefix, None);
                 assert_eq!(
+                    source,
+                    [std::path::PathBuf::from("/data/data"), "/data/wal".into()]
+                );
+                assert_eq!(snapshot.volume, ["data", "wal"]);
+                assert_eq!(snapshot.claim, ["data-db-0", "wal-db-0"]);
+                assert_eq!(snapshot.mount_path, ["/var/lib/postgresql/data", ""]);
+                assert_eq!(freeze_claim, ["data-db-0", "wal-db-0"]);
+                assert_eq!(max_freeze_seconds, Some(30));
+                assert_eq!(
                     [
-                        snapshot.volume,
-                        snapshot.claim,
                         snapshot.backup_name,
                         snapshot.namespace,
                         snapshot.cluster,
                         snapshot.origin_cluster,
                         snapshot.consistency,
                         snapshot.parent,
-                        freeze_claim
                     ],
-                    [
-                        "data",
-                        "data-db-0",
-                        "nightly",
-                        "shop",
-                        "db",
-                        "o",
-                        "Frozen",
-                        "p",
-                        "data-db-0"
-                    ]
-                    .map(|value| Some(value.to_string()))
+                    ["nightly", "shop", "db", "o", "Frozen", "p"]
+                        .map(|value| Some(value.to_string()))
                 );
             }
             other => panic!("parsed as {other:?}"),

@@ -60,15 +60,16 @@ pub trait Archive {
 }
 
 /// A symlink's target, if a backup can hold it: UTF-8, and leading nowhere out of the volume
-/// (a restore could never write or verify that).
-pub fn symlink_target(found: &tree::Found) -> Result<String, BuildError> {
+/// or into another volume of the same backup (`header`'s mounts); anything else a restore
+/// could never write or verify.
+pub fn symlink_target(found: &tree::Found, header: &Header) -> Result<String, BuildError> {
     let target = found
         .symlink_target
         .clone()
         .ok_or_else(|| BuildError::NonUtf8Target {
             path: found.path.clone(),
         })?;
-    if crate::verify::symlink_escapes(&found.path, &target) {
+    if !custody_proto::manifest::symlink_allowed(&found.path, &target, header) {
         return Err(BuildError::SymlinkLeavesVolume {
             path: found.path.clone(),
             target,
@@ -127,7 +128,7 @@ pub fn build_into<W: Write>(
         let (kind, metadata) = match found.kind {
             OnDisk::Dir => (Kind::Dir, walked()?),
             OnDisk::Symlink => {
-                let target = symlink_target(&found)?;
+                let target = symlink_target(&found, header)?;
                 (Kind::Symlink { target }, walked()?)
             }
             OnDisk::File => {

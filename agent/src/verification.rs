@@ -187,18 +187,33 @@ impl Agent {
                 reason: VolumeFailure::BackupNotFound,
                 message: format!("Backup {}/{backup_name} does not exist", volume.namespace),
             })?;
-        let hash = backup
+        // The claim is `<template>-<pod>`: its template names the Backup's volume (a Backup
+        // of one volume restores into a Cluster of one template whatever its name).
+        let template = volume
+            .claim_name
+            .strip_suffix(&format!("-{}", volume.pod_name))
+            .unwrap_or_default();
+        let hashes = backup
             .status
             .as_ref()
             .and_then(|status| status.artifact.as_ref())
-            .and_then(|artifact| artifact.manifest_hash.as_deref())
-            .ok_or_else(|| Lookup::Refused {
-                reason: VolumeFailure::BackupIncomplete,
-                message: format!(
-                    "Backup {}/{backup_name} records no manifest hash",
-                    volume.namespace
-                ),
-            })?;
+            .map(|artifact| artifact.volume_hashes(template))
+            .unwrap_or_default();
+        let hash = match hashes.as_slice() {
+            [(_, hash)] => hash.clone(),
+            several => several
+                .iter()
+                .find(|(name, _)| name == template)
+                .and_then(|(_, hash)| hash.clone()),
+        };
+        let hash = hash.ok_or_else(|| Lookup::Refused {
+            reason: VolumeFailure::BackupIncomplete,
+            message: format!(
+                "Backup {}/{backup_name} records no manifest hash for volume {template} (claim {})",
+                volume.namespace, volume.claim_name
+            ),
+        })?;
+        let hash = hash.as_str();
         let manifest_hash = blake3::Hash::from_hex(hash).map_err(|error| Lookup::Refused {
             reason: VolumeFailure::BackupIncomplete,
             message: format!(

@@ -14,7 +14,8 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use custody_proto::manifest::{Entry, Kind, ManifestReader, compare_paths};
+pub use custody_proto::manifest::symlink_escapes;
+use custody_proto::manifest::{Entry, Kind, ManifestReader, compare_paths, symlink_allowed};
 use rayon::prelude::*;
 use rustix::fs::{FileType, OFlags};
 
@@ -188,7 +189,10 @@ impl fmt::Display for Difference {
                 write!(f, "{path}: symlink to {found:?}, expected {expected:?}")
             }
             Difference::SymlinkEscapes { path, target } => {
-                write!(f, "{path}: symlink to {target:?} points outside the volume")
+                write!(
+                    f,
+                    "{path}: symlink to {target:?} points outside the volume (and outside the other volumes backed up with it)"
+                )
             }
             Difference::OtherFilesystem { path } => {
                 write!(f, "{path}: another filesystem is mounted here")
@@ -327,11 +331,11 @@ pub fn verify_tree(
         inner: manifest,
         hasher: blake3::Hasher::new(),
     };
-    let (reader, _) = ManifestReader::new(BufReader::with_capacity(1 << 20, &mut hashing))
+    let (reader, header) = ManifestReader::new(BufReader::with_capacity(1 << 20, &mut hashing))
         .map_err(|error| Failure::ManifestInvalid(error.to_string()))?;
     let walk = Walk::new(&root_fd, IGNORED_AT_ROOT)
         .map_err(|error| Failure::VolumeUnreadable(error.to_string()))?;
-    let verified = compare_content(&root_fd, reader, walk, options)?;
+    let verified = compare_content(&root_fd, reader, header, walk, options)?;
     let parsed = hashing.hasher.finalize();
     if parsed != expected.manifest_hash {
         return Err(Failure::ManifestTampered {
@@ -369,27 +373,6 @@ impl<R: Read> Read for HashingReader<R> {
         self.hasher.update(&buffer[..read]);
         Ok(read)
     }
-}
-
-/// Whether a symlink at `link_path` with `target` resolves outside the volume, lexically.
-pub fn symlink_escapes(link_path: &str, target: &str) -> bool {
-    if target.starts_with('/') {
-        return true;
-    }
-    let mut depth = link_path.split('/').count() as i64 - 1;
-    for component in target.split('/') {
-        match component {
-            "" | "." => {}
-            ".." => {
-                depth -= 1;
-                if depth < 0 {
-                    return true;
-                }
-            }
-            _ => depth += 1,
-        }
-    }
-    false
 }
 
 struct HashJob {
@@ -443,6 +426,7 @@ impl Tally {
 fn compare_content<R: BufRead>(
     root: &OwnedFd,
     manifest: ManifestReader<R>,
+    header: custody_proto::manifest::Header,
     walk: Walk,
     options: Options,
 ) -> Result<Verified, Failure> {
@@ -471,6 +455,7 @@ fn compare_content<R: BufRead>(
         });
         let mut comparison = Comparison {
             options,
+            header,
             jobs: Vec::new(),
             batches,
             tally: Tally::default(),
@@ -506,6 +491,8 @@ fn compare_content<R: BufRead>(
 
 struct Comparison {
     options: Options,
+    /// The manifest's header: which other volumes a symlink may lead into.
+    header: custody_proto::manifest::Header,
     jobs: Vec<HashJob>,
     batches: std::sync::mpsc::SyncSender<Vec<HashJob>>,
     tally: Tally,
@@ -638,7 +625,7 @@ impl Comparison {
                 });
             }
             Kind::Symlink { target } => {
-                if symlink_escapes(&path, &target) {
+                if !symlink_allowed(&path, &target, &self.header) {
                     self.differ(Difference::SymlinkEscapes {
                         path: path.clone(),
                         target: target.clone(),

@@ -187,12 +187,35 @@ pub fn imported_status(
         artifact: Some(Artifact {
             prefix: encrypted.prefix.clone(),
             manifest_hash: Some(manifest.blake3.clone()),
-            size_bytes: i64::try_from(manifest.total_bytes).ok(),
+            size_bytes: i64::try_from(
+                meta.volumes
+                    .iter()
+                    .filter_map(|volume| volume.manifest.as_ref())
+                    .map(|manifest| manifest.total_bytes)
+                    .sum::<u64>(),
+            )
+            .ok(),
             snapshot: Some(SnapshotRef {
                 repository_id: encrypted.id.clone(),
                 id: Some(id.to_string()),
                 origin_cluster: meta.origin_cluster.clone(),
                 volumes: meta.volumes.iter().map(|v| v.name.clone()).collect(),
+                volume_manifests: meta
+                    .volumes
+                    .iter()
+                    .map(|volume| {
+                        let manifest = volume
+                            .manifest
+                            .as_ref()
+                            .ok_or_else(|| format!("volume {} has no manifest", volume.name))?;
+                        Ok(custody_kube::api::VolumeManifest {
+                            name: volume.name.clone(),
+                            manifest_hash: manifest.blake3.clone(),
+                            files: i64::try_from(manifest.files).ok(),
+                            total_bytes: i64::try_from(manifest.total_bytes).ok(),
+                        })
+                    })
+                    .collect::<std::result::Result<Vec<_>, String>>()?,
                 written_by: Some(WrittenBy {
                     namespace: meta.backup.namespace.clone(),
                     name: meta.backup.name.clone(),

@@ -46,6 +46,99 @@ pub struct Header {
     pub cluster_uid: String,
     /// When the backup read the volume (RFC 3339).
     pub created_at: String,
+    /// Where the application mounts this volume, when the backup knew it and read other
+    /// volumes with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_path: Option<String>,
+    /// Where the application mounts the other volumes of the same backup: a symlink of this
+    /// volume may lead into them ([`symlink_allowed`]), since they are restored, verified and
+    /// released with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sibling_mounts: Vec<String>,
+}
+
+impl Header {
+    /// A header of one volume read alone.
+    pub fn new(backup_uid: &str, cluster_uid: &str, created_at: &str) -> Header {
+        Header {
+            custody_manifest: FORMAT_VERSION,
+            backup_uid: backup_uid.to_string(),
+            cluster_uid: cluster_uid.to_string(),
+            created_at: created_at.to_string(),
+            mount_path: None,
+            sibling_mounts: Vec::new(),
+        }
+    }
+}
+
+/// A path's components after `.` and `..` are resolved lexically (`..` at the root stays
+/// there).
+fn normal_components(path: &str) -> Vec<&str> {
+    let mut components: Vec<&str> = Vec::new();
+    for component in path.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                components.pop();
+            }
+            other => components.push(other),
+        }
+    }
+    components
+}
+
+/// Whether a symlink at `link_path` (relative to the volume's root) with `target` resolves
+/// outside the volume, lexically.
+pub fn symlink_escapes(link_path: &str, target: &str) -> bool {
+    if target.starts_with('/') {
+        return true;
+    }
+    let mut depth = link_path.split('/').count() as i64 - 1;
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+/// Whether a backup may hold, and a restore write and verify, a symlink at `link_path` with
+/// `target` in a volume with `header`: it stays in the volume, or (the volume's mount path
+/// known) it leads, resolved from where the application sees it, into another volume of the
+/// same backup (`pg_wal -> /var/lib/postgresql/wal/pg_wal`). Anything else would dangle
+/// after a restore, or point at something no restore wrote or verified.
+pub fn symlink_allowed(link_path: &str, target: &str, header: &Header) -> bool {
+    if !symlink_escapes(link_path, target) {
+        return true;
+    }
+    let Some(mount) = header
+        .mount_path
+        .as_deref()
+        .filter(|mount| mount.starts_with('/'))
+    else {
+        return false;
+    };
+    let absolute = if target.starts_with('/') {
+        target.to_string()
+    } else {
+        let parent = link_path.rsplit_once('/').map_or("", |(parent, _)| parent);
+        format!("{mount}/{parent}/{target}")
+    };
+    let resolved = normal_components(&absolute);
+    header
+        .sibling_mounts
+        .iter()
+        .filter(|sibling| sibling.starts_with('/'))
+        .map(|sibling| normal_components(sibling))
+        .filter(|sibling| !sibling.is_empty())
+        .any(|sibling| resolved.starts_with(&sibling))
 }
 
 /// What an entry is, with the facts that are checked for its kind.

@@ -86,6 +86,7 @@ pub mod flags {
     pub const SNAPSHOT: &str = "snapshot";
     pub const VOLUME: &str = "volume";
     pub const CLAIM: &str = "claim";
+    pub const MOUNT_PATH: &str = "mount-path";
     pub const BACKUP_NAME: &str = "backup-name";
     pub const NAMESPACE: &str = "namespace";
     pub const CLUSTER: &str = "cluster";
@@ -97,14 +98,43 @@ pub mod flags {
     pub const READ_DATA_PERCENT: &str = "read-data-percent";
 }
 
-/// A frozen copy: the node agent freezes the filesystem of `claim` while the mover reads it,
-/// for at most `max_seconds`. The mover finds the agent, its token and the agent's CA in the
-/// same environment as `custody-wait` (`CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE`,
+/// A frozen copy: the node agent freezes the filesystem of every claim in `claims` (all of
+/// them before the first read, thawed together once the last file is read), each for at most
+/// `max_seconds`. The mover finds the agent, its token and the agent's CA in the same
+/// environment as `custody-wait` (`CUSTODY_AGENT_ADDRESS`, `CUSTODY_TOKEN_FILE`,
 /// `CUSTODY_CA_FILE`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FreezeArgs {
-    pub claim: String,
+    pub claims: Vec<String>,
     pub max_seconds: u32,
+}
+
+impl FreezeArgs {
+    fn args(&self) -> Vec<String> {
+        self.claims
+            .iter()
+            .flat_map(|claim| [format!("--{}", flags::FREEZE_CLAIM), claim.clone()])
+            .chain([
+                format!("--{}", flags::MAX_FREEZE_SECONDS),
+                self.max_seconds.to_string(),
+            ])
+            .collect()
+    }
+}
+
+/// One volume a snapshot backup reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceVolume {
+    /// The volume claim template (`data/<name>` in the snapshot).
+    pub name: String,
+    /// The claim read.
+    pub claim: String,
+    /// Where the mover reads it.
+    pub source: String,
+    /// Where the application mounts it (empty: not known). A symlink of one volume may lead
+    /// into another volume of the same backup by these paths (`pg_wal` on a volume of its
+    /// own); the manifest records them.
+    pub mount_path: String,
 }
 
 /// Where a format 2 repository is in the bucket, and which one it must be.
@@ -115,14 +145,12 @@ pub struct RepositoryArgs {
     pub id: Option<String>,
 }
 
-/// A snapshot backup: the volume, and what custody seals in the snapshot about it.
+/// A snapshot backup: the volumes, and what custody seals in the snapshot about them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotBackupArgs {
-    pub source: String,
     pub repository: RepositoryArgs,
-    /// The volume claim template (`data/<volume>` in the snapshot) and the claim read.
-    pub volume: String,
-    pub claim: String,
+    /// Every volume, in the Cluster's order of its claim templates: one snapshot holds them.
+    pub volumes: Vec<SourceVolume>,
     pub backup_name: String,
     pub backup_uid: String,
     pub namespace: String,
@@ -134,7 +162,7 @@ pub struct SnapshotBackupArgs {
     pub consistency: String,
     /// The Cluster's last snapshot: files unchanged since it are not read.
     pub parent: Option<String>,
-    /// Freeze the volume's filesystem while it is read.
+    /// Freeze the volumes' filesystems while they are read.
     pub freeze: Option<FreezeArgs>,
     /// The most space the source may take on disk (a tool's scratch size): more is refused.
     pub source_limit_bytes: Option<u64>,
@@ -203,14 +231,7 @@ impl Invocation {
                 .chain(flag(flags::PREFIX, prefix))
                 .chain(flag(flags::BACKUP_UID, backup_uid))
                 .chain(flag(flags::CLUSTER_UID, cluster_uid))
-                .chain(freeze.iter().flat_map(|freeze| {
-                    flag(flags::FREEZE_CLAIM, &freeze.claim)
-                        .into_iter()
-                        .chain(flag(
-                            flags::MAX_FREEZE_SECONDS,
-                            &freeze.max_seconds.to_string(),
-                        ))
-                }))
+                .chain(freeze.iter().flat_map(FreezeArgs::args))
                 .chain(
                     source_limit_bytes
                         .iter()
@@ -218,11 +239,21 @@ impl Invocation {
                 )
                 .collect(),
             Invocation::SnapshotBackup(backup) => {
+                let mounts = backup
+                    .volumes
+                    .iter()
+                    .any(|volume| !volume.mount_path.is_empty());
                 let mut args: Vec<String> = std::iter::once(flags::BACKUP.to_string())
-                    .chain(flag(flags::SOURCE, &backup.source))
+                    .chain(backup.volumes.iter().flat_map(|volume| {
+                        let mut args = Vec::from(flag(flags::SOURCE, &volume.source));
+                        args.extend(flag(flags::VOLUME, &volume.name));
+                        args.extend(flag(flags::CLAIM, &volume.claim));
+                        if mounts {
+                            args.extend(flag(flags::MOUNT_PATH, &volume.mount_path));
+                        }
+                        args
+                    }))
                     .chain(repository_flags(&backup.repository))
-                    .chain(flag(flags::VOLUME, &backup.volume))
-                    .chain(flag(flags::CLAIM, &backup.claim))
                     .chain(flag(flags::BACKUP_NAME, &backup.backup_name))
                     .chain(flag(flags::BACKUP_UID, &backup.backup_uid))
                     .chain(flag(flags::NAMESPACE, &backup.namespace))
@@ -235,11 +266,7 @@ impl Invocation {
                     args.extend(flag(flags::PARENT, parent));
                 }
                 if let Some(freeze) = &backup.freeze {
-                    args.extend(flag(flags::FREEZE_CLAIM, &freeze.claim));
-                    args.extend(flag(
-                        flags::MAX_FREEZE_SECONDS,
-                        &freeze.max_seconds.to_string(),
-                    ));
+                    args.extend(freeze.args());
                 }
                 if let Some(limit) = backup.source_limit_bytes {
                     args.extend(flag(flags::SOURCE_LIMIT_BYTES, &limit.to_string()));
@@ -336,6 +363,22 @@ pub struct BackupResult {
     /// How long the volume's filesystem was frozen, in milliseconds (a frozen copy only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_millis: Option<u64>,
+    /// Format 2: every volume of the snapshot with its manifest, in order (the fields above
+    /// count them all; `manifest_hash` is the first's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeWritten>,
+}
+
+/// One volume a snapshot backup read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeWritten {
+    /// The volume claim template.
+    pub name: String,
+    /// BLAKE3 of its manifest, hex.
+    pub manifest_hash: String,
+    pub files: u64,
+    pub total_bytes: u64,
 }
 
 /// A snapshot a backup wrote into the repository (format 2).
@@ -431,6 +474,7 @@ mod tests {
             total_bytes: 5,
             frozen_millis: Some(7),
             snapshot: None,
+            volumes: Vec::new(),
         };
         let text = serde_json::to_string(&done).unwrap();
         assert_eq!(read_report::<BackupResult>(&text), Report::Done(done));

@@ -13,7 +13,7 @@ use custody_agent::manifest_builder;
 use custody_kube::api::{Backup, Restore};
 use custody_proto::gate::WaitProgress;
 use custody_proto::gate::gate_client::GateClient;
-use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::manifest::Header;
 use custody_proto::names;
 use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -530,12 +530,7 @@ pub fn restored_volume(
         )
         .expect("data file");
     }
-    let header = Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: backup_uid.into(),
-        cluster_uid: "cluster-uid".into(),
-        created_at: "2026-11-30T06:00:00Z".into(),
-    };
+    let header = Header::new(backup_uid, "cluster-uid", "2026-11-30T06:00:00Z");
     let (manifest, summary) = manifest_builder::build(root, &header, Vec::new()).expect("manifest");
     std::fs::create_dir_all(root.join(".custody")).expect(".custody");
     std::fs::write(root.join(MANIFEST_PATH), manifest).expect("manifest");

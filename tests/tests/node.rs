@@ -1747,15 +1747,51 @@ async fn restore_shop(
     stateful_set: serde_json::Value,
     mib: u64,
 ) -> LoopVolume {
+    restore_shop_volumes(
+        client,
+        node,
+        namespace,
+        backup,
+        stateful_set,
+        mib,
+        &["data"],
+    )
+    .await
+    .remove(0)
+}
+
+/// [`restore_shop`] of a StatefulSet with a claim of each of `templates` (all of the
+/// Backup's volumes), each on a new real volume; every one is verified before the pod starts.
+async fn restore_shop_volumes(
+    client: &kube::Client,
+    node: &str,
+    namespace: &TestNamespace,
+    backup: &str,
+    stateful_set: serde_json::Value,
+    mib: u64,
+    templates: &[&str],
+) -> Vec<LoopVolume> {
     let ns = namespace.name.clone();
-    let target = LoopVolume::new(mib);
-    local_volume(client, node, &ns, "data-shop-0", target.path()).await;
+    let mut targets = Vec::new();
+    for template in templates {
+        let target = LoopVolume::new(mib);
+        std::os::unix::fs::chown(target.path(), Some(999), Some(999)).unwrap();
+        local_volume(
+            client,
+            node,
+            &ns,
+            &format!("{template}-shop-0"),
+            target.path(),
+        )
+        .await;
+        targets.push(target);
+    }
     create::<Cluster>(
         &namespace.api(),
         json!({
             "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
             "metadata": {"name": "shop"},
-            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": ["data"],
+            "spec": {"statefulSetRef": {"name": "shop"}, "volumeClaimTemplates": templates,
                      "restore": {"backupRef": {"name": backup}}},
         }),
     )
@@ -1809,11 +1845,15 @@ async fn restore_shop(
         "PostgreSQL ran before the volume was verified"
     );
     let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
-    assert_eq!(
-        restore.status.unwrap().volumes[0].state,
-        VolumeState::Verified
+    let volumes = restore.status.unwrap().volumes;
+    assert_eq!(volumes.len(), templates.len(), "{volumes:?}");
+    assert!(
+        volumes
+            .iter()
+            .all(|volume| volume.state == VolumeState::Verified),
+        "{volumes:?}"
     );
-    target
+    targets
 }
 
 /// Waits until PostgreSQL in `pod` answers `query`; its answer.
@@ -2092,6 +2132,11 @@ impl Load {
 /// --heapallindexed is clean; then, shut down cleanly (StatefulSet shop scaled to 0),
 /// pg_checksums --check finds every page's checksum right. The sums.
 async fn consistent(namespace: &TestNamespace, scale: u32) -> String {
+    consistent_on(namespace, scale, false).await
+}
+
+/// [`consistent`], for a PostgreSQL whose `pg_wal` is on claim template `wal` (`with_wal`).
+async fn consistent_on(namespace: &TestNamespace, scale: u32, with_wal: bool) -> String {
     let ns = namespace.name.clone();
     let sums = sql(&ns, "shop-0", PGBENCH_SUMS).await;
     let parts: Vec<&str> = sums.split(' ').collect();
@@ -2130,9 +2175,9 @@ async fn consistent(namespace: &TestNamespace, scale: u32) -> String {
                     "command": ["pg_checksums", "--check", "--pgdata", "/var/lib/postgresql/data/pgdata"],
                     "securityContext": {"allowPrivilegeEscalation": false,
                                         "capabilities": {"drop": ["ALL"]}},
-                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}],
+                    "volumeMounts": wal_mounts(with_wal),
                 }],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-shop-0"}}],
+                "volumes": wal_volumes(with_wal, "shop"),
             },
         }),
     )
@@ -2161,6 +2206,148 @@ async fn consistent(namespace: &TestNamespace, scale: u32) -> String {
     );
     assert!(logs.contains("Bad checksums:  0"), "{logs}");
     sums
+}
+
+/// The mounts of PostgreSQL's volumes: its data, and (`with_wal`) its WAL's volume.
+fn wal_mounts(with_wal: bool) -> serde_json::Value {
+    let mut mounts = vec![json!({"name": "data", "mountPath": "/var/lib/postgresql/data"})];
+    if with_wal {
+        mounts.push(json!({"name": "wal", "mountPath": "/var/lib/postgresql/wal"}));
+    }
+    json!(mounts)
+}
+
+/// The pod volumes of StatefulSet `set`'s first pod's claims: data, and (`with_wal`) wal.
+fn wal_volumes(with_wal: bool, set: &str) -> serde_json::Value {
+    let mut volumes = vec![
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("data-{set}-0")}}),
+    ];
+    if with_wal {
+        volumes.push(
+            json!({"name": "wal", "persistentVolumeClaim": {"claimName": format!("wal-{set}-0")}}),
+        );
+    }
+    json!(volumes)
+}
+
+/// [`postgres_statefulset`] with its WAL on a volume of its own (claim template `wal`,
+/// mounted at /var/lib/postgresql/wal; `pg_wal` a symlink into it), as CloudNativePG and
+/// KubeBlocks lay PostgreSQL out.
+fn postgres_statefulset_with_wal(name: &str) -> serde_json::Value {
+    let mut set = postgres_statefulset(name);
+    let container = &mut set["spec"]["template"]["spec"]["containers"][0];
+    container["volumeMounts"] = wal_mounts(true);
+    container["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "POSTGRES_INITDB_WALDIR", "value": "/var/lib/postgresql/wal/pg_wal"}));
+    let template = set["spec"]["volumeClaimTemplates"][0].clone();
+    let mut wal = template;
+    wal["metadata"]["name"] = json!("wal");
+    set["spec"]["volumeClaimTemplates"]
+        .as_array_mut()
+        .unwrap()
+        .push(wal);
+    set
+}
+
+/// Issue 24 item 1 on a real node: PostgreSQL with `pg_wal` on a second volume, frozen while
+/// four pgbench clients write and a CHECKPOINT runs every second. One Backup holds both
+/// volumes (both filesystems frozen before either is read, thawed together); restored into a
+/// Cluster of the same two templates, each claim is written and verified against its own
+/// manifest, the pod stays held until both are, and PostgreSQL starts on them with the
+/// symlink into the other volume intact: every account there, pgbench's sums agree,
+/// pg_amcheck and (after a clean shutdown) pg_checksums clean.
+#[tokio::test]
+async fn on_a_real_node_postgresql_with_its_wal_on_a_second_volume_frozen_under_load_restores_consistent()
+ {
+    let Stage {
+        node,
+        client,
+        namespace,
+        // Held to the end of the test: the install, the agents' lock and the relay.
+        _agents,
+        _installed,
+        _relay,
+    } = Stage::new("pgwal", true).await;
+    let ns = namespace.name.clone();
+    let scale = 10;
+    let mut sources = Vec::new();
+    for claim in ["data-orders-0", "wal-orders-0"] {
+        let source = LoopVolume::new(volume_mib(scale));
+        std::os::unix::fs::chown(source.path(), Some(999), Some(999)).unwrap();
+        local_volume(&client, node, &ns, claim, source.path()).await;
+        sources.push(source);
+    }
+    create::<Cluster>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+               "metadata": {"name": "orders"},
+               "spec": {"statefulSetRef": {"name": "orders"},
+                        "volumeClaimTemplates": ["data", "wal"],
+                        "repositoryRef": {"name": "store"},
+                        "consistency": {"method": "Freeze", "maxFreezeSeconds": 120}}}),
+    )
+    .await;
+    create::<StatefulSet>(&namespace.api(), postgres_statefulset_with_wal("orders")).await;
+    custody_tests::eventually("pgbench -i", TIMEOUT, || {
+        let ns = ns.clone();
+        async move { exec(&ns, "orders-0", &["pgbench", "-i", "-s", "10", "-q"]) }
+    })
+    .await;
+    exec(&ns, "orders-0", &["pgbench", "-c", "2", "-t", "300", "-n"]).unwrap();
+    exec(&ns, "orders-0", &["psql", "-c", "create extension amcheck"]).unwrap();
+    // The WAL is on the second volume, by a symlink from the first.
+    assert_eq!(
+        std::fs::read_link(sources[0].path().join("pgdata/pg_wal")).unwrap(),
+        Path::new("/var/lib/postgresql/wal/pg_wal")
+    );
+    let wal_files = std::fs::read_dir(sources[1].path().join("pg_wal"))
+        .unwrap()
+        .count();
+    assert!(wal_files > 1, "WAL segments on the second volume");
+
+    let load = Load::start(&ns, 60);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    nightly_completed(&namespace).await;
+    let (tps, checkpoints) = load.finish().await;
+    let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
+    let status = nightly.status.unwrap();
+    assert_eq!(status.consistency, Some(Capture::Frozen), "{status:?}");
+    let stall = status.frozen_millis.unwrap_or_default();
+    assert!(stall > 0, "the stall is recorded: {status:?}");
+    let snapshot = status.artifact.unwrap().snapshot.unwrap();
+    assert_eq!(snapshot.volumes, ["data", "wal"]);
+    assert_eq!(snapshot.volume_manifests.len(), 2, "{snapshot:?}");
+
+    let started = std::time::Instant::now();
+    let targets = restore_shop_volumes(
+        &client,
+        node,
+        &namespace,
+        "nightly",
+        postgres_statefulset_with_wal("shop"),
+        volume_mib(scale),
+        &["data", "wal"],
+    )
+    .await;
+    sql(&ns, "shop-0", "select 1").await;
+    let restore_to_answer = started.elapsed();
+    assert_eq!(
+        std::fs::read_link(targets[0].path().join("pgdata/pg_wal")).unwrap(),
+        Path::new("/var/lib/postgresql/wal/pg_wal")
+    );
+    let sums = consistent_on(&namespace, scale, true).await;
+    eprintln!(
+        "postgres with pg_wal on a second volume, Freeze under pgbench -c 4 ({tps}; {checkpoints} checkpoints): both filesystems frozen {stall} ms; restored sums {sums}; restore to answer {:.1} s",
+        restore_to_answer.as_secs_f64()
+    );
+    namespace.delete().await;
+    for claim in ["data-orders-0", "wal-orders-0", "data-shop-0", "wal-shop-0"] {
+        let _ = Api::<PersistentVolume>::all(client.clone())
+            .delete(&format!("{ns}-{claim}"), &Default::default())
+            .await;
+    }
 }
 
 /// Waits until object `name` (a pod, a Cluster, ...) is gone.

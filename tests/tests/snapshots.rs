@@ -661,3 +661,156 @@ async fn a_server_that_stalls_or_trickles_fails_the_mover_within_its_bounds_nami
     let output = run(mover(&link.url, &bucket, &key, &args));
     assert!(output.status.success(), "restore failed");
 }
+
+/// Two volumes of one pod in one snapshot (PostgreSQL's `pg_wal` on a volume of its own): a
+/// symlink from one into the other is kept when the application's mount paths say where it
+/// leads, each volume restores and verifies on its own against its own manifest, and the
+/// same link without the mount paths, or into a path no volume of the backup is mounted at,
+/// is refused naming the link.
+#[tokio::test]
+async fn two_volumes_of_one_pod_are_one_snapshot_and_a_link_between_them_restores() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "two-volumes").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let data = tempfile::tempdir().unwrap();
+    let wal = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(data.path().join("base/1")).unwrap();
+    std::fs::write(data.path().join("base/1/1259"), vec![7u8; 64 << 10]).unwrap();
+    std::fs::write(data.path().join("PG_VERSION"), "15\n").unwrap();
+    std::os::unix::fs::symlink("/var/lib/postgresql/wal/pg_wal", data.path().join("pg_wal"))
+        .unwrap();
+    std::fs::create_dir_all(wal.path().join("pg_wal/archive_status")).unwrap();
+    std::fs::write(
+        wal.path().join("pg_wal/000000010000000000000001"),
+        vec![3u8; 1 << 20],
+    )
+    .unwrap();
+    let two = |mounts: Option<[&str; 2]>| {
+        let mut args: Vec<String> = backup_args(data.path(), BACKUP_UID, None)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if let Some([data_mount, _]) = mounts {
+            args.extend(["--mount-path".into(), data_mount.into()]);
+        }
+        args.extend(
+            [
+                "--source",
+                wal.path().to_str().unwrap(),
+                "--volume",
+                "wal",
+                "--claim",
+                "wal-orders-0",
+            ]
+            .map(str::to_string),
+        );
+        if let Some([_, wal_mount]) = mounts {
+            args.extend(["--mount-path".into(), wal_mount.into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(mover(url, &bucket, &key, &args))
+    };
+
+    // Without the mount paths the link leads out of its volume: refused, naming it.
+    let refused = two(None);
+    let said = failure(&refused);
+    assert_eq!(said["reason"], "SymlinkLeavesVolume", "{said}");
+    assert!(
+        said["message"].as_str().unwrap().contains("pg_wal"),
+        "{said}"
+    );
+    // With the wal volume mounted elsewhere than the link says: refused as well.
+    let elsewhere = two(Some(["/var/lib/postgresql/data", "/srv/wal"]));
+    assert_eq!(failure(&elsewhere)["reason"], "SymlinkLeavesVolume");
+
+    let output = two(Some([
+        "/var/lib/postgresql/data",
+        "/var/lib/postgresql/wal",
+    ]));
+    assert!(output.status.success(), "backup of two volumes failed");
+    let result: BackupResult = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = result
+        .volumes
+        .iter()
+        .map(|volume| volume.name.as_str())
+        .collect();
+    assert_eq!(names, ["data", "wal"]);
+    assert_eq!(result.manifest_hash, result.volumes[0].manifest_hash);
+    assert_ne!(
+        result.volumes[0].manifest_hash,
+        result.volumes[1].manifest_hash
+    );
+    assert_eq!(result.files, 3, "two files of data and one of wal");
+    let snapshot = snapshot_id(&result);
+
+    for (volume, source) in [("data", data.path()), ("wal", wal.path())] {
+        let written = &result.volumes.iter().find(|v| v.name == volume).unwrap();
+        let target = LoopVolume::new(64);
+        let output = run(mover(
+            url,
+            &bucket,
+            &key,
+            &[
+                "restore",
+                "--target",
+                target.path().to_str().unwrap(),
+                "--snapshot",
+                &snapshot,
+                "--volume",
+                volume,
+                "--manifest-hash",
+                &written.manifest_hash,
+                "--backup-uid",
+                BACKUP_UID,
+                "--restore-uid",
+                RESTORE_UID,
+            ],
+        ));
+        assert!(output.status.success(), "restore of {volume} failed");
+        assert_eq!(
+            volumes::verified(
+                target.path(),
+                &written.manifest_hash,
+                BACKUP_UID,
+                RESTORE_UID
+            ),
+            written.files
+        );
+        let mut restored = tree(target.path());
+        restored.retain(|path, _| !path.starts_with(".custody"));
+        assert_eq!(restored, tree(source), "{volume}");
+        if volume == "data" {
+            assert_eq!(
+                std::fs::read_link(target.path().join("pg_wal")).unwrap(),
+                Path::new("/var/lib/postgresql/wal/pg_wal")
+            );
+        }
+    }
+    // Each volume's manifest is its own: the wal volume's does not verify the data volume.
+    let target = LoopVolume::new(64);
+    let wal_hash = &result.volumes[1].manifest_hash;
+    let crossed = run(mover(
+        url,
+        &bucket,
+        &key,
+        &[
+            "restore",
+            "--target",
+            target.path().to_str().unwrap(),
+            "--snapshot",
+            &snapshot,
+            "--volume",
+            "data",
+            "--manifest-hash",
+            wal_hash,
+            "--backup-uid",
+            BACKUP_UID,
+            "--restore-uid",
+            RESTORE_UID,
+        ],
+    ));
+    assert!(
+        !crossed.status.success(),
+        "data restored against wal's manifest"
+    );
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use custody_agent::manifest_builder;
 use custody_agent::verify::{Difference, Expected, Failure, Options, verify_tree, verify_volume};
-use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::manifest::Header;
 use custody_proto::volume::{IDENTITY_PATH, MANIFEST_PATH, RestoreIdentity};
 use custody_tests::volumes::{LoopVolume, copy_tree};
 
@@ -49,12 +49,7 @@ fn source(extra: impl Fn(&Path)) -> Source {
     fs::write(root.join("empty"), b"").unwrap();
     symlink("base/1", root.join("current")).unwrap();
     extra(root);
-    let header = Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: BACKUP_UID.into(),
-        cluster_uid: "cluster-uid".into(),
-        created_at: "2026-11-30T06:00:00Z".into(),
-    };
+    let header = Header::new(BACKUP_UID, "cluster-uid", "2026-11-30T06:00:00Z");
     let (manifest, summary) = manifest_builder::build(root, &header, Vec::new()).expect("manifest");
     Source {
         volume,

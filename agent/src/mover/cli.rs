@@ -69,29 +69,40 @@ pub async fn run(
             } => {
                 // A tool's output larger than its scratch space is refused before it is read.
                 if let Some(limit) = source_limit_bytes {
-                    let (source, limit) = (source.clone(), *limit);
-                    tokio::task::spawn_blocking(move || super::usage::within(&source, limit))
-                        .await
-                        .map_err(|error| {
-                            MoverError::Local(format!("measuring the source: {error}"))
-                        })??;
+                    for source in source.clone() {
+                        let limit = *limit;
+                        tokio::task::spawn_blocking(move || super::usage::within(&source, limit))
+                            .await
+                            .map_err(|error| {
+                                MoverError::Local(format!("measuring the source: {error}"))
+                            })??;
+                    }
                 }
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
+                let header = header(backup_uid, cluster_uid, &created_at);
+                let request = match &options.repository_prefix {
+                    Some(_) => Some(snapshot_backup(source, snapshot, header.clone(), &created_at)?),
+                    None => None,
+                };
                 // Frozen last, just before the first read: the freeze lasts only the copy.
-                let held = match (freeze_claim, max_freeze_seconds) {
-                    (Some(claim), Some(max_seconds)) => {
-                        Some(super::freeze::hold(claim, *max_seconds).await?)
+                let held = match max_freeze_seconds {
+                    Some(max_seconds) if !freeze_claim.is_empty() => {
+                        Some(super::freeze::hold_all(freeze_claim, *max_seconds).await?)
                     }
                     _ => None,
                 };
-                let header = header(backup_uid, cluster_uid, &created_at);
-                let result = match (&options.repository_prefix, prefix) {
-                    (Some(repository_prefix), _) => {
+                let result = match (&options.repository_prefix, prefix, request) {
+                    (Some(repository_prefix), _, Some(request)) => {
                         let repo = repository(options, &endpoint, &secret, repository_prefix)?;
-                        let request = snapshot_backup(source, snapshot, header, &created_at)?;
                         snapshot_backup_run(repo, request, stop.clone(), held).await?
                     }
-                    (None, Some(prefix)) => {
+                    (None, Some(prefix), _) => {
+                        let [source] = source.as_slice() else {
+                            return Err(MoverError::Local(format!(
+                                "an archive (--prefix) holds one volume, and {} were given: back several volumes up into a repository (--repository-prefix)",
+                                source.len()
+                            )));
+                        };
                         backup(
                             &endpoint,
                             &secret,
@@ -103,7 +114,7 @@ pub async fn run(
                         )
                         .await?
                     }
-                    (None, None) => {
+                    _ => {
                         return Err(MoverError::Local(
                             "--repository-prefix or --prefix is required".into(),
                         ));
@@ -247,9 +258,9 @@ fn repository(
     super::snapshot::Repo::new(endpoint, secret, prefix, key, options.repository_id.clone())
 }
 
-/// A snapshot backup of `source` as the flags describe it.
+/// A snapshot backup of the `sources` as the flags describe them.
 fn snapshot_backup(
-    source: &std::path::Path,
+    sources: &[std::path::PathBuf],
     flags: &SnapshotFlags,
     header: custody_proto::manifest::Header,
     started_at: &str,
@@ -263,8 +274,48 @@ fn snapshot_backup(
             })
     };
     use custody_proto::mover::flags;
-    let volume = required(&flags.volume, flags::VOLUME)?;
-    let claim = required(&flags.claim, flags::CLAIM)?;
+    if flags.volume.len() != sources.len()
+        || flags.claim.len() != sources.len()
+        || !(flags.mount_path.is_empty() || flags.mount_path.len() == sources.len())
+    {
+        return Err(MoverError::Local(format!(
+            "--{}, --{} and --{} are given once per --{} ({} sources, {} volumes, {} claims, {} mount paths)",
+            flags::VOLUME,
+            flags::CLAIM,
+            flags::MOUNT_PATH,
+            flags::SOURCE,
+            sources.len(),
+            flags.volume.len(),
+            flags.claim.len(),
+            flags.mount_path.len()
+        )));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let volumes: Vec<super::snapshot::Volume> = sources
+        .iter()
+        .enumerate()
+        .map(|(index, source)| super::snapshot::Volume {
+            name: flags.volume[index].clone(),
+            claim: flags.claim[index].clone(),
+            root: source.clone(),
+            mount_path: flags
+                .mount_path
+                .get(index)
+                .filter(|path| !path.is_empty())
+                .cloned(),
+        })
+        .collect();
+    if let Some(bad) = volumes.iter().find(|volume| {
+        volume.name.is_empty()
+            || volume.claim.is_empty()
+            || volume.name.contains('/')
+            || !names.insert(volume.name.clone())
+    }) {
+        return Err(MoverError::Local(format!(
+            "volume {:?} (claim {:?}): every volume needs a name of its own without '/', and a claim",
+            bad.name, bad.claim
+        )));
+    }
     let namespace = required(&flags.namespace, flags::NAMESPACE)?;
     let meta = SnapshotMeta {
         custody_snapshot: custody_repository::snapshot::FORMAT_VERSION,
@@ -282,18 +333,17 @@ fn snapshot_backup(
         consistency: required(&flags.consistency, flags::CONSISTENCY)?,
         started_at: started_at.to_string(),
         completed_at: None,
-        volumes: vec![VolumeMeta {
-            name: volume.clone(),
-            claim: claim.clone(),
-            manifest: None,
-        }],
+        volumes: volumes
+            .iter()
+            .map(|volume| VolumeMeta {
+                name: volume.name.clone(),
+                claim: volume.claim.clone(),
+                manifest: None,
+            })
+            .collect(),
     };
     Ok(super::snapshot::SnapshotBackup {
-        volumes: vec![super::snapshot::Volume {
-            name: volume,
-            claim,
-            root: source.to_path_buf(),
-        }],
+        volumes,
         meta,
         header,
         parent: flags.parent.clone().filter(|parent| !parent.is_empty()),

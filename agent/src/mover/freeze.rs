@@ -12,18 +12,18 @@ use tokio::sync::{oneshot, watch};
 
 use super::MoverError;
 
-/// A filesystem the agent holds frozen for this mover.
+/// The filesystems the agent holds frozen for this mover.
 pub struct Held {
-    /// Why the freeze ended before it was released, once it did.
+    /// Why a freeze ended before it was released, once one did.
     pub lost: watch::Receiver<Option<String>>,
-    release: Option<oneshot::Sender<()>>,
+    release: Vec<oneshot::Sender<()>>,
     since: Instant,
 }
 
 impl Held {
-    /// A function that ends the freeze, for the thread that reads the volume.
+    /// A function that ends every freeze at once, for the thread that reads the volumes.
     pub fn releaser(&mut self) -> impl FnOnce() + Send + 'static {
-        let release = self.release.take();
+        let release = std::mem::take(&mut self.release);
         move || drop(release)
     }
 
@@ -45,9 +45,56 @@ fn setting(name: &str) -> Result<String, MoverError> {
         .ok_or_else(|| MoverError::FreezeRefused(format!("${name} is not set")))
 }
 
+/// Asks the agent on this node to freeze the filesystem of every claim, one after another,
+/// each for at most `max_seconds`; returns once all are frozen, so that no volume is read
+/// before every one is frozen (one point in time for all of them). A refusal thaws those
+/// frozen before it. The first freeze that ends early loses them all.
+pub async fn hold_all(claims: &[String], max_seconds: u32) -> Result<Held, MoverError> {
+    if claims.is_empty() {
+        return Err(MoverError::FreezeRefused("no claim to freeze".into()));
+    }
+    let mut held: Vec<Held> = Vec::with_capacity(claims.len());
+    for claim in claims {
+        // On an error, dropping what is held ends those calls: the agent thaws them.
+        held.push(hold(claim, max_seconds).await?);
+    }
+    let since = held.first().map_or_else(Instant::now, |first| first.since);
+    let (lost_sender, lost) = watch::channel(None);
+    let mut release = Vec::with_capacity(held.len());
+    let mut watched = Vec::with_capacity(held.len());
+    for mut one in held {
+        release.append(&mut one.release);
+        watched.push(one.lost);
+    }
+    tokio::spawn(async move {
+        let losses = watched.into_iter().map(|mut lost| {
+            Box::pin(async move {
+                // Released: the sender goes without a reason; that one is never lost.
+                let reason = lost
+                    .wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|reason| reason.clone());
+                match reason {
+                    Some(reason) => Some(reason),
+                    None => std::future::pending().await,
+                }
+            })
+        });
+        if let (Some(reason), _, _) = futures::future::select_all(losses).await {
+            let _ = lost_sender.send(Some(reason));
+        }
+    });
+    Ok(Held {
+        lost,
+        release,
+        since,
+    })
+}
+
 /// Asks the agent on this node to freeze the filesystem of `claim`, for at most
 /// `max_seconds`; returns once it is frozen.
-pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
+async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
     let agent = setting(names::ENV_AGENT_ADDRESS)?;
     let token_file = setting(names::ENV_TOKEN_FILE)?;
     let ca_file = setting(names::ENV_CA_FILE)?;
@@ -124,7 +171,7 @@ pub async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
     });
     Ok(Held {
         lost,
-        release: Some(release),
+        release: vec![release],
         since,
     })
 }

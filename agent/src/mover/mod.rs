@@ -23,7 +23,7 @@ use std::io::{BufReader, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use custody_kube::s3::{self, Endpoint, Secret};
-use custody_proto::manifest::{self, FORMAT_VERSION, Header, ManifestReader};
+use custody_proto::manifest::{self, Header, ManifestReader};
 use tokio::sync::mpsc;
 
 use crate::manifest_builder;
@@ -307,6 +307,7 @@ pub async fn backup(
         total_bytes: summary.totals.total_bytes,
         frozen_millis,
         snapshot: None,
+        volumes: Vec::new(),
     })
 }
 
@@ -562,12 +563,7 @@ async fn download_to_file(
 
 /// The manifest header of a backup.
 pub fn header(backup_uid: &str, cluster_uid: &str, created_at: &str) -> Header {
-    Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: backup_uid.to_string(),
-        cluster_uid: cluster_uid.to_string(),
-        created_at: created_at.to_string(),
-    }
+    Header::new(backup_uid, cluster_uid, created_at)
 }
 
 /// Where the result goes besides stdout: the container's termination message.

@@ -121,6 +121,30 @@ pub struct Volume {
     pub name: String,
     pub claim: String,
     pub root: PathBuf,
+    /// Where the application mounts it, if known.
+    pub mount_path: Option<String>,
+}
+
+/// The manifest header of each volume: the run's, and, where the application's mount paths
+/// are known, this volume's and the others' (a symlink may lead into those).
+fn volume_headers(header: &Header, volumes: &[Volume]) -> Vec<Header> {
+    volumes
+        .iter()
+        .enumerate()
+        .map(|(index, volume)| match &volume.mount_path {
+            Some(mount) if volumes.len() > 1 => Header {
+                mount_path: Some(mount.clone()),
+                sibling_mounts: volumes
+                    .iter()
+                    .enumerate()
+                    .filter(|(other, _)| *other != index)
+                    .filter_map(|(_, other)| other.mount_path.clone())
+                    .collect(),
+                ..header.clone()
+            },
+            _ => header.clone(),
+        })
+        .collect()
 }
 
 /// What a snapshot backup needs besides the repository.
@@ -194,7 +218,8 @@ fn backup_into(
     );
     let mut read = Vec::new();
     let mut claims = Vec::new();
-    for (volume, parent) in request.volumes.into_iter().zip(parents) {
+    let headers = volume_headers(&request.header, &request.volumes);
+    for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
         claims.push(volume.claim);
         read.push(archiver.volume(
             VolumeToRead {
@@ -202,7 +227,7 @@ fn backup_into(
                 root: volume.root,
                 parent,
             },
-            &request.header,
+            header,
         )?);
     }
     // Every file is read: a frozen filesystem may thaw (the upload goes on).
@@ -285,16 +310,36 @@ fn backup_into(
         .last_snapshot_written()
         .ok_or_else(|| MoverError::RepositoryWrite("the snapshot was not written".into()))?;
     let first = read.first().expect("a snapshot has a volume");
+    let sum = |count: fn(&ManifestMeta) -> u64| {
+        meta.volumes
+            .iter()
+            .filter_map(|volume| volume.manifest.as_ref())
+            .map(count)
+            .sum::<u64>()
+    };
     Ok(BackupResult {
         key: String::new(),
         manifest_key: String::new(),
         size_bytes: stats.bytes_uploaded,
         checksum: String::new(),
         manifest_hash: first.summary.hash.to_hex().to_string(),
-        files: first.summary.totals.files,
-        entries: first.summary.totals.entries,
-        total_bytes: first.summary.totals.total_bytes,
+        files: sum(|manifest| manifest.files),
+        entries: sum(|manifest| manifest.entries),
+        total_bytes: sum(|manifest| manifest.total_bytes),
         frozen_millis: None,
+        volumes: meta
+            .volumes
+            .iter()
+            .filter_map(|volume| {
+                let manifest = volume.manifest.as_ref()?;
+                Some(custody_proto::mover::VolumeWritten {
+                    name: volume.name.clone(),
+                    manifest_hash: manifest.blake3.clone(),
+                    files: manifest.files,
+                    total_bytes: manifest.total_bytes,
+                })
+            })
+            .collect(),
         snapshot: Some(SnapshotWritten {
             id: snapshot_id.to_hex().to_string(),
             repository_id,

@@ -637,7 +637,7 @@ impl<'a> Archiver<'a> {
                 }
                 OnDisk::Symlink => {
                     let stat = walked_stat(&found)?;
-                    let target = crate::manifest_builder::symlink_target(&found)?;
+                    let target = crate::manifest_builder::symlink_target(&found, header)?;
                     let metadata = Metadata::of(&stat);
                     manifest.push(Pending {
                         entry: Entry {

@@ -644,6 +644,7 @@ fn snapshot_artifact(id: Option<&str>, origin: &str) -> Artifact {
             id: id.map(str::to_string),
             origin_cluster: origin.into(),
             volumes: vec!["data".into()],
+            volume_manifests: Vec::new(),
             written_by: None,
         }),
         ..Artifact::default()

@@ -133,7 +133,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         let name = super::decide::job_name(&backup.name_any(), &uid);
         stop_job(client, &namespace, &name, why).await?;
     }
-    if let Some((claim, how)) = &plan.mark_claim {
+    for (claim, how) in &plan.mark_claims {
         crate::reconciler::mark_known_data(client, &namespace, claim, how).await?;
     }
     holds::lease::settle(

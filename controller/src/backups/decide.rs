@@ -48,6 +48,70 @@ pub fn claim_name(template: &str, stateful_set: &str) -> String {
     format!("{template}-{stateful_set}-0")
 }
 
+/// Why a Cluster of several volume claim templates (`templates`) cannot be backed up as it
+/// is configured, if it cannot: its volumes go into one snapshot of an encrypted repository
+/// (an archive holds one volume), and an application's tool makes one tree, not one per
+/// volume.
+pub fn several_volumes(
+    templates: &[String],
+    encrypted: bool,
+    method: Option<custody_kube::api::ConsistencyMethod>,
+) -> Option<String> {
+    if templates.len() < 2 {
+        return None;
+    }
+    if !encrypted {
+        return Some(format!(
+            "Cluster lists {} volume claim templates ({}), which are backed up together into one snapshot of an encrypted repository; this BackupRepository writes archives of one volume (set its spec.encryption)",
+            templates.len(),
+            templates.join(", ")
+        ));
+    }
+    if method == Some(custody_kube::api::ConsistencyMethod::Tool) {
+        return Some(format!(
+            "Cluster lists {} volume claim templates ({}), and the Tool method copies one tree: back the volumes up with Frozen or Hooks (or Stopped), which take every volume at one point in time",
+            templates.len(),
+            templates.join(", ")
+        ));
+    }
+    None
+}
+
+/// Where the StatefulSet's pods mount each of `templates`: the first container (init
+/// containers after the others) that mounts the template's volume, by its `mountPath`. A
+/// template no container mounts is left out.
+pub fn mount_paths(
+    set: &k8s_openapi::api::apps::v1::StatefulSet,
+    templates: &[String],
+) -> std::collections::BTreeMap<String, String> {
+    let Some(pod) = set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+    else {
+        return Default::default();
+    };
+    let containers: Vec<&k8s_openapi::api::core::v1::Container> = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .collect();
+    templates
+        .iter()
+        .filter_map(|template| {
+            let path = containers.iter().find_map(|container| {
+                container
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .find(|mount| &mount.name == template && mount.sub_path.is_none())
+                    .map(|mount| mount.mount_path.trim_end_matches('/').to_string())
+            })?;
+            Some((template.clone(), path)).filter(|(_, path)| path.starts_with('/'))
+        })
+        .collect()
+}
+
 /// The backup Job's name: the Backup's name with a suffix, cut to the 63 characters a Job's
 /// pods' label allows, kept unique with a piece of the UID.
 pub fn job_name(backup: &str, uid: &str) -> String {
@@ -187,11 +251,36 @@ pub fn completion(
                     ),
                 ));
             }
+            let names: Vec<&str> = result
+                .volumes
+                .iter()
+                .map(|volume| volume.name.as_str())
+                .collect();
+            if expected.volumes.len() > 1 && names != expected.volumes {
+                return Err((
+                    ARTIFACT_KEY_MISMATCH,
+                    format!(
+                        "the mover wrote volumes [{}], but this Backup recorded volumes [{}]",
+                        names.join(", "),
+                        expected.volumes.join(", ")
+                    ),
+                ));
+            }
             Ok(Artifact {
                 size_bytes: i64::try_from(result.size_bytes).ok(),
                 manifest_hash: Some(result.manifest_hash.clone()),
                 snapshot: Some(custody_kube::api::SnapshotRef {
                     id: Some(written.id.clone()),
+                    volume_manifests: result
+                        .volumes
+                        .iter()
+                        .map(|volume| custody_kube::api::VolumeManifest {
+                            name: volume.name.clone(),
+                            manifest_hash: volume.manifest_hash.clone(),
+                            files: i64::try_from(volume.files).ok(),
+                            total_bytes: i64::try_from(volume.total_bytes).ok(),
+                        })
+                        .collect(),
                     ..expected.clone()
                 }),
                 ..recorded.clone()

@@ -31,6 +31,8 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         job: JobFact::Missing,
         restores: Vec::new(),
         claim_uid: None,
+        claims_missing: Vec::new(),
+        mount_paths: std::collections::BTreeMap::new(),
         mounted_on: None,
         started_during: None,
         clock: None,
@@ -110,6 +112,36 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                     "PersistentVolumeClaim {namespace}/{claim}"
                 )))?
                 .and_then(|claim| claim.metadata.uid);
+            // Every volume of the Cluster is backed up together: the others' claims must be
+            // there too, and where the application mounts each (a symlink between them).
+            if cluster.spec.volume_claim_templates.len() > 1 && facts.backup.spec.command.is_none()
+            {
+                let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace);
+                for template in &cluster.spec.volume_claim_templates[1..] {
+                    let other = decide::claim_name(template, &cluster.spec.stateful_set_ref.name);
+                    if claims
+                        .get_opt(&other)
+                        .await
+                        .map_err(Error::read(format!(
+                            "PersistentVolumeClaim {namespace}/{other}"
+                        )))?
+                        .is_none()
+                    {
+                        facts.claims_missing.push(other);
+                    }
+                }
+                let set_name = &cluster.spec.stateful_set_ref.name;
+                let set = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(
+                    client.clone(),
+                    &namespace,
+                )
+                .get_opt(set_name)
+                .await
+                .map_err(Error::read(format!("StatefulSet {namespace}/{set_name}")))?;
+                facts.mount_paths = set
+                    .map(|set| decide::mount_paths(&set, &cluster.spec.volume_claim_templates))
+                    .unwrap_or_default();
+            }
             facts.mounted_on = mounted_on(client, &namespace, &claim).await?;
             if !started && let Some(mounter) = &facts.mounted_on {
                 facts.clock = clock(client, &mounter.node).await;

@@ -17,6 +17,9 @@ pub struct JobInputs<'a> {
     pub backup: &'a Backup,
     pub cluster_uid: &'a str,
     pub claim: &'a str,
+    /// Every volume the Job reads (the first is `claim`'s): more than one only into a
+    /// snapshot.
+    pub volumes: &'a [VolumeToCopy],
     pub claim_uid: &'a str,
     /// `None`: wherever the scheduler can mount the claim (the application is stopped).
     pub node: Option<&'a str>,
@@ -31,16 +34,48 @@ pub struct JobInputs<'a> {
     pub snapshot: Option<SnapshotInputs<'a>>,
 }
 
-/// What a snapshot backup's mover is told besides the volume.
+/// What a snapshot backup's mover is told besides the volumes.
 #[derive(Clone, Copy)]
 pub struct SnapshotInputs<'a> {
     pub repository: &'a EncryptedRepository,
     pub origin_cluster: &'a str,
     pub parent: Option<&'a str>,
-    /// The volume claim template.
-    pub volume: &'a str,
     pub consistency: Option<Capture>,
 }
+
+/// One volume of the Cluster a backup reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeToCopy {
+    /// The volume claim template.
+    pub template: String,
+    pub claim: String,
+    /// Where the application mounts it (empty: not known).
+    pub mount_path: String,
+}
+
+/// Where the mover reads each volume, and the pod volume that mounts its claim: one volume
+/// at [`SOURCE_PATH`] (`data`), several side by side under `/volumes/<template>` (a read-only
+/// volume has no room for another's mount point).
+fn source_mounts(volumes: &[VolumeToCopy]) -> Vec<(String, String)> {
+    match volumes {
+        [_] => vec![("data".to_string(), SOURCE_PATH.to_string())],
+        _ => volumes
+            .iter()
+            .enumerate()
+            .map(|(index, volume)| {
+                let name = if index == 0 {
+                    "data".to_string()
+                } else {
+                    format!("volume-{index}")
+                };
+                (name, format!("{VOLUMES_PATH}/{}", volume.template))
+            })
+            .collect(),
+    }
+}
+
+/// Where several volumes are mounted side by side.
+pub const VOLUMES_PATH: &str = "/volumes";
 
 /// The name a capture has in a snapshot's record.
 fn capture_name(capture: Option<Capture>) -> String {
@@ -215,11 +250,16 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
     ]);
     let mut env = custody_kube::s3::mover_env(&inputs.repository.spec);
     // A tool's tree is backed up as the volume, and refused if it overfilled its scratch
-    // space; else the volume itself.
+    // space; else the volumes themselves.
+    let mounts = source_mounts(inputs.volumes);
     let source = match &inputs.tool {
         Some(_) => TOOL_TREE,
         None => SOURCE_PATH,
     };
+    let volume_mounts: Vec<serde_json::Value> = mounts
+        .iter()
+        .map(|(name, path)| serde_json::json!({"name": name, "mountPath": path, "readOnly": true}))
+        .collect();
     let source_limit_bytes = inputs.tool.and_then(|run| {
         crate::quantity::bytes(
             run.tool
@@ -232,13 +272,25 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         Some(snapshot) => {
             env.push(master_key_env(snapshot.repository));
             Invocation::SnapshotBackup(SnapshotBackupArgs {
-                source: source.to_string(),
                 repository: RepositoryArgs {
                     prefix: snapshot.repository.prefix.clone(),
                     id: Some(snapshot.repository.id.clone()),
                 },
-                volume: snapshot.volume.to_string(),
-                claim: inputs.claim.to_string(),
+                volumes: inputs
+                    .volumes
+                    .iter()
+                    .zip(&mounts)
+                    .map(|(volume, (_, path))| custody_proto::mover::SourceVolume {
+                        name: volume.template.clone(),
+                        claim: volume.claim.clone(),
+                        source: if inputs.tool.is_some() {
+                            source.to_string()
+                        } else {
+                            path.clone()
+                        },
+                        mount_path: volume.mount_path.clone(),
+                    })
+                    .collect(),
                 backup_name: inputs.backup.metadata.name.clone().unwrap_or_default(),
                 backup_uid: uid.clone(),
                 namespace: inputs.backup.metadata.namespace.clone().unwrap_or_default(),
@@ -267,7 +319,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             "command": ["custody-mover"],
             "args": invocation.args(),
             "env": env,
-            "volumeMounts": [{"name": "data", "mountPath": SOURCE_PATH, "readOnly": true}],
+            "volumeMounts": volume_mounts,
             // Reads every file whatever its owner; never writes the volume.
             "securityContext": crate::mover_job::security_context(crate::mover_job::BACKUP_CAPABILITIES),
         }),
@@ -318,6 +370,22 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         .as_mut()
         .and_then(|spec| spec.template.spec.as_mut())
     {
+        // The other volumes' claims, read-only like the first.
+        pod.volumes
+            .get_or_insert_default()
+            .extend(
+                mounts
+                    .iter()
+                    .zip(inputs.volumes)
+                    .skip(1)
+                    .map(|((name, _), volume)| {
+                        serde_json::from_value(serde_json::json!({
+                            "name": name,
+                            "persistentVolumeClaim": {"claimName": volume.claim, "readOnly": true},
+                        }))
+                        .expect("a valid volume")
+                    }),
+            );
         pod.volumes.get_or_insert_default().extend(
             extra_volumes
                 .into_iter()

@@ -49,6 +49,8 @@ pub mod reasons {
     pub const REPOSITORY_NOT_FOUND: &str = "RepositoryNotFound";
     pub const REPOSITORY_NOT_READY: &str = "RepositoryNotReady";
     pub const CLAIM_NOT_FOUND: &str = "ClaimNotFound";
+    /// The Cluster's volumes cannot be backed up together as it is configured.
+    pub const UNSUPPORTED_VOLUME_LAYOUT: &str = "UnsupportedVolumeLayout";
     pub const VOLUME_NOT_MOUNTED: &str = "VolumeNotMounted";
     pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
     /// A Job of the Backup's name exists whose creation custody never recorded.

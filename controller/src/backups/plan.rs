@@ -65,6 +65,12 @@ pub struct Facts {
     pub restores: Vec<Restore>,
     /// The UID of the claim to back up, if it exists (read before the Backup starts).
     pub claim_uid: Option<String>,
+    /// The claims of the Cluster's other volume claim templates that do not exist (read
+    /// before the Backup starts).
+    pub claims_missing: Vec<String>,
+    /// Where the application mounts each volume claim template, when the Cluster has several
+    /// (read before the Backup starts): a symlink may lead from one into another.
+    pub mount_paths: BTreeMap<String, String>,
     /// The running pod that mounts the claim, and its node (read before the Backup starts).
     pub mounted_on: Option<Mounter>,
     /// A pod mounting the claim that ran during a `Stopped` copy (read once its Job ended).
@@ -105,9 +111,9 @@ pub struct Plan {
     pub job: Option<Job>,
     /// Stop the running Job (its deadline set to now), recording why on it.
     pub stop_job: Option<String>,
-    /// The claim to mark as holding known data, `(claim, how custody knows)`: a completed
-    /// Backup copied it.
-    pub mark_claim: Option<(String, String)>,
+    /// The claims to mark as holding known data, `(claim, how custody knows)`: a completed
+    /// Backup copied them.
+    pub mark_claims: Vec<(String, String)>,
     /// Copy the agents' gate CA into the namespace (a frozen copy's mover calls its agent).
     pub publish_gate_ca: bool,
     /// Run this hook in the application's pod, then record how it went in `status.hooks`
@@ -127,7 +133,7 @@ impl Plan {
             status: None,
             job: None,
             stop_job: None,
-            mark_claim: None,
+            mark_claims: Vec::new(),
             publish_gate_ca: false,
             hook: None,
             events: Vec::new(),
@@ -343,14 +349,35 @@ pub fn plan(facts: &Facts) -> Plan {
             let mut plan = conclude(facts, status, outcome);
             plan.lease = LeaseStep::Release;
             if completed {
-                plan.mark_claim = Some((
-                    claim.clone(),
-                    format!("copied by Backup {namespace}/{name} ({uid})"),
-                ));
+                let how = format!("copied by Backup {namespace}/{name} ({uid})");
+                plan.mark_claims = copied_claims(backup, cluster, &claim)
+                    .into_iter()
+                    .map(|claim| (claim, how.clone()))
+                    .collect();
             }
             plan
         }
         JobFact::Missing => start(facts, cluster, repository, &namespace, &claim, &job_name),
+    }
+}
+
+/// The claims a completed Backup copied: every template's of the snapshot it recorded, else
+/// `claim` alone.
+fn copied_claims(backup: &Backup, cluster: &Cluster, claim: &str) -> Vec<String> {
+    let recorded = backup
+        .status
+        .as_ref()
+        .and_then(|status| status.artifact.as_ref())
+        .and_then(|artifact| artifact.snapshot.as_ref())
+        .map(|snapshot| snapshot.volumes.as_slice())
+        .unwrap_or_default();
+    if recorded.len() > 1 {
+        recorded
+            .iter()
+            .map(|template| decide::claim_name(template, &cluster.spec.stateful_set_ref.name))
+            .collect()
+    } else {
+        vec![claim.to_string()]
     }
 }
 
@@ -450,6 +477,34 @@ fn start(
         backup.spec.consistency.as_ref(),
         cluster.spec.consistency.as_ref(),
     );
+    // Every volume of the Cluster, as one unit: each claim there, in a repository that holds
+    // several volumes in one snapshot.
+    let templates = &cluster.spec.volume_claim_templates;
+    let several = command.is_none() && templates.len() > 1;
+    if several && status.start_time.is_none() {
+        if let Some(refusal) = decide::several_volumes(
+            templates,
+            repository.spec.encryption.is_some(),
+            consistency::method(chosen),
+        ) {
+            return conclude(
+                facts,
+                status,
+                Err((reasons::UNSUPPORTED_VOLUME_LAYOUT, refusal)),
+            );
+        }
+        if let Some(missing) = facts.claims_missing.first() {
+            return wait(
+                facts,
+                reasons::CLAIM_NOT_FOUND,
+                format!(
+                    "PersistentVolumeClaim {missing} does not exist; every volume of Cluster {cluster_name} ({}) is backed up together",
+                    templates.join(", ")
+                ),
+                15,
+            );
+        }
+    }
     // Where the copy runs, and what it will be: decided once, when it starts.
     let node = if status.start_time.is_some() {
         status.node_name.clone()
@@ -563,13 +618,12 @@ fn start(
                     repository_id: encrypted.id.clone(),
                     id: None,
                     origin_cluster: origin_cluster.clone(),
-                    volumes: cluster
-                        .spec
-                        .volume_claim_templates
-                        .first()
-                        .cloned()
-                        .into_iter()
-                        .collect(),
+                    volumes: if several {
+                        templates.clone()
+                    } else {
+                        templates.first().cloned().into_iter().collect()
+                    },
+                    volume_manifests: Vec::new(),
                     written_by: None,
                 }),
                 ..Artifact::located_in(repository)
@@ -594,8 +648,24 @@ fn start(
         );
     }
     // A frozen copy: the mover asks the agent, and checks it with the gate's CA.
+    let set_name = &cluster.spec.stateful_set_ref.name;
+    let copied: Vec<job::VolumeToCopy> = match recorded_volumes(&status) {
+        Some(volumes) if volumes.len() > 1 => volumes
+            .iter()
+            .map(|template| job::VolumeToCopy {
+                template: template.clone(),
+                claim: decide::claim_name(template, set_name),
+                mount_path: facts.mount_paths.get(template).cloned().unwrap_or_default(),
+            })
+            .collect(),
+        _ => vec![job::VolumeToCopy {
+            template: templates.first().cloned().unwrap_or_default(),
+            claim: claim.to_string(),
+            mount_path: String::new(),
+        }],
+    };
     let freeze = (status.consistency == Some(Capture::Frozen)).then(|| FreezeArgs {
-        claim: claim.to_string(),
+        claims: copied.iter().map(|volume| volume.claim.clone()).collect(),
         max_seconds: status
             .max_freeze_seconds
             .and_then(|seconds| u32::try_from(seconds).ok())
@@ -648,12 +718,6 @@ fn start(
         repository: encrypted,
         origin_cluster: &origin_cluster,
         parent: facts.parent_snapshot.as_deref(),
-        volume: cluster
-            .spec
-            .volume_claim_templates
-            .first()
-            .map(String::as_str)
-            .unwrap_or_default(),
         consistency: status.consistency,
     });
     // The Job recorded as about to be created (its UID once the API server answers): one
@@ -673,6 +737,7 @@ fn start(
         backup,
         cluster_uid: cluster.metadata.uid.as_deref().unwrap_or_default(),
         claim,
+        volumes: &copied,
         claim_uid,
         node: node.as_deref(),
         repository,
@@ -687,11 +752,25 @@ fn start(
     } else {
         destination(&prefix, &key)
     };
+    let claims: Vec<&str> = copied.iter().map(|volume| volume.claim.as_str()).collect();
     plan.events.push(Note::normal(
         "BackupStarted",
-        format!("Job {job_name} backs up claim {claim} on {on} to {recorded}"),
+        format!(
+            "Job {job_name} backs up {} {} on {on} to {recorded}",
+            if claims.len() > 1 { "claims" } else { "claim" },
+            claims.join(", ")
+        ),
     ));
     plan
+}
+
+/// The volumes a started snapshot backup recorded (the Cluster's templates when it started).
+fn recorded_volumes(status: &BackupStatus) -> Option<&Vec<String>> {
+    status
+        .artifact
+        .as_ref()
+        .and_then(|artifact| artifact.snapshot.as_ref())
+        .map(|snapshot| &snapshot.volumes)
 }
 
 /// Where a volume backup writes, for people: its archive's key (format 1), or the encrypted

@@ -65,26 +65,56 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The claims a Restore writes: for every replica of the StatefulSet, the claim of the
-/// Cluster's volume claim template (`<template>-<statefulset>-<ordinal>`). A Backup holds one
-/// volume, so a Cluster with more than one template is refused rather than started with a
-/// volume that nothing restores.
-pub fn claims(
+/// Refused: the Backup's volumes and the Cluster's volume claim templates do not match.
+pub const UNSUPPORTED_VOLUME_LAYOUT: &str = "UnsupportedVolumeLayout";
+
+/// Which volume of the Backup each of the Cluster's volume claim templates gets, in the
+/// Cluster's order: a Backup of one volume restores into a Cluster of one template whatever
+/// their names; a Backup of several restores only into a Cluster with the same templates
+/// (by name), since restoring some of them would start the application on partly empty data
+/// and leaving one out would lose it.
+pub fn layout(
     templates: &[String],
-    stateful_set: &str,
-    replicas: i32,
-) -> Result<Vec<String>, Refusal> {
-    let [template] = templates else {
+    backup_volumes: &[String],
+) -> Result<Vec<(String, String)>, Refusal> {
+    if let ([template], [volume]) = (templates, backup_volumes) {
+        return Ok(vec![(template.clone(), volume.clone())]);
+    }
+    let wanted: BTreeSet<&String> = templates.iter().collect();
+    let held: BTreeSet<&String> = backup_volumes.iter().collect();
+    if wanted.len() != templates.len() || held != wanted || backup_volumes.len() != held.len() {
         return Err(Refusal {
-            reason: "UnsupportedVolumeLayout",
+            reason: UNSUPPORTED_VOLUME_LAYOUT,
             message: format!(
-                "a Backup holds one volume, and the Cluster lists {} volume claim templates ({}); \
-                 restoring only some of them would start the application on partly empty data",
-                templates.len(),
-                templates.join(", ")
+                "the Backup holds {} ({}) and the Cluster lists volume claim templates {}: a Backup of several volumes restores into the templates of the same names, all of them, so that the application never starts on partly empty data",
+                if backup_volumes.len() == 1 {
+                    "one volume"
+                } else {
+                    "volumes"
+                },
+                backup_volumes.join(", "),
+                if templates.is_empty() {
+                    "none".to_string()
+                } else {
+                    templates.join(", ")
+                },
             ),
         });
-    };
+    }
+    Ok(templates
+        .iter()
+        .map(|template| (template.clone(), template.clone()))
+        .collect())
+}
+
+/// The claims a Restore writes, pod by pod: for every replica of the StatefulSet, the claim
+/// of each template of the `layout` (`<template>-<statefulset>-<ordinal>`), with the volume
+/// of the Backup it gets.
+pub fn claims(
+    layout: &[(String, String)],
+    stateful_set: &str,
+    replicas: i32,
+) -> Result<Vec<(String, String)>, Refusal> {
     if replicas < 1 {
         return Err(Refusal {
             reason: "NoReplicas",
@@ -92,7 +122,14 @@ pub fn claims(
         });
     }
     Ok((0..replicas)
-        .map(|ordinal| format!("{template}-{stateful_set}-{ordinal}"))
+        .flat_map(|ordinal| {
+            layout.iter().map(move |(template, volume)| {
+                (
+                    format!("{template}-{stateful_set}-{ordinal}"),
+                    volume.clone(),
+                )
+            })
+        })
         .collect())
 }
 
@@ -619,7 +656,10 @@ pub fn reported_pods<'a>(
 
 /// The pods whose every volume under this Restore is Verified, by name: their readiness gate
 /// may be set.
-pub fn releasable_pods(reports: &BTreeMap<String, (&ReportedVolume, &str)>) -> BTreeSet<String> {
+pub fn releasable_pods(
+    reports: &BTreeMap<String, (&ReportedVolume, &str)>,
+    claims: &[String],
+) -> BTreeSet<String> {
     let mut pods: BTreeMap<&str, bool> = BTreeMap::new();
     for (volume, _) in reports.values() {
         let verified = volume.state == VolumeState::Verified;
@@ -629,6 +669,14 @@ pub fn releasable_pods(reports: &BTreeMap<String, (&ReportedVolume, &str)>) -> B
     }
     pods.into_iter()
         .filter(|(_, verified)| *verified)
+        // Every claim of the pod (`<template>-<pod>`) reported, not only those seen so far.
+        .filter(|(pod, _)| {
+            let suffix = format!("-{pod}");
+            claims
+                .iter()
+                .filter(|claim| claim.ends_with(&suffix))
+                .all(|claim| reports.contains_key(claim))
+        })
         .map(|(pod, _)| pod.to_string())
         .collect()
 }

@@ -15,6 +15,10 @@ pub struct JobInputs<'a> {
     pub cluster_uid: &'a str,
     pub create: &'a decide::CreateJob,
     pub artifact: &'a Artifact,
+    /// The Backup's volume the claim gets (a snapshot's volume name).
+    pub volume: &'a str,
+    /// The manifest hash that volume is checked against.
+    pub manifest_hash: &'a str,
     pub backup_uid: &'a str,
     pub repository: &'a BackupRepository,
     pub mover: &'a crate::mover_job::MoverJob,
@@ -36,7 +40,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
     let mut repository = inputs.repository.spec.clone();
     repository.bucket = inputs.artifact.bucket.clone();
     let mut env = custody_kube::s3::mover_env(&repository);
-    let manifest_hash = inputs.artifact.manifest_hash.clone().unwrap_or_default();
+    let manifest_hash = inputs.manifest_hash.to_string();
     let invocation = match &inputs.artifact.snapshot {
         // A snapshot: read from the repository the Backup recorded, with its master key.
         Some(snapshot) => {
@@ -67,7 +71,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
                     id: Some(snapshot.repository_id.clone()),
                 },
                 snapshot: snapshot.id.clone().unwrap_or_default(),
-                volume: snapshot.volumes.first().cloned().unwrap_or_default(),
+                volume: inputs.volume.to_string(),
                 manifest_hash,
                 backup_uid: inputs.backup_uid.to_string(),
                 restore_uid: uid.clone(),
@@ -142,6 +146,8 @@ mod tests {
                 attempt: 1,
             },
             artifact: &artifact,
+            volume: "data",
+            manifest_hash: "h",
             backup_uid: "b-uid",
             repository: &repository,
             mover: &crate::mover_job::MoverJob::new("mover:1"),

@@ -240,7 +240,7 @@ pub fn plan(facts: &Facts) -> Plan {
                 .iter()
                 .map(|claim| (claim.clone(), how.clone()))
                 .collect(),
-            release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
+            release: ungated(&facts.pods, &decide::releasable_pods(&reports, &claims)),
             ..Plan::after(60)
         };
     }
@@ -302,10 +302,27 @@ pub fn plan(facts: &Facts) -> Plan {
             10,
         );
     };
-    let claims = match decide::claims(&cluster.spec.volume_claim_templates, set_name, replicas) {
-        Ok(claims) => claims,
+    let templates = &cluster.spec.volume_claim_templates;
+    let hashes = artifact.volume_hashes(templates.first().map(String::as_str).unwrap_or_default());
+    let backup_volumes: Vec<String> = hashes.iter().map(|(name, _)| name.clone()).collect();
+    // Pod by pod, each pod's volumes in the Cluster's order.
+    let claimed = match decide::layout(templates, &backup_volumes)
+        .and_then(|layout| decide::claims(&layout, set_name, replicas))
+    {
+        Ok(claimed) => claimed,
         Err(refusal) => return stop(facts, Stop::Fail, refusal.reason, refusal.message, 0),
     };
+    if let Some((volume, _)) = hashes.iter().find(|(_, hash)| hash.is_none()) {
+        return stop(
+            facts,
+            Stop::Fail,
+            reasons::BACKUP_NOT_COMPLETED,
+            format!("Backup {backup_name} records no manifest for its volume {volume}"),
+            0,
+        );
+    }
+    let claims: Vec<String> = claimed.iter().map(|(claim, _)| claim.clone()).collect();
+    let volume_of_claim: BTreeMap<String, String> = claimed.into_iter().collect();
 
     if !started
         && let Hold::Wait { reason, message } =
@@ -409,11 +426,22 @@ pub fn plan(facts: &Facts) -> Plan {
         let Some(create) = &step.create else {
             continue;
         };
+        let volume = volume_of_claim
+            .get(&create.claim)
+            .cloned()
+            .unwrap_or_default();
+        let manifest_hash = hashes
+            .iter()
+            .find(|(name, _)| name == &volume)
+            .and_then(|(_, hash)| hash.clone())
+            .unwrap_or_default();
         jobs.push(job::spec(&JobInputs {
             restore,
             cluster_uid: &cluster_uid,
             create,
             artifact: &artifact,
+            volume: &volume,
+            manifest_hash: &manifest_hash,
             backup_uid: &writer_uid,
             repository,
             mover: &facts.mover,
@@ -458,7 +486,20 @@ pub fn plan(facts: &Facts) -> Plan {
                 "RestoreStarted",
                 format!(
                     "Job {} writes claim {} on node {} from {}",
-                    create.name, create.claim, create.node, artifact.key
+                    create.name,
+                    create.claim,
+                    create.node,
+                    if artifact.key.is_empty() {
+                        format!(
+                            "volume {} of Backup {backup_name}",
+                            volume_of_claim
+                                .get(&create.claim)
+                                .map(String::as_str)
+                                .unwrap_or_default()
+                        )
+                    } else {
+                        artifact.key.clone()
+                    }
                 ),
             )
         });
@@ -614,7 +655,7 @@ pub fn plan(facts: &Facts) -> Plan {
         jobs,
         status: next_status(restore, status, &[ready, verified], facts.now),
         events,
-        release: ungated(&facts.pods, &decide::releasable_pods(&reports)),
+        release: ungated(&facts.pods, &decide::releasable_pods(&reports, &claims)),
         requeue: Some(Duration::from_secs(if over { 60 } else { 5 })),
     }
 }

@@ -3,12 +3,7 @@ use super::*;
 const HASH: &str = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
 
 fn header() -> Header {
-    Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: "backup-uid".into(),
-        cluster_uid: "cluster-uid".into(),
-        created_at: "2026-11-30T05:00:00Z".into(),
-    }
+    Header::new("backup-uid", "cluster-uid", "2026-11-30T05:00:00Z")
 }
 
 fn dir(path: &str) -> Entry {
@@ -345,4 +340,64 @@ fn the_writer_refuses_what_the_reader_would() {
     assert!(writer.push(&file("a", 1)).is_err(), "out of order");
     assert!(writer.push(&file("b", 1)).is_err(), "duplicate");
     assert!(writer.push(&file("../x", 1)).is_err(), "traversal");
+}
+
+#[test]
+fn a_symlink_may_lead_only_into_its_volume_or_another_volume_of_the_same_backup() {
+    let alone = Header::new("b", "c", "t");
+    let with_wal = Header {
+        mount_path: Some("/var/lib/postgresql/data".into()),
+        sibling_mounts: vec!["/var/lib/postgresql/wal".into(), "/".into()],
+        ..Header::new("b", "c", "t")
+    };
+    let unknown_mount = Header {
+        mount_path: None,
+        ..with_wal.clone()
+    };
+    // (link, target, header, allowed)
+    let rows: &[(&str, &str, &Header, bool)] = &[
+        ("current", "base/1", &alone, true),
+        ("a/b", "../c", &alone, true),
+        ("a/b", "../../c", &alone, false),
+        ("pg_wal", "/var/lib/postgresql/wal/pg_wal", &alone, false),
+        ("pg_wal", "/var/lib/postgresql/wal/pg_wal", &with_wal, true),
+        ("pg_wal", "/var/lib/postgresql/wal", &with_wal, true),
+        ("pg_wal", "../wal/pg_wal", &with_wal, true),
+        ("deep/pg_wal", "../../wal/x", &with_wal, true),
+        ("deep/pg_wal", "../wal/x", &with_wal, true),
+        ("deep/pg_wal", "../../../wal/x", &with_wal, false),
+        ("pg_wal", "/var/lib/postgresql/walx", &with_wal, false),
+        (
+            "pg_wal",
+            "/var/lib/postgresql/wal/../data2",
+            &with_wal,
+            false,
+        ),
+        ("pg_wal", "/etc/passwd", &with_wal, false),
+        // A sibling mounted at the root would admit every path: it is not one.
+        ("pg_wal", "/anything", &with_wal, false),
+        (
+            "pg_wal",
+            "/var/lib/postgresql/wal/pg_wal",
+            &unknown_mount,
+            false,
+        ),
+        ("pg_wal", "../wal/pg_wal", &unknown_mount, false),
+    ];
+    for (link, target, header, allowed) in rows {
+        assert_eq!(
+            symlink_allowed(link, target, header),
+            *allowed,
+            "{link} -> {target} with {header:?}"
+        );
+    }
+}
+
+#[test]
+fn a_header_of_one_volume_serialises_as_before() {
+    let text = serde_json::to_string(&Header::new("b", "c", "t")).unwrap();
+    assert_eq!(
+        text,
+        r#"{"custodyManifest":1,"backupUid":"b","clusterUid":"c","createdAt":"t"}"#
+    );
 }

@@ -5,19 +5,14 @@ use std::io::{BufReader, Cursor};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use custody_proto::manifest::{FORMAT_VERSION, Header};
+use custody_proto::manifest::Header;
 
 use super::*;
 use crate::manifest_builder;
 use crate::mover::archive::TarArchive;
 
 fn header() -> Header {
-    Header {
-        custody_manifest: FORMAT_VERSION,
-        backup_uid: "backup-uid".into(),
-        cluster_uid: "cluster-uid".into(),
-        created_at: "2026-11-30T00:00:00Z".into(),
-    }
+    Header::new("backup-uid", "cluster-uid", "2026-11-30T00:00:00Z")
 }
 
 /// A small tree, its manifest and its honest archive.

@@ -615,3 +615,51 @@ fn a_tool_past_its_timeout_is_overdue() {
     );
     assert_eq!(stopped(&job).as_deref(), Some("past its timeoutSeconds"));
 }
+
+#[test]
+fn mount_paths_are_read_from_the_containers_that_mount_each_template() {
+    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(serde_json::json!({
+        "spec": {"selector": {}, "serviceName": "db", "template": {"spec": {
+            "initContainers": [{"name": "init", "volumeMounts": [
+                {"name": "logs", "mountPath": "/logs/"}]}],
+            "containers": [
+                {"name": "sidecar", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "part"}]},
+                {"name": "db", "volumeMounts": [
+                    {"name": "data", "mountPath": "/var/lib/postgresql/data"},
+                    {"name": "wal", "mountPath": "/var/lib/postgresql/wal"}]}]}}},
+    }))
+    .unwrap();
+    let templates = ["data", "wal", "logs", "unused"].map(String::from);
+    let found = mount_paths(&set, &templates);
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        [
+            ("data".to_string(), "/var/lib/postgresql/data".to_string()),
+            ("logs".to_string(), "/logs".to_string()),
+            ("wal".to_string(), "/var/lib/postgresql/wal".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn several_volumes_need_a_snapshot_and_a_method_that_takes_them_together() {
+    use custody_kube::api::ConsistencyMethod;
+    let one = ["data".to_string()];
+    let two = ["data".to_string(), "wal".to_string()];
+    // (templates, encrypted, method, refused)
+    let rows: &[(&[String], bool, Option<ConsistencyMethod>, bool)] = &[
+        (&one, false, Some(ConsistencyMethod::Tool), false),
+        (&two, true, Some(ConsistencyMethod::Freeze), false),
+        (&two, true, Some(ConsistencyMethod::Hooks), false),
+        (&two, true, None, false),
+        (&two, false, Some(ConsistencyMethod::Freeze), true),
+        (&two, true, Some(ConsistencyMethod::Tool), true),
+    ];
+    for (templates, encrypted, method, refused) in rows {
+        assert_eq!(
+            several_volumes(templates, *encrypted, *method).is_some(),
+            *refused,
+            "{templates:?} encrypted {encrypted} {method:?}"
+        );
+    }
+}

@@ -87,6 +87,8 @@ fn facts() -> Facts {
         now: now(),
         mover: crate::mover_job::MoverJob::new("mover:1"),
         cluster: Some(cluster(true)),
+        claims_missing: Vec::new(),
+        mount_paths: BTreeMap::new(),
         repository: Some(repository("True")),
         job: JobFact::Missing,
         restores: Vec::new(),
@@ -832,6 +834,7 @@ fn a_snapshot_backup_completes_with_its_snapshot() {
             id: None,
             origin_cluster: ORIGIN.into(),
             volumes: vec!["data".into()],
+            volume_manifests: Vec::new(),
             written_by: None,
         });
         finished.report = Some(
@@ -1477,11 +1480,13 @@ fn a_completed_backup_marks_its_claim_as_known_data_and_a_failed_one_does_not() 
         report: report(UID),
         ..started(facts(), JobState::Succeeded)
     });
-    let (claim, how) = completed.mark_claim.expect("marked");
+    let [(claim, how)] = completed.mark_claims.as_slice() else {
+        panic!("one claim marked: {:?}", completed.mark_claims);
+    };
     assert_eq!(claim, "data-db-0");
     assert!(how.contains(UID), "{how}");
     let failed = plan(&started(facts(), JobState::Succeeded));
-    assert_eq!(failed.mark_claim, None);
+    assert!(failed.mark_claims.is_empty());
 }
 
 #[test]
@@ -1570,4 +1575,186 @@ fn a_tool_past_its_timeout_has_its_job_stopped_and_the_backup_fails_naming_it() 
             .contains("timeoutSeconds (30 s)")
     );
     assert_eq!(failed.lease, LeaseStep::Release);
+}
+
+/// Cluster `orders` with `pg_wal` on a volume of its own, frozen.
+fn two_volume_facts() -> Facts {
+    let mut cluster = cluster(true);
+    cluster.spec.volume_claim_templates = vec!["data".into(), "wal".into()];
+    cluster.spec.consistency = Some(custody_kube::api::Consistency {
+        method: custody_kube::api::ConsistencyMethod::Freeze,
+        max_freeze_seconds: Some(20),
+        tool: None,
+        hooks: None,
+    });
+    Facts {
+        cluster: Some(cluster),
+        mount_paths: [
+            ("data".to_string(), "/var/lib/postgresql/data".to_string()),
+            ("wal".to_string(), "/var/lib/postgresql/wal".to_string()),
+        ]
+        .into(),
+        ..facts()
+    }
+}
+
+/// Every volume of the Cluster goes into one snapshot, read by one Job that mounts every
+/// claim, frozen together; the snapshot records each volume's manifest and the Backup marks
+/// every claim it copied.
+#[test]
+fn every_volume_of_the_cluster_is_backed_up_together() {
+    let start = plan(&two_volume_facts());
+    let status = start.status.clone().unwrap();
+    let snapshot = status.artifact.clone().unwrap().snapshot.unwrap();
+    assert_eq!(snapshot.volumes, ["data", "wal"]);
+    let job = start.job.clone().expect("a Job");
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let claims: Vec<(String, String)> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|volume| {
+            let claim = volume.persistent_volume_claim.as_ref()?;
+            assert_eq!(claim.read_only, Some(true), "{volume:?}");
+            Some((volume.name.clone(), claim.claim_name.clone()))
+        })
+        .collect();
+    assert_eq!(
+        claims,
+        [
+            ("data".to_string(), "data-db-0".to_string()),
+            ("volume-1".to_string(), "wal-db-0".to_string())
+        ]
+    );
+    let mover = &pod.containers[0];
+    let mounts: Vec<(&str, &str)> = mover
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|mount| (mount.name.as_str(), mount.mount_path.as_str()))
+        .collect();
+    assert!(mounts.contains(&("data", "/volumes/data")), "{mounts:?}");
+    assert!(mounts.contains(&("volume-1", "/volumes/wal")), "{mounts:?}");
+    let args = mover.args.clone().unwrap();
+    for pair in [
+        ["--source", "/volumes/data"],
+        ["--volume", "data"],
+        ["--claim", "data-db-0"],
+        ["--mount-path", "/var/lib/postgresql/data"],
+        ["--source", "/volumes/wal"],
+        ["--volume", "wal"],
+        ["--claim", "wal-db-0"],
+        ["--mount-path", "/var/lib/postgresql/wal"],
+        ["--freeze-claim", "data-db-0"],
+        ["--freeze-claim", "wal-db-0"],
+    ] {
+        assert!(
+            args.windows(2).any(|window| window == pair),
+            "{pair:?} in {args:?}"
+        );
+    }
+    assert!(
+        start
+            .events
+            .iter()
+            .any(|note| note.text.contains("claims data-db-0, wal-db-0")),
+        "{:?}",
+        start.events
+    );
+
+    // Completed: each volume's manifest recorded, each claim marked.
+    let mut finished = two_volume_facts();
+    let mut recorded = status.clone();
+    recorded.phase = Some(BackupPhase::Running);
+    finished.backup.status = Some(recorded);
+    finished.job = JobFact::Owned(JobState::Succeeded);
+    let report = |names: [&str; 2]| {
+        json!({"sizeBytes": 42, "manifestHash": "m1", "files": 3, "entries": 5, "totalBytes": 9,
+            "snapshot": {"id": "b2".repeat(32), "repositoryId": REPOSITORY_ID, "bytesNew": 9, "filesRead": 3},
+            "volumes": [
+                {"name": names[0], "manifestHash": "m1", "files": 2, "totalBytes": 6},
+                {"name": names[1], "manifestHash": "m2", "files": 1, "totalBytes": 3}]})
+        .to_string()
+    };
+    let completed = plan(&Facts {
+        report: Some(report(["data", "wal"])),
+        ..finished.clone()
+    });
+    let done = completed.status.unwrap();
+    assert_eq!(done.phase, Some(BackupPhase::Completed));
+    let artifact = done.artifact.unwrap();
+    assert_eq!(
+        artifact.volume_hashes("data"),
+        [
+            ("data".to_string(), Some("m1".to_string())),
+            ("wal".to_string(), Some("m2".to_string()))
+        ]
+    );
+    let marked: Vec<&str> = completed
+        .mark_claims
+        .iter()
+        .map(|(claim, _)| claim.as_str())
+        .collect();
+    assert_eq!(marked, ["data-db-0", "wal-db-0"]);
+    // A report of other volumes is not this Backup's.
+    let other = plan(&Facts {
+        report: Some(report(["data", "logs"])),
+        ..finished
+    });
+    let failed = other.status.unwrap();
+    assert_eq!(failed.phase, Some(BackupPhase::Failed));
+    assert!(
+        failed
+            .conditions
+            .iter()
+            .any(|condition| condition.reason == "ArtifactKeyMismatch"),
+        "{:?}",
+        failed.conditions
+    );
+}
+
+/// Several volumes need an encrypted repository and a method that takes them all at one
+/// point in time, and every claim: else the Backup says what to change.
+#[test]
+fn several_volumes_are_refused_or_awaited_with_the_reason() {
+    let refused = |facts: Facts| {
+        let plan = plan(&facts);
+        assert_eq!(plan.job, None);
+        let status = plan.status.unwrap();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == "Ready")
+            .unwrap()
+            .clone();
+        (status.phase, ready.reason, ready.message)
+    };
+    let mut archive = two_volume_facts();
+    let repository = archive.repository.as_mut().unwrap();
+    repository.spec.encryption = None;
+    repository.status.as_mut().unwrap().repository = None;
+    let (phase, reason, message) = refused(archive);
+    assert_eq!(phase, Some(BackupPhase::Failed));
+    assert_eq!(reason, reasons::UNSUPPORTED_VOLUME_LAYOUT);
+    assert!(message.contains("spec.encryption"), "{message}");
+
+    let mut tool = two_volume_facts();
+    tool.cluster.as_mut().unwrap().spec.consistency = Some(
+        serde_json::from_value(
+            json!({"method": "Tool", "tool": {"image": "pg", "command": ["backup"]}}),
+        )
+        .unwrap(),
+    );
+    let (phase, reason, message) = refused(tool);
+    assert_eq!(phase, Some(BackupPhase::Failed));
+    assert_eq!(reason, reasons::UNSUPPORTED_VOLUME_LAYOUT);
+    assert!(message.contains("Tool"), "{message}");
+
+    let (phase, reason, message) = refused(Facts {
+        claims_missing: vec!["wal-db-0".into()],
+        ..two_volume_facts()
+    });
+    assert_eq!(phase, Some(BackupPhase::Pending));
+    assert_eq!(reason, reasons::CLAIM_NOT_FOUND);
+    assert!(message.contains("wal-db-0"), "{message}");
 }

@@ -434,25 +434,59 @@ fn a_pod_that_does_not_start_is_named_on_its_volume() {
 }
 
 #[test]
-fn claims_cover_every_replica_of_one_template() {
-    assert_eq!(
-        claims(&["data".into()], "db", 3).unwrap(),
-        ["data-db-0", "data-db-1", "data-db-2"]
+fn every_template_of_every_replica_gets_the_backups_volume_of_its_name() {
+    let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+    let pairs = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect::<Vec<_>>()
+    };
+    // (templates, backup volumes, layout or refusal)
+    type Row<'a> = (
+        &'a [&'a str],
+        &'a [&'a str],
+        Option<&'a [(&'a str, &'a str)]>,
     );
+    let rows: &[Row] = &[
+        (&["data"], &["data"], Some(&[("data", "data")])),
+        // One volume restores into one template whatever their names.
+        (&["pgdata"], &["data"], Some(&[("pgdata", "data")])),
+        (
+            &["data", "wal"],
+            &["wal", "data"],
+            Some(&[("data", "data"), ("wal", "wal")]),
+        ),
+        // Leaving a volume out, or a template empty, is refused.
+        (&["data", "wal"], &["data"], None),
+        (&["data"], &["data", "wal"], None),
+        (&["data", "logs"], &["data", "wal"], None),
+        (&["data", "data"], &["data", "data"], None),
+        (&[], &["data"], None),
+    ];
+    for (templates, volumes, expected) in rows {
+        let found = layout(&names(templates), &names(volumes));
+        match expected {
+            Some(expected) => {
+                assert_eq!(found.unwrap(), pairs(expected), "{templates:?} {volumes:?}")
+            }
+            None => assert_eq!(
+                found.unwrap_err().reason,
+                UNSUPPORTED_VOLUME_LAYOUT,
+                "{templates:?} {volumes:?}"
+            ),
+        }
+    }
+    let two = pairs(&[("data", "data"), ("wal", "wal")]);
     assert_eq!(
-        claims(&["data".into(), "wal".into()], "db", 1)
-            .unwrap_err()
-            .reason,
-        "UnsupportedVolumeLayout"
+        claims(&two, "db", 2).unwrap(),
+        pairs(&[
+            ("data-db-0", "data"),
+            ("wal-db-0", "wal"),
+            ("data-db-1", "data"),
+            ("wal-db-1", "wal")
+        ])
     );
-    assert_eq!(
-        claims(&[], "db", 1).unwrap_err().reason,
-        "UnsupportedVolumeLayout"
-    );
-    assert_eq!(
-        claims(&["data".into()], "db", 0).unwrap_err().reason,
-        "NoReplicas"
-    );
+    assert_eq!(claims(&two, "db", 0).unwrap_err().reason, "NoReplicas");
 }
 
 #[test]
@@ -602,8 +636,13 @@ fn pods_are_released_only_when_all_their_volumes_are_verified() {
         .map(|volume| volume.claim_name.clone())
         .collect();
     let found = reports_for([("n", volumes.as_slice())], "ns", UID, &claims);
-    let released = releasable_pods(&found);
+    let released = releasable_pods(&found, &claims);
     assert_eq!(released.into_iter().collect::<Vec<_>>(), ["db-1"]);
+    // A pod of two volumes, one verified and the other not reported yet, stays held.
+    let mut two = claims.clone();
+    two.push("wal-db-1".into());
+    let found = reports_for([("n", volumes.as_slice())], "ns", UID, &two);
+    assert!(releasable_pods(&found, &two).is_empty());
 }
 
 fn job(name: &str, owner_uid: &str, label_uid: &str, deleting: bool) -> Job {

@@ -1301,3 +1301,125 @@ fn a_pod_running_without_custody_wait_is_named_not_waited_for_in_silence() {
     assert_eq!(plan.events[0].reason, reasons::POD_NOT_HELD);
     assert!(plan.events[0].warning);
 }
+
+/// A Backup of two volumes restores each into the claim of the template of its name, with
+/// that volume's manifest hash; the pod is released only once both are verified.
+#[test]
+fn every_volume_of_a_snapshot_restores_into_its_templates_claims() {
+    let mut backup = backup("Completed");
+    let artifact = backup.status.as_mut().unwrap().artifact.as_mut().unwrap();
+    artifact.key = String::new();
+    artifact.manifest_key = String::new();
+    artifact.manifest_hash = Some("h-data".into());
+    artifact.snapshot = Some(
+        serde_json::from_value(
+            json!({"repositoryId": "r", "id": "s1", "originCluster": "o",
+            "volumes": ["data", "wal"],
+            "volumeManifests": [{"name": "data", "manifestHash": "h-data"},
+                {"name": "wal", "manifestHash": "h-wal"}]}),
+        )
+        .unwrap(),
+    );
+    let mut cluster = cluster(CLUSTER_UID);
+    cluster.spec.volume_claim_templates = vec!["data".into(), "wal".into()];
+    let reported = |claim: &str, state: VolumeState| ReportedVolume {
+        namespace: "ns".into(),
+        pod_name: "db-0".into(),
+        pod_uid: "pod-uid".into(),
+        claim_name: claim.into(),
+        restore_uid: UID.into(),
+        state,
+        reason: None,
+        message: None,
+    };
+    let facts = Facts {
+        backup: Some(backup),
+        cluster: Some(cluster),
+        agents: vec![(
+            "node-a".into(),
+            vec![
+                reported("data-db-0", VolumeState::Pending),
+                reported("wal-db-0", VolumeState::Pending),
+            ],
+        )],
+        ..facts()
+    };
+    let plan = plan(&facts);
+    let status = plan.status.clone().unwrap();
+    let claims: Vec<&str> = status
+        .volumes
+        .iter()
+        .map(|volume| volume.claim_name.as_str())
+        .collect();
+    assert_eq!(claims, ["data-db-0", "wal-db-0"]);
+    let written: Vec<(String, String, String)> = plan
+        .jobs
+        .iter()
+        .map(|job| {
+            let args = job
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
+                .args
+                .clone()
+                .unwrap();
+            let value = |flag: &str| {
+                args.windows(2)
+                    .find(|pair| pair[0] == flag)
+                    .map(|pair| pair[1].clone())
+                    .unwrap_or_default()
+            };
+            (
+                value("--volume"),
+                value("--manifest-hash"),
+                value("--snapshot"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        written,
+        [
+            ("data".into(), "h-data".into(), "s1".into()),
+            ("wal".into(), "h-wal".into(), "s1".into())
+        ]
+    );
+    // One volume verified, the other not: the pod stays held.
+    let half = Facts {
+        agents: vec![(
+            "node-a".into(),
+            vec![
+                reported("data-db-0", VolumeState::Verified),
+                reported("wal-db-0", VolumeState::Verifying),
+            ],
+        )],
+        ..facts.clone()
+    };
+    assert!(super::plan(&half).release.is_empty());
+    let only_one_reported = Facts {
+        agents: vec![(
+            "node-a".into(),
+            vec![reported("data-db-0", VolumeState::Verified)],
+        )],
+        ..facts.clone()
+    };
+    assert!(super::plan(&only_one_reported).release.is_empty());
+    let both = Facts {
+        agents: vec![(
+            "node-a".into(),
+            vec![
+                reported("data-db-0", VolumeState::Verified),
+                reported("wal-db-0", VolumeState::Verified),
+            ],
+        )],
+        ..facts
+    };
+    assert_eq!(
+        super::plan(&both).release.into_iter().collect::<Vec<_>>(),
+        ["db-0"]
+    );
+}

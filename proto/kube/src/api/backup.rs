@@ -494,10 +494,29 @@ pub struct SnapshotRef {
     /// The volumes in the snapshot (the Cluster's volume claim templates), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// Each volume's manifest, once written (the artifact's `manifestHash` is the first's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_manifests: Vec<VolumeManifest>,
     /// An imported Backup: the Backup that wrote the snapshot, as the snapshot records it.
     /// Its UID is the one the restored volume's manifest and identity carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_by: Option<WrittenBy>,
+}
+
+/// One volume of a snapshot and its manifest: what its restored claims are verified against.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeManifest {
+    /// The volume claim template.
+    pub name: String,
+    /// BLAKE3 of the volume's manifest, hex.
+    pub manifest_hash: String,
+    /// Regular files in the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<i64>,
+    /// Bytes of file content in the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_bytes: Option<i64>,
 }
 
 /// The Backup that wrote an imported snapshot, and where it ran.
@@ -560,6 +579,36 @@ impl Artifact {
             credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
             bucket: repository.spec.bucket.clone(),
             ..Artifact::default()
+        }
+    }
+
+    /// The volumes a restore of this artifact writes, by volume claim template, each with
+    /// the manifest hash its claims are verified against: every volume of a snapshot, or the
+    /// one volume of an archive (named `first_template`, the Cluster's first template). A
+    /// volume without a recorded manifest has none (`None`): nothing restores it.
+    pub fn volume_hashes(&self, first_template: &str) -> Vec<(String, Option<String>)> {
+        match &self.snapshot {
+            Some(snapshot) if snapshot.volumes.len() > 1 => snapshot
+                .volumes
+                .iter()
+                .map(|name| {
+                    let hash = snapshot
+                        .volume_manifests
+                        .iter()
+                        .find(|manifest| &manifest.name == name)
+                        .map(|manifest| manifest.manifest_hash.clone());
+                    (name.clone(), hash)
+                })
+                .collect(),
+            Some(snapshot) => vec![(
+                snapshot
+                    .volumes
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| first_template.to_string()),
+                self.manifest_hash.clone(),
+            )],
+            None => vec![(first_template.to_string(), self.manifest_hash.clone())],
         }
     }
 }
