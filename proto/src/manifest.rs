@@ -125,6 +125,18 @@ pub fn symlink_allowed(link_path: &str, target: &str, header: &Header) -> bool {
     else {
         return false;
     };
+    // A `..` after a name steps back out of whatever that name is, a symlink included (a
+    // link in the other volume leading elsewhere): read lexically, it could seem to stay in
+    // a volume it leaves. Only leading `..` (through the link's own real directories) count.
+    let mut named = false;
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." if named => return false,
+            ".." => {}
+            _ => named = true,
+        }
+    }
     let absolute = if target.starts_with('/') {
         target.to_string()
     } else {

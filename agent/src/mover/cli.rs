@@ -84,6 +84,12 @@ pub async fn run(
                     Some(_) => Some(snapshot_backup(source, snapshot, header.clone(), &created_at)?),
                     None => None,
                 };
+                if request.is_none() && source.len() != 1 {
+                    return Err(MoverError::Local(format!(
+                        "an archive (--prefix) holds one volume, and {} were given: back several volumes up into a repository (--repository-prefix)",
+                        source.len()
+                    )));
+                }
                 // Frozen last, just before the first read: the freeze lasts only the copy.
                 let held = match max_freeze_seconds {
                     Some(max_seconds) if !freeze_claim.is_empty() => {

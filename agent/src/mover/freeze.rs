@@ -3,6 +3,7 @@
 //! ends the call first (its bound passed, it stopped, the connection dropped), the freeze is
 //! lost and the copy is no point in time: the backup fails.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use custody_proto::gate::FreezeRequest;
@@ -12,30 +13,49 @@ use tokio::sync::{oneshot, watch};
 
 use super::MoverError;
 
-/// The filesystems the agent holds frozen for this mover.
+/// The open freeze calls: dropping a sender ends its call, and the agent thaws.
+type Releases = Arc<Mutex<Vec<oneshot::Sender<()>>>>;
+
+/// The filesystems the agent holds frozen for this mover: thawed when released, or when
+/// this and every releaser are dropped.
 pub struct Held {
     /// Why a freeze ended before it was released, once one did.
     pub lost: watch::Receiver<Option<String>>,
-    release: Vec<oneshot::Sender<()>>,
+    /// Each freeze's own account (the combined one above is written by a task).
+    each: Vec<watch::Receiver<Option<String>>>,
+    release: Releases,
     since: Instant,
 }
 
 impl Held {
     /// A function that ends every freeze at once, for the thread that reads the volumes.
     pub fn releaser(&mut self) -> impl FnOnce() + Send + 'static {
-        let release = std::mem::take(&mut self.release);
-        move || drop(release)
+        let release = self.release.clone();
+        move || release_all(&release)
     }
 
-    /// Whether the freeze ended before it was released, and why.
+    /// Whether a freeze ended before it was released, and why.
     pub fn lost_reason(&self) -> Option<String> {
-        self.lost.borrow().clone()
+        self.each
+            .iter()
+            .find_map(|lost| lost.borrow().clone())
+            .or_else(|| self.lost.borrow().clone())
     }
 
     /// When the filesystem was frozen.
     pub fn since(&self) -> Instant {
         self.since
     }
+}
+
+/// Ends every open freeze call.
+fn release_all(release: &Mutex<Vec<oneshot::Sender<()>>>) {
+    let senders = std::mem::take(
+        &mut *release
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    );
+    drop(senders);
 }
 
 fn setting(name: &str) -> Result<String, MoverError> {
@@ -60,12 +80,21 @@ pub async fn hold_all(claims: &[String], max_seconds: u32) -> Result<Held, Mover
     }
     let since = held.first().map_or_else(Instant::now, |first| first.since);
     let (lost_sender, lost) = watch::channel(None);
-    let mut release = Vec::with_capacity(held.len());
+    let mut senders = Vec::with_capacity(held.len());
     let mut watched = Vec::with_capacity(held.len());
-    for mut one in held {
-        release.append(&mut one.release);
+    for one in held {
+        senders.append(&mut std::mem::take(
+            &mut *one
+                .release
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        ));
         watched.push(one.lost);
     }
+    let release: Releases = Arc::new(Mutex::new(senders));
+    let each = watched.clone();
+    // A weak hold: the freezes end with the last owner even if none is ever lost.
+    let on_loss = Arc::downgrade(&release);
     tokio::spawn(async move {
         let losses = watched.into_iter().map(|mut lost| {
             Box::pin(async move {
@@ -82,11 +111,16 @@ pub async fn hold_all(claims: &[String], max_seconds: u32) -> Result<Held, Mover
             })
         });
         if let (Some(reason), _, _) = futures::future::select_all(losses).await {
+            // One lost: the others are thawed now, not when the reading notices.
+            if let Some(release) = on_loss.upgrade() {
+                release_all(&release);
+            }
             let _ = lost_sender.send(Some(reason));
         }
     });
     Ok(Held {
         lost,
+        each,
         release,
         since,
     })
@@ -170,8 +204,9 @@ async fn hold(claim: &str, max_seconds: u32) -> Result<Held, MoverError> {
         }
     });
     Ok(Held {
+        each: vec![lost.clone()],
         lost,
-        release: vec![release],
+        release: Arc::new(Mutex::new(vec![release])),
         since,
     })
 }

@@ -40,10 +40,30 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
                 .await?;
         // A Job is recorded before it is created; a CRD that drops the record would make every
         // frozen copy's mover refused: stop here, saying what to do.
-        if status.job.is_some() && written.status.and_then(|status| status.job).is_none() {
+        let manifests = |status: Option<&custody_kube::api::BackupStatus>| {
+            status
+                .and_then(|status| status.artifact.as_ref())
+                .and_then(|artifact| artifact.snapshot.as_ref())
+                .map_or(0, |snapshot| snapshot.volume_manifests.len())
+        };
+        let written = written.status;
+        if status.job.is_some()
+            && written
+                .as_ref()
+                .and_then(|status| status.job.as_ref())
+                .is_none()
+        {
             return Err(crate::error::Error::OutdatedSchema {
                 object: what,
                 field: "status.job".into(),
+            });
+        }
+        // Each volume's manifest is what its restored claims are verified against: a CRD that
+        // drops them leaves a Backup of several volumes that no Restore can use.
+        if manifests(Some(status)) > 0 && manifests(written.as_ref()) == 0 {
+            return Err(crate::error::Error::OutdatedSchema {
+                object: what,
+                field: "status.artifact.snapshot.volumeManifests".into(),
             });
         }
         let ready = status.conditions.first();

@@ -50,36 +50,22 @@ pub fn claim_name(template: &str, stateful_set: &str) -> String {
 
 /// Why a Cluster of several volume claim templates (`templates`) cannot be backed up as it
 /// is configured, if it cannot: its volumes go into one snapshot of an encrypted repository
-/// (an archive holds one volume), and an application's tool makes one tree, not one per
-/// volume.
-pub fn several_volumes(
-    templates: &[String],
-    encrypted: bool,
-    method: Option<custody_kube::api::ConsistencyMethod>,
-) -> Option<String> {
-    if templates.len() < 2 {
+/// (an archive holds one volume).
+pub fn several_volumes(templates: &[String], encrypted: bool) -> Option<String> {
+    if templates.len() < 2 || encrypted {
         return None;
     }
-    if !encrypted {
-        return Some(format!(
-            "Cluster lists {} volume claim templates ({}), which are backed up together into one snapshot of an encrypted repository; this BackupRepository writes archives of one volume (set its spec.encryption)",
-            templates.len(),
-            templates.join(", ")
-        ));
-    }
-    if method == Some(custody_kube::api::ConsistencyMethod::Tool) {
-        return Some(format!(
-            "Cluster lists {} volume claim templates ({}), and the Tool method copies one tree: back the volumes up with Frozen or Hooks (or Stopped), which take every volume at one point in time",
-            templates.len(),
-            templates.join(", ")
-        ));
-    }
-    None
+    Some(format!(
+        "Cluster lists {} volume claim templates ({}), which are backed up together into one snapshot of an encrypted repository; this BackupRepository writes archives of one volume (set its spec.encryption)",
+        templates.len(),
+        templates.join(", ")
+    ))
 }
 
-/// Where the StatefulSet's pods mount each of `templates`: the first container (init
-/// containers after the others) that mounts the template's volume, by its `mountPath`. A
-/// template no container mounts is left out.
+/// Where the StatefulSet's pods mount each of `templates`, as every container (init
+/// containers too) that mounts the template's volume whole agrees: a template mounted at two
+/// paths, at a path with `.` or `..`, or by no container is left out (a link into it then
+/// stays refused).
 pub fn mount_paths(
     set: &k8s_openapi::api::apps::v1::StatefulSet,
     templates: &[String],
@@ -91,23 +77,27 @@ pub fn mount_paths(
     else {
         return Default::default();
     };
-    let containers: Vec<&k8s_openapi::api::core::v1::Container> = pod
+    let mounts: Vec<&k8s_openapi::api::core::v1::VolumeMount> = pod
         .containers
         .iter()
         .chain(pod.init_containers.iter().flatten())
+        .flat_map(|container| container.volume_mounts.iter().flatten())
+        .filter(|mount| mount.sub_path.is_none() && mount.sub_path_expr.is_none())
         .collect();
     templates
         .iter()
         .filter_map(|template| {
-            let path = containers.iter().find_map(|container| {
-                container
-                    .volume_mounts
-                    .iter()
-                    .flatten()
-                    .find(|mount| &mount.name == template && mount.sub_path.is_none())
-                    .map(|mount| mount.mount_path.trim_end_matches('/').to_string())
-            })?;
-            Some((template.clone(), path)).filter(|(_, path)| path.starts_with('/'))
+            let mut paths = mounts
+                .iter()
+                .filter(|mount| &mount.name == template)
+                .map(|mount| mount.mount_path.trim_end_matches('/').to_string());
+            let path = paths.next()?;
+            // ("/" is trimmed to nothing: not a mount path a link may lead into.)
+            let plain = path.starts_with('/')
+                && !path
+                    .split('/')
+                    .any(|component| component == "." || component == "..");
+            (plain && paths.all(|other| other == path)).then(|| (template.clone(), path))
         })
         .collect()
 }

@@ -121,13 +121,34 @@ pub mod tool_env {
     pub const OUTPUT: &str = "CUSTODY_OUTPUT";
     pub const POD_NAME: &str = "CUSTODY_POD_NAME";
     pub const POD_IP: &str = "CUSTODY_POD_IP";
+
+    /// The variable naming the tree of volume claim template `template`, when a tool writes
+    /// several: `CUSTODY_OUTPUT_` and the template's name in capitals, `-` and `.` as `_`.
+    pub fn output_of(template: &str) -> String {
+        format!(
+            "{OUTPUT}_{}",
+            template
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                })
+                .collect::<String>()
+        )
+    }
 }
 
 /// Where the tool writes: the tree's root, or its `dataPath` beneath it.
 pub fn tool_output(tool: &BackupTool) -> String {
+    tool_output_of(tool, TOOL_TREE)
+}
+
+/// Where the tool writes into the tree at `tree`: its root, or `dataPath` beneath it.
+fn tool_output_of(tool: &BackupTool, tree: &str) -> String {
     match tool.data_path.as_deref().map(|path| path.trim_matches('/')) {
-        Some(path) if !path.is_empty() => format!("{TOOL_TREE}/{path}"),
-        _ => TOOL_TREE.to_string(),
+        Some(path) if !path.is_empty() => format!("{tree}/{path}"),
+        _ => tree.to_string(),
     }
 }
 
@@ -160,30 +181,80 @@ fn tool_resources(mover: &crate::mover_job::MoverJob, scratch: &str) -> serde_js
 }
 
 /// The tool's container (the Job's init container: the mover starts once it exited 0) and
-/// its scratch volume.
+/// its scratch volumes. One volume: the tool writes the tree at `$CUSTODY_OUTPUT`
+/// (`/output[/dataPath]`). Several: one tree per volume claim template, each a scratch volume
+/// of its own at `/output/<template>` (`$CUSTODY_OUTPUT_<TEMPLATE>`; `$CUSTODY_OUTPUT` is the
+/// first's, with `dataPath`), each also mounted where the application mounts that template,
+/// so that a tool writing a volume by the application's path (`pg_basebackup
+/// --waldir=/var/lib/postgresql/wal/pg_wal`) writes it into that volume's tree and a link
+/// between them is the one the application will follow.
 fn tool_container(
     run: ToolRun<'_>,
     mover: &crate::mover_job::MoverJob,
-) -> (serde_json::Value, serde_json::Value) {
+    volumes: &[VolumeToCopy],
+) -> (serde_json::Value, Vec<serde_json::Value>) {
     let tool = run.tool;
     let scratch = tool.scratch_size.as_deref().unwrap_or(DEFAULT_TOOL_SCRATCH);
-    let env = [
-        (tool_env::OUTPUT, Some(tool_output(tool))),
-        (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
-        (tool_env::POD_IP, run.pod.and_then(|pod| pod.ip.clone())),
+    let several = volumes.len() > 1;
+    let output = if several {
+        tool_output_of(tool, &tool_tree(&volumes[0].template))
+    } else {
+        tool_output(tool)
+    };
+    let mut env = [
+        (tool_env::OUTPUT.to_string(), Some(output)),
+        (
+            tool_env::POD_NAME.to_string(),
+            run.pod.map(|pod| pod.pod.clone()),
+        ),
+        (
+            tool_env::POD_IP.to_string(),
+            run.pod.and_then(|pod| pod.ip.clone()),
+        ),
     ]
     .into_iter()
     .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()}))
     .collect::<Vec<_>>();
+    let claim_path = tool.mount_path.as_deref().unwrap_or(SOURCE_PATH);
+    let mut mounts =
+        vec![serde_json::json!({"name": "data", "mountPath": claim_path, "readOnly": true})];
+    let mut scratch_volumes = Vec::new();
+    if several {
+        let mut taken: Vec<String> = vec![claim_path.to_string()];
+        for (index, (volume, (claim_volume, _))) in
+            volumes.iter().zip(source_mounts(volumes)).enumerate()
+        {
+            if index > 0 {
+                let path = format!("{VOLUMES_PATH}/{}", volume.template);
+                mounts.push(
+                    serde_json::json!({"name": claim_volume, "mountPath": path, "readOnly": true}),
+                );
+                taken.push(path);
+            }
+            let name = tool_volume(index);
+            let tree = tool_tree(&volume.template);
+            env.push(
+                serde_json::json!({"name": tool_env::output_of(&volume.template), "value": tree}),
+            );
+            mounts.push(serde_json::json!({"name": name, "mountPath": tree}));
+            if volume.mount_path.starts_with('/') && !taken.contains(&volume.mount_path) {
+                mounts.push(serde_json::json!({"name": name, "mountPath": volume.mount_path}));
+                taken.push(volume.mount_path.clone());
+            }
+            scratch_volumes
+                .push(serde_json::json!({"name": name, "emptyDir": {"sizeLimit": scratch}}));
+        }
+    } else {
+        mounts.push(serde_json::json!({"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT}));
+        scratch_volumes
+            .push(serde_json::json!({"name": TOOL_VOLUME, "emptyDir": {"sizeLimit": scratch}}));
+    }
     let mut container = serde_json::json!({
         "name": "tool",
         "image": tool.image,
         "command": tool.command,
         "env": env,
-        "volumeMounts": [
-            {"name": "data", "mountPath": tool.mount_path.as_deref().unwrap_or(SOURCE_PATH), "readOnly": true},
-            {"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT},
-        ],
+        "volumeMounts": mounts,
         "resources": tool_resources(mover, scratch),
         // The end of its output explains a failure in the Backup's condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -192,11 +263,17 @@ fn tool_container(
     if let Some(secret) = &tool.credentials_secret_ref {
         container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
     }
-    let volume = serde_json::json!({
-        "name": TOOL_VOLUME,
-        "emptyDir": {"sizeLimit": scratch},
-    });
-    (container, volume)
+    (container, scratch_volumes)
+}
+
+/// The scratch volume of the tree of the `index`th volume, when a tool writes several.
+fn tool_volume(index: usize) -> String {
+    format!("{TOOL_VOLUME}-{index}")
+}
+
+/// Where a tool writes the tree of volume claim template `template`, when it writes several.
+pub fn tool_tree(template: &str) -> String {
+    format!("{TOOL_MOUNT}/{template}")
 }
 
 /// The mover's way to its node's agent: the agent's address (the node's, from the downward
@@ -283,10 +360,10 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                     .map(|(volume, (_, path))| custody_proto::mover::SourceVolume {
                         name: volume.template.clone(),
                         claim: volume.claim.clone(),
-                        source: if inputs.tool.is_some() {
-                            source.to_string()
-                        } else {
-                            path.clone()
+                        source: match (&inputs.tool, inputs.volumes.len()) {
+                            (Some(_), 1) => source.to_string(),
+                            (Some(_), _) => tool_tree(&volume.template),
+                            (None, _) => path.clone(),
                         },
                         mount_path: volume.mount_path.clone(),
                     })
@@ -344,13 +421,21 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         None => (container, Vec::new()),
     };
     let init = inputs.tool.map(|run| {
-        let (tool, volume) = tool_container(run, inputs.mover);
-        crate::mover_job::append(
-            &mut container,
-            "volumeMounts",
-            [serde_json::json!({"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT, "readOnly": true})],
-        );
-        extra_volumes.push(volume);
+        let (tool, volumes) = tool_container(run, inputs.mover, inputs.volumes);
+        let trees: Vec<serde_json::Value> = if inputs.volumes.len() > 1 {
+            inputs
+                .volumes
+                .iter()
+                .enumerate()
+                .map(|(index, volume)| {
+                    serde_json::json!({"name": tool_volume(index), "mountPath": tool_tree(&volume.template), "readOnly": true})
+                })
+                .collect()
+        } else {
+            vec![serde_json::json!({"name": TOOL_VOLUME, "mountPath": TOOL_MOUNT, "readOnly": true})]
+        };
+        crate::mover_job::append(&mut container, "volumeMounts", trees);
+        extra_volumes.extend(volumes);
         tool
     });
     let mut job = inputs.mover.job(

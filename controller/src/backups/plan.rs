@@ -482,11 +482,9 @@ fn start(
     let templates = &cluster.spec.volume_claim_templates;
     let several = command.is_none() && templates.len() > 1;
     if several && status.start_time.is_none() {
-        if let Some(refusal) = decide::several_volumes(
-            templates,
-            repository.spec.encryption.is_some(),
-            consistency::method(chosen),
-        ) {
+        if let Some(refusal) =
+            decide::several_volumes(templates, repository.spec.encryption.is_some())
+        {
             return conclude(
                 facts,
                 status,
@@ -649,6 +647,21 @@ fn start(
     }
     // A frozen copy: the mover asks the agent, and checks it with the gate's CA.
     let set_name = &cluster.spec.stateful_set_ref.name;
+    if let Some(recorded) = recorded_volumes(&status)
+        && recorded.len() > 1
+        && recorded != templates
+    {
+        return fail_started(
+            facts,
+            status.clone(),
+            reasons::UNSUPPORTED_VOLUME_LAYOUT,
+            format!(
+                "the Backup started with volumes {} and Cluster {cluster_name} now lists volume claim templates {}: a copy under names that changed could record one volume as another; create a new Backup",
+                recorded.join(", "),
+                templates.join(", ")
+            ),
+        );
+    }
     let copied: Vec<job::VolumeToCopy> = match recorded_volumes(&status) {
         Some(volumes) if volumes.len() > 1 => volumes
             .iter()

@@ -317,7 +317,9 @@ pub fn plan(facts: &Facts) -> Plan {
             facts,
             Stop::Fail,
             reasons::BACKUP_NOT_COMPLETED,
-            format!("Backup {backup_name} records no manifest for its volume {volume}"),
+            format!(
+                "Backup {backup_name} records no manifest for its volume {volume} (completed by a controller whose CRDs drop status.artifact.snapshot.volumeManifests: apply deploy/crds and back up again)"
+            ),
             0,
         );
     }

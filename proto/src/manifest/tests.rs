@@ -374,6 +374,26 @@ fn a_symlink_may_lead_only_into_its_volume_or_another_volume_of_the_same_backup(
             false,
         ),
         ("pg_wal", "/etc/passwd", &with_wal, false),
+        // Through a link of the other volume (`back -> /var/lib/postgresql/data` there), the
+        // kernel would step out of both volumes: a `..` after a name is refused.
+        (
+            "esc",
+            "/var/lib/postgresql/wal/back/../../etc/shadow",
+            &with_wal,
+            false,
+        ),
+        (
+            "esc",
+            "/var/lib/postgresql/wal/back/../pg_wal",
+            &with_wal,
+            false,
+        ),
+        ("pg_wal", "../wal/x/../pg_wal", &with_wal, false),
+        ("pg_wal", "./../wal/pg_wal", &with_wal, true),
+        // Within one volume, lexically.
+        ("a/b", "./../../c", &alone, false),
+        ("a", "b/../c", &alone, true),
+        ("a/b", ".//./c", &alone, true),
         // A sibling mounted at the root would admit every path: it is not one.
         ("pg_wal", "/anything", &with_wal, false),
         (

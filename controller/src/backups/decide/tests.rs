@@ -617,19 +617,25 @@ fn a_tool_past_its_timeout_is_overdue() {
 }
 
 #[test]
-fn mount_paths_are_read_from_the_containers_that_mount_each_template() {
+fn mount_paths_are_where_every_container_mounting_a_template_agrees() {
     let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(serde_json::json!({
         "spec": {"selector": {}, "serviceName": "db", "template": {"spec": {
             "initContainers": [{"name": "init", "volumeMounts": [
-                {"name": "logs", "mountPath": "/logs/"}]}],
+                {"name": "logs", "mountPath": "/logs/"},
+                {"name": "data", "mountPath": "/var/lib/postgresql/data"}]}],
             "containers": [
-                {"name": "sidecar", "volumeMounts": [{"name": "data", "mountPath": "/x", "subPath": "part"}]},
+                {"name": "sidecar", "volumeMounts": [
+                    {"name": "data", "mountPath": "/x", "subPath": "part"},
+                    {"name": "tmp", "mountPath": "/srv/tmp"},
+                    {"name": "odd", "mountPath": "/srv/../etc"}]},
                 {"name": "db", "volumeMounts": [
                     {"name": "data", "mountPath": "/var/lib/postgresql/data"},
-                    {"name": "wal", "mountPath": "/var/lib/postgresql/wal"}]}]}}},
+                    {"name": "wal", "mountPath": "/var/lib/postgresql/wal"},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "root", "mountPath": "/"}]}]}}},
     }))
     .unwrap();
-    let templates = ["data", "wal", "logs", "unused"].map(String::from);
+    let templates = ["data", "wal", "logs", "tmp", "odd", "root", "unused"].map(String::from);
     let found = mount_paths(&set, &templates);
     assert_eq!(
         found.into_iter().collect::<Vec<_>>(),
@@ -637,29 +643,32 @@ fn mount_paths_are_read_from_the_containers_that_mount_each_template() {
             ("data".to_string(), "/var/lib/postgresql/data".to_string()),
             ("logs".to_string(), "/logs".to_string()),
             ("wal".to_string(), "/var/lib/postgresql/wal".to_string()),
-        ]
+        ],
+        "tmp is mounted at two paths, odd at a path with .., root at /, unused nowhere"
     );
 }
 
 #[test]
-fn several_volumes_need_a_snapshot_and_a_method_that_takes_them_together() {
-    use custody_kube::api::ConsistencyMethod;
+fn several_volumes_need_a_snapshot() {
     let one = ["data".to_string()];
     let two = ["data".to_string(), "wal".to_string()];
-    // (templates, encrypted, method, refused)
-    let rows: &[(&[String], bool, Option<ConsistencyMethod>, bool)] = &[
-        (&one, false, Some(ConsistencyMethod::Tool), false),
-        (&two, true, Some(ConsistencyMethod::Freeze), false),
-        (&two, true, Some(ConsistencyMethod::Hooks), false),
-        (&two, true, None, false),
-        (&two, false, Some(ConsistencyMethod::Freeze), true),
-        (&two, true, Some(ConsistencyMethod::Tool), true),
-    ];
-    for (templates, encrypted, method, refused) in rows {
-        assert_eq!(
-            several_volumes(templates, *encrypted, *method).is_some(),
-            *refused,
-            "{templates:?} encrypted {encrypted} {method:?}"
-        );
-    }
+    assert_eq!(several_volumes(&one, false), None);
+    assert_eq!(several_volumes(&two, true), None);
+    let refused = several_volumes(&two, false).expect("refused");
+    assert!(
+        refused.contains("data, wal") && refused.contains("spec.encryption"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_tools_tree_of_each_volume_is_named_by_its_template() {
+    assert_eq!(
+        super::super::job::tool_env::output_of("wal"),
+        "CUSTODY_OUTPUT_WAL"
+    );
+    assert_eq!(
+        super::super::job::tool_env::output_of("pg-wal.1"),
+        "CUSTODY_OUTPUT_PG_WAL_1"
+    );
 }

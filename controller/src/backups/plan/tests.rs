@@ -1662,6 +1662,33 @@ fn every_volume_of_the_cluster_is_backed_up_together() {
         start.events
     );
 
+    // The Cluster's templates changed between the start and the Job: not copied under names
+    // that could record one volume as another.
+    let mut reordered = two_volume_facts();
+    reordered.backup.status = Some(status.clone());
+    reordered
+        .cluster
+        .as_mut()
+        .unwrap()
+        .spec
+        .volume_claim_templates = vec!["wal".into(), "data".into()];
+    let refused = plan(&reordered);
+    assert_eq!(refused.job, None);
+    let refused = refused.status.unwrap();
+    assert_eq!(refused.phase, Some(BackupPhase::Failed));
+    assert!(
+        refused
+            .conditions
+            .iter()
+            .any(|condition| condition.reason == reasons::UNSUPPORTED_VOLUME_LAYOUT),
+        "{:?}",
+        refused.conditions
+    );
+    // Unchanged, the same start goes on to its Job.
+    let mut again = two_volume_facts();
+    again.backup.status = Some(status.clone());
+    assert!(plan(&again).job.is_some());
+
     // Completed: each volume's manifest recorded, each claim marked.
     let mut finished = two_volume_facts();
     let mut recorded = status.clone();
@@ -1713,8 +1740,8 @@ fn every_volume_of_the_cluster_is_backed_up_together() {
     );
 }
 
-/// Several volumes need an encrypted repository and a method that takes them all at one
-/// point in time, and every claim: else the Backup says what to change.
+/// Several volumes need an encrypted repository and every claim: else the Backup says what
+/// to change.
 #[test]
 fn several_volumes_are_refused_or_awaited_with_the_reason() {
     let refused = |facts: Facts| {
@@ -1738,18 +1765,6 @@ fn several_volumes_are_refused_or_awaited_with_the_reason() {
     assert_eq!(reason, reasons::UNSUPPORTED_VOLUME_LAYOUT);
     assert!(message.contains("spec.encryption"), "{message}");
 
-    let mut tool = two_volume_facts();
-    tool.cluster.as_mut().unwrap().spec.consistency = Some(
-        serde_json::from_value(
-            json!({"method": "Tool", "tool": {"image": "pg", "command": ["backup"]}}),
-        )
-        .unwrap(),
-    );
-    let (phase, reason, message) = refused(tool);
-    assert_eq!(phase, Some(BackupPhase::Failed));
-    assert_eq!(reason, reasons::UNSUPPORTED_VOLUME_LAYOUT);
-    assert!(message.contains("Tool"), "{message}");
-
     let (phase, reason, message) = refused(Facts {
         claims_missing: vec!["wal-db-0".into()],
         ..two_volume_facts()
@@ -1757,4 +1772,110 @@ fn several_volumes_are_refused_or_awaited_with_the_reason() {
     assert_eq!(phase, Some(BackupPhase::Pending));
     assert_eq!(reason, reasons::CLAIM_NOT_FOUND);
     assert!(message.contains("wal-db-0"), "{message}");
+}
+
+/// One tool run writes every volume's tree: each a scratch volume of its own at
+/// /output/<template>, also where the application mounts that template (pg_basebackup
+/// --waldir writes the WAL's tree by the application's path); the mover backs each tree up as
+/// its volume.
+#[test]
+fn a_tool_writes_one_tree_per_volume_and_each_is_backed_up_as_it() {
+    let mut facts = two_volume_facts();
+    facts.cluster.as_mut().unwrap().spec.consistency = Some(
+        serde_json::from_value(json!({"method": "Tool", "tool": {"image": "pg",
+            "command": ["pg_basebackup", "--pgdata=$(CUSTODY_OUTPUT)", "--waldir=/var/lib/postgresql/wal/pg_wal"],
+            "dataPath": "pgdata"}}))
+        .unwrap(),
+    );
+    let start = plan(&facts);
+    let pod = start
+        .job
+        .expect("a Job")
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let tool = &pod.init_containers.as_ref().unwrap()[0];
+    let env: Vec<(String, String)> = tool
+        .env
+        .iter()
+        .flatten()
+        .map(|variable| {
+            (
+                variable.name.clone(),
+                variable.value.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    for pair in [
+        ("CUSTODY_OUTPUT", "/output/data/pgdata"),
+        ("CUSTODY_OUTPUT_DATA", "/output/data"),
+        ("CUSTODY_OUTPUT_WAL", "/output/wal"),
+    ] {
+        assert!(
+            env.contains(&(pair.0.to_string(), pair.1.to_string())),
+            "{pair:?} in {env:?}"
+        );
+    }
+    let mounts = |container: &k8s_openapi::api::core::v1::Container| {
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|mount| {
+                (
+                    mount.name.clone(),
+                    mount.mount_path.clone(),
+                    mount.read_only.unwrap_or(false),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let tool_mounts = mounts(tool);
+    for expected in [
+        ("tool-output-0", "/output/data", false),
+        ("tool-output-0", "/var/lib/postgresql/data", false),
+        ("tool-output-1", "/output/wal", false),
+        ("tool-output-1", "/var/lib/postgresql/wal", false),
+        ("data", "/data", true),
+        ("volume-1", "/volumes/wal", true),
+    ] {
+        let expected = (expected.0.to_string(), expected.1.to_string(), expected.2);
+        assert!(
+            tool_mounts.contains(&expected),
+            "{expected:?} in {tool_mounts:?}"
+        );
+    }
+    let mover = &pod.containers[0];
+    let mover_mounts = mounts(mover);
+    for expected in [
+        ("tool-output-0", "/output/data"),
+        ("tool-output-1", "/output/wal"),
+    ] {
+        let expected = (expected.0.to_string(), expected.1.to_string(), true);
+        assert!(
+            mover_mounts.contains(&expected),
+            "{expected:?} in {mover_mounts:?}"
+        );
+    }
+    let args = mover.args.clone().unwrap();
+    for pair in [["--source", "/output/data"], ["--source", "/output/wal"]] {
+        assert!(
+            args.windows(2).any(|window| window == pair),
+            "{pair:?} in {args:?}"
+        );
+    }
+    let scratch: Vec<String> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|volume| volume.empty_dir.is_some())
+        .map(|volume| volume.name.clone())
+        .collect();
+    assert!(
+        scratch.contains(&"tool-output-0".to_string())
+            && scratch.contains(&"tool-output-1".to_string()),
+        "{scratch:?}"
+    );
 }
