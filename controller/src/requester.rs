@@ -73,6 +73,9 @@ pub enum Object<'a> {
         /// The repository its Cluster names.
         cluster_repository: ClusterRepository<'a>,
     },
+    /// A plan's runs, made later by the controller and not checked again, use whichever
+    /// repository and credentials are named when each runs: its `command` asks for every
+    /// Secret of the namespace.
     BackupPlan {
         spec: &'a BackupPlanSpec,
         cluster_repository: ClusterRepository<'a>,
@@ -127,6 +130,35 @@ fn other_repository(
     ));
 }
 
+/// A `command` (a Backup's, or a BackupPlan's runs') runs the writer's image beside the
+/// claims with the repository's credentials (`credentials`, every Secret while unknown).
+fn command_needs(
+    needed: &mut Vec<Access>,
+    command: Option<&custody_kube::api::CommandBackup>,
+    credentials: Option<&str>,
+) {
+    let Some(command) = command else {
+        return;
+    };
+    needed.push(Access::new(
+        "create",
+        "pods",
+        format!(
+            "its command runs image {} in a pod that mounts the Cluster's claims",
+            command.image
+        ),
+    ));
+    let secret = Access::new(
+        "get",
+        "secrets",
+        "its command gets the repository's credentials in its environment".into(),
+    );
+    needed.push(match credentials {
+        Some(name) => secret.named(name),
+        None => secret,
+    });
+}
+
 /// Whose data a Restore writes into its Cluster's volumes.
 #[derive(Clone, Copy, Debug)]
 pub enum Source<'a> {
@@ -152,25 +184,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             cluster_repository,
         } => {
             let mut needed = consistency(spec.consistency.as_ref());
-            if let Some(command) = &spec.command {
-                needed.push(Access::new(
-                    "create",
-                    "pods",
-                    format!(
-                        "its command runs image {} in a pod that mounts the Cluster's claims",
-                        command.image
-                    ),
-                ));
-                let secret = Access::new(
-                    "get",
-                    "secrets",
-                    "its command gets the repository's credentials in its environment".into(),
-                );
-                needed.push(match command_credentials {
-                    Some(name) => secret.named(name),
-                    None => secret,
-                });
-            }
+            command_needs(&mut needed, spec.command.as_ref(), command_credentials);
             other_repository(
                 &mut needed,
                 spec.repository_ref.as_ref(),
@@ -183,6 +197,7 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             cluster_repository,
         } => {
             let mut needed = consistency(spec.consistency.as_ref());
+            command_needs(&mut needed, spec.command.as_ref(), None);
             other_repository(
                 &mut needed,
                 spec.repository_ref.as_ref(),

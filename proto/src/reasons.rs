@@ -184,6 +184,8 @@ reasons! {
         SnapshotNotSecured,
         /// The backup tool left more on disk than its `scratchSize`: nothing was read.
         ToolOutputTooLarge,
+        /// The restore target has less room than the backup's files take: nothing was written.
+        TargetTooSmall,
     }
     fallback
     /// A reason this build does not know.
@@ -216,6 +218,7 @@ impl MoverFailure {
             | MoverFailure::RepositoryMissing
             | MoverFailure::SnapshotInvalid
             | MoverFailure::ToolOutputTooLarge
+            | MoverFailure::TargetTooSmall
             | MoverFailure::MoverFailed => true,
             MoverFailure::ReadVolumeFailed
             | MoverFailure::UploadFailed

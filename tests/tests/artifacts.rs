@@ -1136,3 +1136,141 @@ async fn a_namespace_whose_only_backup_is_a_failed_command_backup_goes() {
     delete_namespace_and_wait(&setup).await;
     setup.finish().await;
 }
+
+/// Issue 24 item 7: a BackupPlan dumps with a command of its own on schedule (each run's dump
+/// attributed to it), and retention deletes old runs with their dumps through the normal
+/// deletion, which deletes only a dump proven the run's: what is left in the prefix is exactly
+/// the dumps of the runs left. A plan whose runs could copy only a stopped application (no
+/// method on it or its Cluster, no command) is refused and creates nothing.
+#[tokio::test]
+async fn a_plan_dumps_with_a_command_and_one_that_needs_a_person_runs_nothing() {
+    let setup = setup("cmdplan").await;
+    let bucket = setup
+        .namespace
+        .api::<BackupRepository>()
+        .get("store")
+        .await
+        .unwrap()
+        .spec
+        .bucket;
+    measured_offset(&setup, 0).await;
+    let plans = setup.namespace.api::<custody_kube::api::BackupPlan>();
+    let backups = setup.namespace.api::<Backup>();
+
+    create::<custody_kube::api::Cluster>(
+        &setup.namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "bare"},
+               "spec": {"statefulSetRef": {"name": "bare"}, "volumeClaimTemplates": ["data"],
+                        "repositoryRef": {"name": "store"}}}),
+    )
+    .await;
+    create::<custody_kube::api::BackupPlan>(
+        &plans,
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "by-hand"},
+               "spec": {"clusterRef": {"name": "bare"}, "schedule": "*/2 * * * * *"}}),
+    )
+    .await;
+    let refused = await_condition(
+        &plans,
+        "by-hand",
+        "ConsistencyMethodRequired",
+        TIMEOUT,
+        |plan: &custody_kube::api::BackupPlan| {
+            plan.status.as_ref().is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|condition| condition.reason == "ConsistencyMethodRequired")
+            })
+        },
+    )
+    .await;
+    let message = refused
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|condition| condition.reason == "ConsistencyMethodRequired")
+        .unwrap()
+        .message;
+    assert!(message.contains("Cluster bare"), "{message}");
+
+    let dump = custody_tests::binary("dump-to-s3");
+    create::<custody_kube::api::BackupPlan>(
+        &plans,
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "dumps"},
+               "spec": {"clusterRef": {"name": "orders"}, "schedule": "*/15 * * * * *",
+                        "retention": {"keepLast": 1},
+                        "command": {"image": "registry.invalid/pg-dump:17", "prefix": "pg-dumps",
+                                    "command": [dump.to_str().unwrap(), "/data"]}}}),
+    )
+    .await;
+    let completed = |list: &[Backup]| {
+        list.iter()
+            .filter(|backup| phase(backup) == Some(BackupPhase::Completed))
+            .count()
+    };
+    let mut ever = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let list = backups
+            .list(&ListParams::default().labels("custody.io/backup-plan=dumps"))
+            .await
+            .unwrap()
+            .items;
+        ever.extend(list.iter().map(|backup| backup.name_any()));
+        if ever.len() >= 3 && completed(&list) >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "runs so far: {ever:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Every run left that completed holds a dump attributed to it, and the prefix holds
+    // exactly those: the pruned runs' dumps were deleted with them.
+    eventually(
+        "the prefix to hold the dumps of the runs left",
+        TIMEOUT,
+        || {
+            let backups = backups.clone();
+            let bucket = bucket.clone();
+            async move {
+                let list = backups
+                    .list(&ListParams::default().labels("custody.io/backup-plan=dumps"))
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .items;
+                let kept: std::collections::BTreeSet<String> = list
+                    .iter()
+                    .filter(|backup| phase(backup) == Some(BackupPhase::Completed))
+                    .filter_map(|backup| backup.status.as_ref()?.artifact.as_ref())
+                    .map(|artifact| artifact.key.clone())
+                    .collect();
+                let running = list
+                    .iter()
+                    .any(|backup| phase(backup) != Some(BackupPhase::Completed));
+                let keys: std::collections::BTreeSet<String> =
+                    s3::keys(s3::shared(), &bucket, "custody/pg-dumps/")
+                        .await
+                        .into_iter()
+                        .collect();
+                if !running && !kept.is_empty() && keys == kept && list.len() <= 2 {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "dumps {keys:?}, runs left {kept:?} ({} runs)",
+                        list.len()
+                    ))
+                }
+            }
+        },
+    )
+    .await;
+    assert!(ever.len() >= 3, "{ever:?}");
+    let left = backups
+        .list(&ListParams::default().labels("custody.io/backup-plan=by-hand"))
+        .await
+        .unwrap()
+        .items;
+    assert!(left.is_empty(), "the refused plan made runs: {left:?}");
+    setup.finish().await;
+}

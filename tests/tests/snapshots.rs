@@ -814,3 +814,31 @@ async fn two_volumes_of_one_pod_are_one_snapshot_and_a_link_between_them_restore
         "data restored against wal's manifest"
     );
 }
+
+/// A restore into a volume smaller than the backup's files is refused before anything is
+/// written, naming both sizes, and not tried again (issue 24 item 6).
+#[tokio::test]
+async fn a_restore_into_a_volume_too_small_is_refused_before_writing_naming_both_sizes() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "too-small").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = tempfile::tempdir().unwrap();
+    let noise: Vec<u8> = (0..(24u32 << 20))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(source.path().join("big"), &noise).unwrap();
+    let result = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let target = LoopVolume::new(16);
+    let before = tree(target.path());
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    let said = failure(&output);
+    assert_eq!(said["reason"], "TargetTooSmall", "{said}");
+    let message = said["message"].as_str().unwrap();
+    assert!(
+        message.contains("bytes free") && message.contains(&format!("take {} bytes", 24u32 << 20)),
+        "{message}"
+    );
+    assert_eq!(output.status.code(), Some(3), "not tried again");
+    assert_eq!(tree(target.path()), before, "nothing was written");
+    assert!(!target.path().join(".custody").exists());
+}

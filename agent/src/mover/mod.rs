@@ -83,6 +83,8 @@ pub enum MoverError {
         "the tree to back up takes {used} bytes on disk, more than the {limit} its scratch space allows (the tool's scratchSize): nothing was read. Raise scratchSize, or have the tool write less"
     )]
     SourceTooLarge { used: u64, limit: u64 },
+    #[error("{0}")]
+    TargetTooSmall(String),
 }
 
 impl MoverError {
@@ -127,6 +129,7 @@ impl MoverError {
             MoverError::FreezeRefused(_) => MoverFailure::FreezeRefused,
             MoverError::FreezeLost { .. } => MoverFailure::FreezeLost,
             MoverError::SourceTooLarge { .. } => MoverFailure::ToolOutputTooLarge,
+            MoverError::TargetTooSmall(_) => MoverFailure::TargetTooSmall,
         }
     }
 }
@@ -456,6 +459,7 @@ pub async fn restore(
     // The size limit needs the totals in the trailer: one streaming pass over the manifest.
     let totals = extract::manifest_totals(checked_manifest(&manifest_file, request.backup_uid)?)?;
     let limit = extract::size_limit(totals);
+    usage::has_room(&target, totals.total_bytes, totals.files, totals.entries)?;
 
     write_identity(&target, &identity)?;
     let (sender, receiver) = mpsc::channel(4);

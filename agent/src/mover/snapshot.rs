@@ -524,6 +524,12 @@ fn restore_from(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResu
         &recorded.blake3,
     )?;
     let reader = super::checked_manifest(&manifest_file, request.backup_uid)?;
+    super::usage::has_room(
+        request.target,
+        recorded.total_bytes,
+        recorded.files,
+        recorded.entries,
+    )?;
 
     super::write_identity(request.target, &identity)?;
     let data = snapshot::data_path(request.volume);

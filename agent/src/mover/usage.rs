@@ -58,6 +58,75 @@ pub fn within(root: &Path, limit: u64) -> Result<u64, super::MoverError> {
     Ok(used)
 }
 
+/// What a filesystem has free for the restore mover (which may not use the blocks reserved for
+/// root: it runs without `CAP_SYS_RESOURCE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub bytes: u64,
+    /// Free inodes; `None` where the filesystem has no fixed count.
+    pub inodes: Option<u64>,
+}
+
+/// Filesystems that may compress what they store: a backup's bytes of content are no bound
+/// on the room they take there (btrfs, ZFS).
+const COMPRESSING: [i64; 2] = [0x9123_683E, 0x2FC1_2FC1];
+
+/// The room on the filesystem of `path`, once what was just deleted there (a cleared
+/// unfinished attempt) is counted free (`syncfs`). `bytes` is `u64::MAX` on a filesystem that
+/// may compress.
+pub fn room(path: &Path) -> std::io::Result<Room> {
+    let directory = std::fs::File::open(path)?;
+    rustix::fs::syncfs(&directory)?;
+    let stat = rustix::fs::fstatvfs(&directory)?;
+    let kind = rustix::fs::fstatfs(&directory)?.f_type as i64;
+    Ok(Room {
+        bytes: if COMPRESSING.contains(&kind) {
+            u64::MAX
+        } else {
+            stat.f_bavail.saturating_mul(stat.f_frsize)
+        },
+        inodes: (stat.f_files > 0).then_some(stat.f_favail),
+    })
+}
+
+/// Why a volume with `room` cannot hold a backup whose `files` regular files take
+/// `needed_bytes` in `entries` entries, if it cannot: the content alone is more than the free
+/// space (or the entries more than the free inodes), so the restore would surely fail part way.
+pub fn too_small(room: Room, needed_bytes: u64, files: u64, entries: u64) -> Option<String> {
+    let mib = |bytes: u64| bytes as f64 / f64::from(1u32 << 20);
+    if needed_bytes > room.bytes {
+        return Some(format!(
+            "the volume has {} bytes free ({:.1} MiB) and the backup's {files} files take {needed_bytes} bytes ({:.1} MiB): the restore wrote nothing; restore into a claim of at least that size",
+            room.bytes,
+            mib(room.bytes),
+            mib(needed_bytes)
+        ));
+    }
+    match room.inodes {
+        Some(inodes) if entries > inodes => Some(format!(
+            "the volume has {inodes} free inodes and the backup has {entries} entries: the restore wrote nothing; restore into a filesystem with more inodes"
+        )),
+        _ => None,
+    }
+}
+
+/// Refuses a restore target that cannot hold what the backup's manifest counts, before
+/// anything is written.
+pub fn has_room(
+    target: &Path,
+    needed_bytes: u64,
+    files: u64,
+    entries: u64,
+) -> Result<(), super::MoverError> {
+    let room = room(target).map_err(|error| {
+        super::MoverError::Local(format!("the free space of {}: {error}", target.display()))
+    })?;
+    match too_small(room, needed_bytes, files, entries) {
+        Some(why) => Err(super::MoverError::TargetTooSmall(why)),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +177,35 @@ mod tests {
             }
             other => panic!("not refused: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_target_is_too_small_only_when_the_content_or_the_entries_cannot_fit() {
+        let room = |bytes, inodes| Room { bytes, inodes };
+        // (room, needed bytes, entries, refused)
+        let rows = [
+            (room(100, Some(10)), 100, 10, false),
+            (room(100, Some(10)), 101, 1, true),
+            (room(100, Some(10)), 0, 11, true),
+            (room(100, None), 50, 1_000_000, false),
+            (room(0, Some(0)), 0, 0, false),
+        ];
+        for (room, bytes, entries, refused) in rows {
+            assert_eq!(
+                too_small(room, bytes, 1, entries).is_some(),
+                refused,
+                "{room:?} {bytes} {entries}"
+            );
+        }
+        let said = too_small(room(1 << 20, None), 3 << 20, 7, 9).unwrap();
+        assert!(
+            said.contains("1048576 bytes free") && said.contains("7 files take 3145728 bytes"),
+            "{said}"
+        );
+        assert!(room_of_tmp().bytes > 0);
+    }
+
+    fn room_of_tmp() -> Room {
+        room(&std::env::temp_dir()).unwrap()
     }
 }

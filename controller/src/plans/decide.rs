@@ -157,5 +157,22 @@ pub fn prune(
         .collect()
 }
 
+/// Why a plan's runs would need a person, if they would: no command, and no consistency
+/// method on the plan or on its Cluster (`cluster`, when it exists), so each run could copy
+/// the volume only while the application is stopped, which nobody does at 02:00.
+pub fn needs_a_person(
+    spec: &custody_kube::api::BackupPlanSpec,
+    cluster: Option<&custody_kube::api::Cluster>,
+) -> Option<String> {
+    let cluster = cluster?;
+    if spec.command.is_some() || spec.consistency.is_some() || cluster.spec.consistency.is_some() {
+        return None;
+    }
+    Some(format!(
+        "neither this plan nor Cluster {} names spec.consistency, so each run could copy its volumes only while the application is stopped, and a plan runs unattended: name a method (Freeze, Tool, Hooks or CrashUnsafe) on the plan or the Cluster, or a command",
+        spec.cluster_ref.name
+    ))
+}
+
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,9 @@ pub mod reasons {
     pub const PREVIOUS_RUN_ACTIVE: &str = "PreviousRunActive";
     pub const MISSED_SCHEDULE: &str = "MissedSchedule";
     pub const PRUNED: &str = "Pruned";
+    /// Neither the plan nor its Cluster names how to copy a running application, and no
+    /// command: the runs would need a person to stop it.
+    pub const CONSISTENCY_METHOD_REQUIRED: &str = "ConsistencyMethodRequired";
 }
 
 /// Reconciles one plan: gather, decide, apply.
@@ -50,10 +53,16 @@ pub async fn reconcile(plan: Arc<BackupPlan>, context: Arc<Context>) -> Result<A
         .await
         .map_err(Error::read(format!("Backups of plan {namespace}/{name}")))?
         .items;
+    let cluster_name = &plan.spec.cluster_ref.name;
+    let cluster = Api::<custody_kube::api::Cluster>::namespaced(context.client.clone(), &namespace)
+        .get_opt(cluster_name)
+        .await
+        .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
     let facts = plan::Facts {
         plan: (*plan).clone(),
         now: Timestamp::now(),
         runs,
+        cluster,
     };
     let decided = plan::plan(&facts)?;
 

@@ -22,6 +22,8 @@ pub struct Facts {
     pub now: Timestamp,
     /// The plan's own Backups (labelled with its UID).
     pub runs: Vec<Backup>,
+    /// The Cluster the plan backs up, if it exists.
+    pub cluster: Option<custody_kube::api::Cluster>,
 }
 
 /// A finished run that retention deletes (precondition on its UID), and what to say once it
@@ -147,6 +149,38 @@ pub fn plan(facts: &Facts) -> Result<Plan> {
         .starting_deadline_seconds
         .map(|seconds| Duration::from_secs(seconds.max(1) as u64));
     let due = decide::due(&schedule, since, facts.now, deadline).map_err(Error::Schedule)?;
+    // A plan runs unattended: runs that would need the application stopped are not made. Its
+    // slots pass meanwhile (recorded without a run or a Warning), so that naming a method later
+    // does not start an old slot's run at once.
+    if let Some(message) = decide::needs_a_person(&plan.spec, facts.cluster.as_ref()) {
+        let next = match due {
+            Due::Wait { next } => next,
+            Due::Missed { slot, next } | Due::Run { slot, next } => {
+                status.last_schedule_time = Some(Time(slot));
+                next
+            }
+        };
+        let new = !plan
+            .status
+            .iter()
+            .flat_map(|status| status.conditions.iter())
+            .any(|condition| condition.reason == reasons::CONSISTENCY_METHOD_REQUIRED);
+        if new {
+            out.events.push(Note::warning(
+                reasons::CONSISTENCY_METHOD_REQUIRED,
+                message.clone(),
+            ));
+        }
+        out.status = next_status(
+            plan,
+            status,
+            &ready(Status::False, reasons::CONSISTENCY_METHOD_REQUIRED, message),
+            facts.now,
+        );
+        let wait = Duration::try_from(next.duration_since(facts.now)).unwrap_or(Duration::ZERO);
+        out.requeue = Some(wait.clamp(Duration::from_millis(200), Duration::from_secs(60)));
+        return Ok(out);
+    }
     let next = match due {
         Due::Wait { next } => next,
         Due::Missed { slot, next } => {
@@ -210,6 +244,7 @@ fn run(plan: &BackupPlan, name: &str) -> Result<Backup> {
             "clusterRef": plan.spec.cluster_ref,
             "repositoryRef": plan.spec.repository_ref,
             "consistency": plan.spec.consistency,
+            "command": plan.spec.command,
         },
     }))
     .map_err(|error| Error::Schedule(error.to_string()))

@@ -63,6 +63,10 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
         spec,
         cluster_repository: ClusterRepository::Named("main"),
     };
+    let command_plan = serde_json::from_value::<BackupPlanSpec>(json!({
+        "clusterRef": {"name": "db"}, "schedule": "0 3 * * *",
+        "command": {"image": "dumper", "command": ["dump"], "prefix": "dumps"}}))
+    .unwrap();
     let to_main = backup(json!({"clusterRef": {"name": "db"}, "repositoryRef": {"name": "main"}}));
     let to_mine = backup(json!({"clusterRef": {"name": "db"}, "repositoryRef": {"name": "mine"}}));
     let command_to_mine = backup(
@@ -109,6 +113,11 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             "a plan with hooks",
             plan_of(&hooked_plan),
             vec!["create pods/exec"],
+        ),
+        (
+            "a plan whose runs dump with a command: any Secret (its runs use whichever repository is named when they run, and are not checked again)",
+            plan_of(&command_plan),
+            vec!["create pods", "get secrets"],
         ),
         (
             "a plan with a tool",

@@ -148,3 +148,46 @@ fn retention_prunes_the_oldest_finished_runs_and_never_the_last_good_one() {
     let failures = vec![run("x", 1, true, false), run("y", 2, true, false)];
     assert_eq!(names(prune(&failures, Some(1), None, now)), ["x"]);
 }
+
+#[test]
+fn only_a_plan_with_no_method_anywhere_and_no_command_needs_a_person() {
+    let spec = |extra: serde_json::Value| -> custody_kube::api::BackupPlanSpec {
+        let mut spec =
+            serde_json::json!({"clusterRef": {"name": "orders"}, "schedule": "0 * * * *"});
+        for (key, value) in extra.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
+        serde_json::from_value(spec).unwrap()
+    };
+    let cluster = |consistency: bool| -> custody_kube::api::Cluster {
+        let mut spec =
+            serde_json::json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]});
+        if consistency {
+            spec["consistency"] = serde_json::json!({"method": "Freeze"});
+        }
+        serde_json::from_value(serde_json::json!({"apiVersion": "custody.io/v1alpha1",
+            "kind": "Cluster", "metadata": {"name": "orders"}, "spec": spec}))
+        .unwrap()
+    };
+    let bare = spec(serde_json::json!({}));
+    let method = spec(
+        serde_json::json!({"consistency": {"method": "Tool", "tool": {"image": "t", "command": ["x"]}}}),
+    );
+    let command =
+        spec(serde_json::json!({"command": {"image": "pg", "command": ["dump"], "prefix": "d"}}));
+    // (plan, Cluster, needs a person)
+    let rows = [
+        (&bare, Some(cluster(false)), true),
+        (&bare, Some(cluster(true)), false),
+        (&bare, None, false),
+        (&method, Some(cluster(false)), false),
+        (&command, Some(cluster(false)), false),
+    ];
+    for (plan, cluster, needs) in rows {
+        assert_eq!(
+            needs_a_person(plan, cluster.as_ref()).is_some(),
+            needs,
+            "{plan:?} {cluster:?}"
+        );
+    }
+}

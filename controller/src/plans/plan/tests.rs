@@ -42,7 +42,79 @@ fn facts(plan: BackupPlan, now: &str, runs: Vec<Backup>) -> Facts {
         plan,
         now: at(now),
         runs,
+        cluster: None,
     }
+}
+
+/// Cluster `orders`, with `consistency` (or none).
+fn cluster(consistency: Option<serde_json::Value>) -> custody_kube::api::Cluster {
+    let mut spec = json!({"statefulSetRef": {"name": "db"}, "volumeClaimTemplates": ["data"]});
+    if let Some(consistency) = consistency {
+        spec["consistency"] = consistency;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "orders", "namespace": "ns"}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// A plan whose runs would need the application stopped by hand is refused, creating none,
+/// until the plan or its Cluster names a method, or the plan a command; a command plan's
+/// runs carry the command.
+#[test]
+fn a_plan_needing_a_person_is_refused_and_a_command_plan_dumps() {
+    let due = |spec: serde_json::Value, cluster: Option<serde_json::Value>| {
+        super::plan(&Facts {
+            cluster: Some(super::tests::cluster(cluster)),
+            ..facts(
+                plan(spec, Some("2026-11-30T11:00:00Z")),
+                "2026-11-30T12:00:01Z",
+                vec![],
+            )
+        })
+        .unwrap()
+    };
+    let refused = due(json!({}), None);
+    assert_eq!(
+        seen(&refused),
+        seen_of(
+            reasons::CONSISTENCY_METHOD_REQUIRED,
+            None,
+            &[],
+            &[reasons::CONSISTENCY_METHOD_REQUIRED],
+            Some(60)
+        )
+    );
+    let refused_status = refused.status.unwrap();
+    let message = &refused_status.conditions[0].message;
+    assert!(
+        message.contains("Cluster orders") && message.contains("unattended"),
+        "{message}"
+    );
+    // The slot passed without a run: naming a method later starts no old slot at once.
+    assert_eq!(
+        refused_status.last_schedule_time,
+        Some(Time(at("2026-11-30T12:00:00Z")))
+    );
+    for (spec, cluster) in [
+        (json!({"consistency": {"method": "Freeze"}}), None),
+        (json!({}), Some(json!({"method": "CrashUnsafe"}))),
+        (
+            json!({"command": {"image": "pg", "command": ["dump"], "prefix": "dumps"}}),
+            None,
+        ),
+    ] {
+        let runs = due(spec.clone(), cluster);
+        assert!(runs.create.is_some(), "{spec}");
+    }
+    let dump = due(
+        json!({"command": {"image": "pg", "command": ["dump"], "prefix": "dumps"}}),
+        None,
+    );
+    let (backup, _) = dump.create.unwrap();
+    assert_eq!(backup.spec.command.unwrap().prefix, "dumps");
+    assert!(backup.spec.consistency.is_none());
 }
 
 /// (Ready reason written, run created, runs pruned, Events, requeue seconds)

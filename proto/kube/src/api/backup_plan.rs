@@ -24,6 +24,7 @@ use super::{Condition, LocalObjectReference, conditions_schema};
     printcolumn = r#"{"name":"Last Schedule","type":"date","jsonPath":".status.lastScheduleTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = kube::core::Rule::new("!has(self.command) || !has(self.consistency)").message("a command makes its own copy: consistency does not apply to it"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupPlanSpec {
     /// The Cluster, in this namespace, to back up.
@@ -56,9 +57,18 @@ pub struct BackupPlanSpec {
     pub retention: Option<Retention>,
 
     /// How the created Backups copy a running application (their `spec.consistency`).
-    /// Defaults to the Cluster's `spec.consistency`.
+    /// Defaults to the Cluster's `spec.consistency`. A plan runs unattended: with neither, its
+    /// runs could copy only a stopped application, so the plan is refused
+    /// (`ConsistencyMethodRequired`) and creates none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<super::Consistency>,
+
+    /// The created Backups dump with this command of yours instead of custody's mover (their
+    /// `spec.command`): each writes one dump under `prefix`, attributed to its run; retention
+    /// deletes a run's dump through the normal Backup deletion, only when it was proven the
+    /// run's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<super::CommandBackup>,
 }
 
 /// Whether runs of one plan may overlap.
