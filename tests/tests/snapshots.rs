@@ -114,6 +114,21 @@ fn restore(
     backup_uid: &str,
 ) -> Output {
     let snapshot = snapshot_id(result);
+    restore_volume(
+        (url, bucket, key),
+        target,
+        (&snapshot, "data", &result.manifest_hash),
+        backup_uid,
+    )
+}
+
+/// Restores volume `volume` of snapshot `snapshot`, checked against `manifest_hash`.
+fn restore_volume(
+    (url, bucket, key): (&str, &str, &str),
+    target: &Path,
+    (snapshot, volume, manifest_hash): (&str, &str, &str),
+    backup_uid: &str,
+) -> Output {
     run(mover(
         url,
         bucket,
@@ -123,11 +138,11 @@ fn restore(
             "--target",
             target.to_str().unwrap(),
             "--snapshot",
-            &snapshot,
+            snapshot,
             "--volume",
-            "data",
+            volume,
             "--manifest-hash",
-            &result.manifest_hash,
+            manifest_hash,
             "--backup-uid",
             backup_uid,
             "--restore-uid",
@@ -746,26 +761,12 @@ async fn two_volumes_of_one_pod_are_one_snapshot_and_a_link_between_them_restore
     for (volume, source) in [("data", data.path()), ("wal", wal.path())] {
         let written = &result.volumes.iter().find(|v| v.name == volume).unwrap();
         let target = LoopVolume::new(64);
-        let output = run(mover(
-            url,
-            &bucket,
-            &key,
-            &[
-                "restore",
-                "--target",
-                target.path().to_str().unwrap(),
-                "--snapshot",
-                &snapshot,
-                "--volume",
-                volume,
-                "--manifest-hash",
-                &written.manifest_hash,
-                "--backup-uid",
-                BACKUP_UID,
-                "--restore-uid",
-                RESTORE_UID,
-            ],
-        ));
+        let output = restore_volume(
+            (url, &bucket, &key),
+            target.path(),
+            (&snapshot, volume, &written.manifest_hash),
+            BACKUP_UID,
+        );
         assert!(output.status.success(), "restore of {volume} failed");
         assert_eq!(
             volumes::verified(
@@ -789,26 +790,12 @@ async fn two_volumes_of_one_pod_are_one_snapshot_and_a_link_between_them_restore
     // Each volume's manifest is its own: the wal volume's does not verify the data volume.
     let target = LoopVolume::new(64);
     let wal_hash = &result.volumes[1].manifest_hash;
-    let crossed = run(mover(
-        url,
-        &bucket,
-        &key,
-        &[
-            "restore",
-            "--target",
-            target.path().to_str().unwrap(),
-            "--snapshot",
-            &snapshot,
-            "--volume",
-            "data",
-            "--manifest-hash",
-            wal_hash,
-            "--backup-uid",
-            BACKUP_UID,
-            "--restore-uid",
-            RESTORE_UID,
-        ],
-    ));
+    let crossed = restore_volume(
+        (url, &bucket, &key),
+        target.path(),
+        (&snapshot, "data", wal_hash),
+        BACKUP_UID,
+    );
     assert!(
         !crossed.status.success(),
         "data restored against wal's manifest"
