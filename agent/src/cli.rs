@@ -205,6 +205,16 @@ pub struct MoverOptions {
     #[arg(long, env = env::MIN_KIB_PER_SECOND, global = true, default_value_t = custody_proto::s3_limits::DEFAULT_MIN_KIB_PER_SECOND, value_parser = clap::value_parser!(u64).range(1..))]
     pub s3_min_kib_per_second: u64,
 
+    /// The most the mover sends per second, in KiB (the repository's
+    /// `spec.bandwidth.uploadKiBPerSecond`); without it, as fast as the link allows.
+    #[arg(long, env = env::UPLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_kib_per_second: Option<u64>,
+
+    /// The most the mover receives per second, in KiB (the repository's
+    /// `spec.bandwidth.downloadKiBPerSecond`).
+    #[arg(long, env = env::DOWNLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub download_kib_per_second: Option<u64>,
+
     /// Also write the JSON result (or the error) here: the container's termination message.
     #[arg(long = flags::RESULT_FILE, env = env::RESULT_FILE, global = true)]
     pub result_file: Option<PathBuf>,

@@ -47,6 +47,7 @@ pub fn delete_endpoint(
                     .as_ref()
                     .map(|pem| pem.as_bytes().to_vec()),
                 limits: custody_kube::s3::Limits::default(),
+                ..Default::default()
             },
             artifact.credentials_secret.clone().unwrap_or_default(),
         ),

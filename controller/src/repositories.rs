@@ -305,6 +305,7 @@ pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
             .as_ref()
             .map(|pem| pem.as_bytes().to_vec()),
         limits: custody_kube::s3::limits_of(repository.spec.timeouts.as_ref()),
+        ..Default::default()
     }
 }
 

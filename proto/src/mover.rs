@@ -49,6 +49,10 @@ pub mod env {
     pub const STALL_SECONDS: &str = "CUSTODY_S3_STALL_SECONDS";
     /// The slowest S3 transfer accepted, in KiB/s (the repository's `spec.timeouts`).
     pub const MIN_KIB_PER_SECOND: &str = "CUSTODY_S3_MIN_KIB_PER_SECOND";
+    /// The most the mover sends per second, in KiB (the repository's `spec.bandwidth`).
+    pub const UPLOAD_KIB_PER_SECOND: &str = "CUSTODY_S3_UPLOAD_KIB_PER_SECOND";
+    /// The most the mover receives per second, in KiB (the repository's `spec.bandwidth`).
+    pub const DOWNLOAD_KIB_PER_SECOND: &str = "CUSTODY_S3_DOWNLOAD_KIB_PER_SECOND";
     /// Where the mover also writes its result.
     pub const RESULT_FILE: &str = "CUSTODY_RESULT_FILE";
     /// The access key, from the repository's credentials Secret.

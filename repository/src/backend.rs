@@ -75,6 +75,10 @@ pub struct S3Backend {
     runtime: Handle,
     /// How long each call may take.
     limits: custody_proto::s3_limits::Limits,
+    /// How fast this mover may send and receive (the repository's `spec.bandwidth`), waited
+    /// for before a call (sending) or before the next (receiving), outside its limits.
+    upload: custody_proto::s3_limits::Throttle,
+    download: custody_proto::s3_limits::Throttle,
     /// Snapshot files written through this backend (and its clones), in order: rustic_core
     /// does not say under which ID it saved one.
     snapshots_written: Arc<Mutex<Vec<Id>>>,
@@ -90,6 +94,8 @@ impl S3Backend {
             location,
             runtime,
             limits: custody_proto::s3_limits::Limits::default(),
+            upload: custody_proto::s3_limits::Throttle::default(),
+            download: custody_proto::s3_limits::Throttle::default(),
             snapshots_written: Arc::default(),
             failures: Arc::default(),
         }
@@ -98,6 +104,17 @@ impl S3Backend {
     /// The same backend, its calls bounded by `limits` (the repository's `spec.timeouts`).
     pub fn with_limits(mut self, limits: custody_proto::s3_limits::Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// The same backend, sending and receiving at most as fast as these bounds allow.
+    pub fn with_throttles(
+        mut self,
+        upload: custody_proto::s3_limits::Throttle,
+        download: custody_proto::s3_limits::Throttle,
+    ) -> Self {
+        self.upload = upload;
+        self.download = download;
         self
     }
 
@@ -175,6 +192,8 @@ impl S3Backend {
             let body = self
                 .bounded("reading", key, length, object.body.collect())
                 .await?;
+            // Counted once received: the next read waits for these bytes.
+            self.download.take(length).await;
             Ok(body.into_bytes())
         })
     }
@@ -197,6 +216,7 @@ impl S3Backend {
         let end = u64::from(offset) + u64::from(length) - 1;
         let start = buffer.len();
         buffer.reserve(length as usize);
+        self.runtime.block_on(self.download.take(u64::from(length)));
         let more = self
             .runtime
             .block_on(self.bounded("reading", &key, u64::from(length), async {
@@ -403,6 +423,7 @@ impl WriteBackend for S3Backend {
         };
         let bytes = body.len() as u64;
         self.runtime.block_on(async {
+            self.upload.take(bytes).await;
             let request = self
                 .client
                 .put_object()

@@ -68,6 +68,7 @@ pub fn endpoint(url: &str, bucket: &str) -> Endpoint {
         path_style: true,
         ca_bundle: trusted().lock().expect("CAs").get(url).cloned(),
         limits: s3::Limits::default(),
+        ..Default::default()
     }
 }
 

@@ -162,3 +162,16 @@ pub fn verified(target: &Path, manifest_hash: &str, backup_uid: &str, restore_ui
     .expect("the restored volume verifies")
     .files
 }
+
+/// `size` bytes no compressor can shrink (xorshift from `seed`), so an upload takes many parts.
+pub fn incompressible(size: usize, seed: u64) -> Vec<u8> {
+    let mut content = vec![0u8; size];
+    let mut state = seed;
+    for chunk in content.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    content
+}

@@ -10,7 +10,7 @@ use custody_agent::verify::{Expected, Options, verify_volume};
 use custody_proto::mover::BackupResult;
 use custody_tests::binary;
 use custody_tests::s3::{self, PrivateS3};
-use custody_tests::volumes::{self, LoopVolume, fill, inodes};
+use custody_tests::volumes::{self, LoopVolume, fill, incompressible, inodes};
 
 const BACKUP_UID: &str = "0b5e6a34-1111-4000-8000-0000000000b1";
 const RESTORE_UID: &str = "0b5e6a34-1111-4000-8000-0000000000e1";
@@ -49,19 +49,6 @@ fn restore(
     let mut command = restore_as(url, bucket, target, result, RESTORE_UID);
     command.args(extra);
     run(command)
-}
-
-/// `size` bytes no compressor can shrink (xorshift from `seed`), so an upload takes many parts.
-fn incompressible(size: usize, seed: u64) -> Vec<u8> {
-    let mut content = vec![0u8; size];
-    let mut state = seed;
-    for chunk in content.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
-    content
 }
 
 #[tokio::test]
@@ -607,4 +594,66 @@ async fn a_stalled_server_fails_a_format_1_backup_within_its_bound() {
     );
     assert!(took < Duration::from_secs(20), "{took:?}");
     link.set(s3::Fault::None);
+}
+
+/// Issue 24, item 6: a repository's bandwidth bound, format 1 (an unencrypted repository's
+/// archive): parts are sent no faster than the bound, the download is read no faster, and a
+/// bound below the slowest transfer the repository accepts fails nothing.
+#[tokio::test]
+async fn a_bandwidth_bound_paces_the_archive_both_ways() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "archive-bandwidth").await;
+    let source = LoopVolume::new(64);
+    const MIB: u64 = 1 << 20;
+    let size = 24 * MIB;
+    std::fs::write(source.path().join("big"), incompressible(size as usize, 23)).unwrap();
+    let rate_kib = 4096;
+    let rate = rate_kib * 1024;
+    // Every byte but one part's (5 MiB) at the rate, less the one second allowed ahead.
+    let at_least = Duration::from_secs_f64((size - 5 * MIB) as f64 / rate as f64 - 1.0);
+
+    let started = Instant::now();
+    backup(url, &bucket, source.path(), "custody/db/unbounded");
+    let unbounded_took = started.elapsed();
+
+    let prefix = format!("custody/db/orders/{BACKUP_UID}");
+    let mut command = mover(url, &bucket, &backup_args(source.path(), &prefix));
+    command
+        .env("CUSTODY_S3_UPLOAD_KIB_PER_SECOND", rate_kib.to_string())
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+    let started = Instant::now();
+    let output = run(command);
+    let bounded_took = started.elapsed();
+    assert!(output.status.success(), "the bounded backup failed");
+    let result: BackupResult = serde_json::from_slice(&output.stdout).unwrap();
+    eprintln!(
+        "archive of {} MiB: {unbounded_took:?} unbounded, {bounded_took:?} at {rate_kib} KiB/s (at least {at_least:?})",
+        size / MIB
+    );
+    assert!(
+        unbounded_took < at_least,
+        "too slow to tell: {unbounded_took:?}"
+    );
+    assert!(bounded_took >= at_least, "{bounded_took:?} < {at_least:?}");
+
+    let target = LoopVolume::new(64);
+    let mut command = restore_as(url, &bucket, target.path(), &result, RESTORE_UID);
+    command
+        .env("CUSTODY_S3_DOWNLOAD_KIB_PER_SECOND", rate_kib.to_string())
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+    let started = Instant::now();
+    let output = run(command);
+    let restore_took = started.elapsed();
+    assert!(output.status.success(), "the bounded restore failed");
+    eprintln!("archive restore at {rate_kib} KiB/s: {restore_took:?} (at least {at_least:?})");
+    assert!(restore_took >= at_least, "{restore_took:?} < {at_least:?}");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        1
+    );
 }

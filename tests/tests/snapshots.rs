@@ -9,7 +9,7 @@ use custody_proto::mover::BackupResult;
 use custody_tests::binary;
 use custody_tests::repository::{self, PREFIX};
 use custody_tests::s3;
-use custody_tests::volumes::{self, LoopVolume, fill, tree};
+use custody_tests::volumes::{self, LoopVolume, fill, incompressible, tree};
 
 const BACKUP_UID: &str = "5a9a0b2e-2222-4000-8000-0000000000b1";
 const CLUSTER_UID: &str = "5a9a0b2e-2222-4000-8000-0000000000c1";
@@ -828,4 +828,99 @@ async fn a_restore_into_a_volume_too_small_is_refused_before_writing_naming_both
     assert_eq!(output.status.code(), Some(3), "not tried again");
     assert_eq!(tree(target.path()), before, "nothing was written");
     assert!(!target.path().join(".custody").exists());
+}
+
+#[tokio::test]
+async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothing() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "bandwidth").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(128);
+    const MIB: u64 = 1 << 20;
+    let size = 32 * MIB;
+    std::fs::write(
+        source.path().join("random"),
+        incompressible(size as usize, 11),
+    )
+    .unwrap();
+    let rate_kib = 2048;
+    let rate = rate_kib * 1024;
+    // The throttle lets one second's worth run ahead and charges a call after it: at least
+    // every byte but the largest call's (a pack, at most 16 MiB) at the rate, less that
+    // second. Without a bound the same copy takes a fraction of it (printed below).
+    let at_least = std::time::Duration::from_secs_f64((size - 16 * MIB) as f64 / rate as f64 - 1.0);
+
+    let started = std::time::Instant::now();
+    let unbounded = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+    let unbounded_took = started.elapsed();
+
+    // A second repository, so that nothing is deduplicated away.
+    let bucket = s3::bucket(url, "bandwidth-bounded").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let started = std::time::Instant::now();
+    let mut command = mover(
+        url,
+        &bucket,
+        &key,
+        &backup_args(source.path(), BACKUP_UID, None),
+    );
+    command
+        .env("CUSTODY_S3_UPLOAD_KIB_PER_SECOND", rate_kib.to_string())
+        // Slower than the slowest transfer the repository accepts: waiting between calls
+        // never counts against a call.
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+    let output = run(command);
+    let bounded_took = started.elapsed();
+    assert!(output.status.success(), "the bounded backup failed");
+    let bounded: BackupResult = serde_json::from_slice(&output.stdout).unwrap();
+    eprintln!(
+        "backup of {} MiB: {unbounded_took:?} unbounded, {bounded_took:?} at {rate_kib} KiB/s (at least {at_least:?})",
+        size / MIB
+    );
+    assert_eq!(bounded.total_bytes, unbounded.total_bytes);
+    assert!(bounded.size_bytes >= size, "{bounded:?}");
+    assert!(bounded_took >= at_least, "{bounded_took:?} < {at_least:?}");
+    assert!(
+        unbounded_took < at_least,
+        "the copy without a bound ({unbounded_took:?}) is too slow for this test to tell"
+    );
+
+    let target = LoopVolume::new(128);
+    let started = std::time::Instant::now();
+    let snapshot = snapshot_id(&bounded);
+    let mut command = mover(
+        url,
+        &bucket,
+        &key,
+        &[
+            "restore",
+            "--target",
+            target.path().to_str().unwrap(),
+            "--snapshot",
+            &snapshot,
+            "--volume",
+            "data",
+            "--manifest-hash",
+            &bounded.manifest_hash,
+            "--backup-uid",
+            BACKUP_UID,
+            "--restore-uid",
+            RESTORE_UID,
+        ],
+    );
+    command.env("CUSTODY_S3_DOWNLOAD_KIB_PER_SECOND", rate_kib.to_string());
+    let output = run(command);
+    let restore_took = started.elapsed();
+    assert!(output.status.success(), "the bounded restore failed");
+    eprintln!("restore at {rate_kib} KiB/s: {restore_took:?} (at least {at_least:?})");
+    assert!(restore_took >= at_least, "{restore_took:?} < {at_least:?}");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &bounded.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        1
+    );
 }

@@ -35,6 +35,12 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
             min_bytes_per_second: options.s3_min_kib_per_second * 1024,
             ..custody_kube::s3::Limits::default()
         },
+        upload: custody_kube::s3::Throttle::new(
+            options.upload_kib_per_second.map(|rate| rate * 1024),
+        ),
+        download: custody_kube::s3::Throttle::new(
+            options.download_kib_per_second.map(|rate| rate * 1024),
+        ),
     })
 }
 

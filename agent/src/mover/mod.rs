@@ -197,9 +197,9 @@ pub async fn backup(
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = key.clone();
-        let limits = endpoint.limits;
+        let speed = upload::Speed::up(endpoint);
         tokio::spawn(async move {
-            upload::multipart(&client, &bucket, &key, receiver, stop, limits).await
+            upload::multipart(&client, &bucket, &key, receiver, stop, speed).await
         })
     };
 
@@ -277,6 +277,7 @@ pub async fn backup(
         .metadata()
         .map_err(local("the manifest's size"))?
         .len();
+    endpoint.upload.take(manifest_bytes).await;
     let request = client
         .put_object()
         .bucket(&endpoint.bucket)
@@ -440,7 +441,7 @@ pub async fn restore(
         &client,
         &endpoint.bucket,
         request.manifest_key,
-        endpoint.limits,
+        upload::Speed::down(endpoint),
     )
     .await?;
     let found = manifest::hash_reader(BufReader::new(
@@ -467,8 +468,8 @@ pub async fn restore(
         let client = client.clone();
         let bucket = endpoint.bucket.clone();
         let key = request.key.to_string();
-        let limits = endpoint.limits;
-        tokio::spawn(async move { upload::download(&client, &bucket, &key, sender, limits).await })
+        let speed = upload::Speed::down(endpoint);
+        tokio::spawn(async move { upload::download(&client, &bucket, &key, sender, speed).await })
     };
     let extract_target = target.clone();
     let extracted = tokio::task::spawn_blocking(move || -> Result<_, MoverError> {
@@ -541,7 +542,7 @@ async fn download_to_file(
     client: &aws_sdk_s3::Client,
     bucket: &str,
     key: &str,
-    limits: custody_kube::s3::Limits,
+    speed: upload::Speed,
 ) -> Result<tempfile::NamedTempFile, MoverError> {
     let mut file = tempfile::NamedTempFile::new().map_err(local("a temporary file"))?;
     let (sender, mut receiver) = mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
@@ -556,7 +557,7 @@ async fn download_to_file(
         Ok::<_, MoverError>(())
     };
     let (downloaded_whole, written) = tokio::join!(
-        upload::download(client, bucket, key, sender, limits),
+        upload::download(client, bucket, key, sender, speed),
         written
     );
     downloaded_whole.map_err(|stopped| downloaded(key, stopped))?;

@@ -77,7 +77,8 @@ impl Repo {
             },
             tokio::runtime::Handle::current(),
         )
-        .with_limits(endpoint.limits);
+        .with_limits(endpoint.limits)
+        .with_throttles(endpoint.upload.clone(), endpoint.download.clone());
         let backends = RepositoryBackends::new(backend.clone().shared(), None);
         Ok(Repo {
             backend,

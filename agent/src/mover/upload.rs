@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use custody_kube::s3::{Limits, sdk_error};
+use custody_kube::s3::{Endpoint, Limits, Throttle, sdk_error};
 use tokio::sync::mpsc;
 
 /// Size of each uploaded part (S3's minimum is 5 MiB, except the last).
@@ -94,6 +94,32 @@ pub enum UploadError {
     Interrupted { key: String },
 }
 
+/// How long a transfer's calls may take (a stall fails them), and how fast it may go (the
+/// repository's bandwidth bound, waited for between calls).
+#[derive(Clone, Debug, Default)]
+pub struct Speed {
+    pub limits: Limits,
+    pub throttle: Throttle,
+}
+
+impl Speed {
+    /// Sending to `endpoint`.
+    pub fn up(endpoint: &Endpoint) -> Speed {
+        Speed {
+            limits: endpoint.limits,
+            throttle: endpoint.upload.clone(),
+        }
+    }
+
+    /// Receiving from `endpoint`.
+    pub fn down(endpoint: &Endpoint) -> Speed {
+        Speed {
+            limits: endpoint.limits,
+            throttle: endpoint.download.clone(),
+        }
+    }
+}
+
 /// Uploads what arrives on `chunks` to `bucket`/`key`. Only an explicit [`Chunk::End`]
 /// completes the upload; on any error or an early end the upload is aborted, so no partial
 /// object ever appears under the key.
@@ -103,8 +129,9 @@ pub async fn multipart(
     key: &str,
     mut chunks: mpsc::Receiver<Chunk>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    limits: Limits,
+    speed: Speed,
 ) -> Result<(), UploadError> {
+    let limits = speed.limits;
     let start = |message: String| UploadError::Start {
         key: key.to_string(),
         message,
@@ -124,7 +151,7 @@ pub async fn multipart(
     let upload_id = created.upload_id().unwrap_or_default().to_string();
     // A stop (SIGTERM) ends the upload where it is; the abort below still runs.
     let result = tokio::select! {
-        result = upload_parts(client, bucket, key, &upload_id, &mut chunks, limits) => result,
+        result = upload_parts(client, bucket, key, &upload_id, &mut chunks, &speed) => result,
         _ = stop.wait_for(|stopped| *stopped) => Err(UploadError::Interrupted { key: key.to_string() }),
     };
     if result.is_err() {
@@ -183,8 +210,9 @@ async fn upload_parts(
     key: &str,
     upload_id: &str,
     chunks: &mut mpsc::Receiver<Chunk>,
-    limits: Limits,
+    speed: &Speed,
 ) -> Result<(), UploadError> {
+    let limits = speed.limits;
     let mut in_flight = tokio::task::JoinSet::new();
     let mut completed = Vec::new();
     let mut number = 0;
@@ -202,6 +230,8 @@ async fn upload_parts(
         while in_flight.len() >= PARTS_IN_FLIGHT {
             completed.push(joined(in_flight.join_next().await, key)?);
         }
+        // The repository's bandwidth bound, before the part's call (never inside its limits).
+        speed.throttle.take(bytes).await;
         let request = client
             .upload_part()
             .bucket(bucket)
@@ -369,7 +399,7 @@ pub async fn download(
     bucket: &str,
     key: &str,
     sender: mpsc::Sender<io::Result<bytes::Bytes>>,
-    limits: Limits,
+    speed: Speed,
 ) -> Result<(), DownloadStopped> {
     let mut offset: u64 = 0;
     let mut etag: Option<String> = None;
@@ -377,7 +407,7 @@ pub async fn download(
     loop {
         let before = offset;
         let stopped =
-            match stretch(client, bucket, key, &sender, &mut offset, &mut etag, limits).await {
+            match stretch(client, bucket, key, &sender, &mut offset, &mut etag, &speed).await {
                 Ok(()) => return Ok(()),
                 Err(stopped) => stopped,
             };
@@ -416,8 +446,9 @@ async fn stretch(
     sender: &mpsc::Sender<io::Result<bytes::Bytes>>,
     offset: &mut u64,
     etag: &mut Option<String>,
-    limits: Limits,
+    speed: &Speed,
 ) -> Result<(), Stopped> {
+    let limits = speed.limits;
     let mut request = client.get_object().bucket(bucket).key(key);
     if *offset > 0 {
         request = request
@@ -474,6 +505,9 @@ async fn stretch(
         match next {
             Ok(Some(chunk)) => {
                 *offset += chunk.len() as u64;
+                // The repository's bandwidth bound: waiting here is the reader's time, not
+                // the server's.
+                speed.throttle.take(chunk.len() as u64).await;
                 if sender.send(Ok(chunk)).await.is_err() {
                     return Ok(());
                 }

@@ -17,10 +17,14 @@ pub struct Endpoint {
     pub ca_bundle: Option<Vec<u8>>,
     /// How long its calls may take.
     pub limits: Limits,
+    /// How fast a mover may send, and receive (the repository's `spec.bandwidth`; the
+    /// controller's own calls are not bounded).
+    pub upload: Throttle,
+    pub download: Throttle,
 }
 
 pub use custody_proto::s3_limits::{
-    DEFAULT_MIN_KIB_PER_SECOND, DEFAULT_STALL_SECONDS, Limits, Overdue,
+    DEFAULT_MIN_KIB_PER_SECOND, DEFAULT_STALL_SECONDS, Limits, Overdue, Throttle,
 };
 
 /// The limits a repository's `spec.timeouts` asks for (the defaults where it says nothing).
@@ -188,6 +192,19 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
             );
         }
     }
+    if let Some(bandwidth) = &repository.bandwidth {
+        for (name, rate) in [
+            (env::UPLOAD_KIB_PER_SECOND, bandwidth.upload_kib_per_second),
+            (
+                env::DOWNLOAD_KIB_PER_SECOND,
+                bandwidth.download_kib_per_second,
+            ),
+        ] {
+            if let Some(rate) = rate {
+                variables.push(serde_json::json!({"name": name, "value": rate.to_string()}));
+            }
+        }
+    }
     variables
 }
 
@@ -243,4 +260,53 @@ pub async fn credentials(
         access_key_id: value(ACCESS_KEY_ID)?,
         secret_access_key: value(SECRET_ACCESS_KEY)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value_of(env: &[serde_json::Value], name: &str) -> Option<String> {
+        env.iter()
+            .find(|variable| variable["name"] == name)
+            .map(|variable| variable["value"].as_str().unwrap_or_default().to_string())
+    }
+
+    #[test]
+    fn a_mover_gets_the_repository_bounds_it_names_and_no_others() {
+        use custody_proto::mover::env;
+        let mut spec: crate::api::BackupRepositorySpec = serde_json::from_value(
+            serde_json::json!({"endpoint": "http://s3", "bucket": "b", "credentialsSecretRef": {"name": "creds"}}),
+        )
+        .unwrap();
+        let plain = mover_env(&spec);
+        for name in [
+            env::UPLOAD_KIB_PER_SECOND,
+            env::DOWNLOAD_KIB_PER_SECOND,
+            env::STALL_SECONDS,
+            env::MIN_KIB_PER_SECOND,
+        ] {
+            assert_eq!(value_of(&plain, name), None, "{name}");
+        }
+        spec.bandwidth = Some(crate::api::RepositoryBandwidth {
+            upload_kib_per_second: Some(512),
+            download_kib_per_second: None,
+        });
+        let bounded = mover_env(&spec);
+        assert_eq!(
+            value_of(&bounded, env::UPLOAD_KIB_PER_SECOND).as_deref(),
+            Some("512")
+        );
+        assert_eq!(value_of(&bounded, env::DOWNLOAD_KIB_PER_SECOND), None);
+        spec.bandwidth = Some(crate::api::RepositoryBandwidth {
+            upload_kib_per_second: None,
+            download_kib_per_second: Some(2048),
+        });
+        let bounded = mover_env(&spec);
+        assert_eq!(value_of(&bounded, env::UPLOAD_KIB_PER_SECOND), None);
+        assert_eq!(
+            value_of(&bounded, env::DOWNLOAD_KIB_PER_SECOND).as_deref(),
+            Some("2048")
+        );
+    }
 }

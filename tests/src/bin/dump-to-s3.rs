@@ -31,6 +31,7 @@ async fn main() -> anyhow::Result<()> {
         path_style: true,
         ca_bundle: None,
         limits: custody_kube::s3::Limits::default(),
+        ..Default::default()
     };
     let secret = custody_kube::s3::Secret {
         access_key_id: env("AWS_ACCESS_KEY_ID")?,

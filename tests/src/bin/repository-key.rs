@@ -26,6 +26,7 @@ fn main() -> anyhow::Result<()> {
             path_style: true,
             ca_bundle: None,
             limits: custody_kube::s3::Limits::default(),
+            ..Default::default()
         },
         &custody_kube::s3::Secret {
             access_key_id: env("AWS_ACCESS_KEY_ID")?,

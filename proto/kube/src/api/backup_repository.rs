@@ -95,6 +95,38 @@ pub struct BackupRepositorySpec {
     /// the bound. Defaults: 60 s and 64 KiB/s; raise them for a slow link.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<RepositoryTimeouts>,
+
+    /// The most each mover Job of this repository moves per second, uploading (backups)
+    /// and downloading (restores, checks): a bound for a shared link, honoured by every
+    /// Backup, Restore and maintenance Job (each on its own: two Jobs at once may move
+    /// twice as much). Without it a mover goes as fast as the link allows. A bound below
+    /// `timeouts.minimumKiBPerSecond` is fine: the mover waits between calls, never inside
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<RepositoryBandwidth>,
+}
+
+/// Bounds on a mover's transfer rate, in KiB per second.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryBandwidth {
+    /// The most a mover sends per second, in KiB (backups).
+    #[serde(
+        default,
+        rename = "uploadKiBPerSecond",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub upload_kib_per_second: Option<i32>,
+
+    /// The most a mover receives per second, in KiB (restores, checks).
+    #[serde(
+        default,
+        rename = "downloadKiBPerSecond",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub download_kib_per_second: Option<i32>,
 }
 
 /// Bounds on the S3 server's answers.
