@@ -108,6 +108,12 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_RESTORE_JOB_RETRIES", default_value_t = crate::mover_job::DEFAULT_RESTORE_RETRIES)]
     pub restore_job_retries: i32,
 
+    /// The most of custody's movers (backup and prepareData Jobs) that run on one node at
+    /// once; a Backup or a restoring volume past it waits (`MoverSlotsBusy`) until one ends.
+    /// 0: no bound.
+    #[arg(long, env = "CUSTODY_MOVERS_PER_NODE", default_value_t = 0)]
+    pub movers_per_node: u32,
+
     /// Image of `custody-wait`, the init container the webhook injects into pods under restore.
     #[arg(long, env = "CUSTODY_WAIT_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
     pub wait_image: String,

@@ -22,6 +22,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod mover_job;
 pub mod node_agents;
+pub mod node_slots;
 pub mod ownership;
 pub mod pki;
 pub mod plans;

@@ -18,6 +18,9 @@ pub struct MoverJob {
     /// How many times a prepareData Job tries its pod again after a failure of the moment
     /// (its `backoffLimit`); a backup Job never does (a second upload would race the first).
     pub restore_retries: i32,
+    /// The most backup and prepareData Jobs on one node at once (0: no bound; see
+    /// [`crate::node_slots`]).
+    pub movers_per_node: u32,
     /// Gate certificates name their node ([`crate::inject::gate_env`]).
     pub per_node_gate_names: bool,
 }
@@ -32,6 +35,7 @@ impl MoverJob {
             memory_request: DEFAULT_MEMORY_REQUEST.into(),
             memory_limit: DEFAULT_MEMORY_LIMIT.into(),
             restore_retries: DEFAULT_RESTORE_RETRIES,
+            movers_per_node: 0,
             per_node_gate_names: false,
         }
     }

@@ -30,6 +30,8 @@ pub struct Context {
     /// The namespace of custody's own Leases (one per Cluster with a run going): the
     /// controller's, so that custody writes Leases nowhere else.
     pub leases: String,
+    /// One creation of mover Jobs at a time, so that `--movers-per-node` holds.
+    pub admission: crate::node_slots::Admission,
 }
 
 /// A custody kind a reconciler watches.

@@ -53,6 +53,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         recorder: Recorder::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         leases: options.lease_namespace(),
+        admission: crate::node_slots::Admission::default(),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let health = Health {
@@ -134,6 +135,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         memory_request: options.mover_memory_request.clone(),
         memory_limit: options.mover_memory_limit.clone(),
         restore_retries: options.restore_job_retries.max(0),
+        movers_per_node: options.movers_per_node,
         per_node_gate_names,
     };
     let controllers = futures::future::join_all([

@@ -703,3 +703,83 @@ async fn a_backup_whose_image_cannot_be_pulled_says_so_before_its_deadline() {
     .await;
     setup.finish().await;
 }
+
+/// Issue 24, item 6: `--movers-per-node` bounds custody's movers on a node. With one slot,
+/// a look-alike Job carrying custody's labels takes none; the first Backup's Job (its pod not
+/// yet running) takes it, and a second Backup waits `MoverSlotsBusy` naming the node (not
+/// the Cluster's Lease, which comes after), creating no Job, then runs once the first ended.
+#[tokio::test]
+async fn a_node_runs_no_more_movers_than_its_bound() {
+    let mut setup = setup("slots").await;
+    setup.start_controller_with(&["--movers-per-node=1"]);
+    let namespace = &setup.namespace;
+    let node = setup.kubelet.node.clone();
+    let jobs = namespace.api::<Job>();
+    let look_alike: Job = serde_json::from_value(json!({
+        "metadata": {"name": "look-alike", "labels": {"custody.io/role": "backup"}},
+        "spec": {"suspend": true, "template": {"spec": {
+            "nodeName": node, "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "custody-mover:test"}],
+        }}},
+    }))
+    .unwrap();
+    jobs.create(&PostParams::default(), &look_alike)
+        .await
+        .unwrap();
+
+    let first = create_backup(namespace, "first").await;
+    let backups = namespace.api::<Backup>();
+    await_condition(&backups, "first", "Running", TIMEOUT, |backup| {
+        backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Running)
+    })
+    .await;
+    create_backup(namespace, "second").await;
+    let waiting = await_condition(&backups, "second", "MoverSlotsBusy", TIMEOUT, |backup| {
+        backup
+            .conditions()
+            .iter()
+            .any(|condition| condition.type_ == "Ready" && condition.reason == "MoverSlotsBusy")
+    })
+    .await;
+    let ready = waiting
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .unwrap()
+        .clone();
+    assert!(
+        ready.message.contains(&format!("node {node}")) && ready.message.contains("at most 1"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        waiting.status.as_ref().and_then(|status| status.phase),
+        Some(BackupPhase::Pending)
+    );
+    // It keeps waiting while the first Job's pod has not run: still one mover Job of custody's.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let names: Vec<String> = jobs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|job| job.metadata.name)
+        .filter(|name| name != "look-alike")
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    let first_uid = first.metadata.uid.unwrap();
+    assert!(names[0].contains(&first_uid[..8]), "{names:?}");
+
+    // The node runs pods: the first ends, the second gets its slot and ends too.
+    let runner = setup.run_pods();
+    for name in ["first", "second"] {
+        await_condition(&backups, name, "Completed", TIMEOUT, |backup| {
+            backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
+        })
+        .await;
+    }
+    assert_eq!(runner.started.lock().unwrap().len(), 2);
+    drop(runner);
+    setup.finish().await;
+}

@@ -23,6 +23,33 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         crate::finalizers::add(&backups, backup, crate::artifacts::FINALIZER, &what).await?;
         return Ok(Action::await_change());
     }
+    // The plan that starts the Backup on a node takes a slot there: checked again under the
+    // controller's one lock, from a fresh count, and held until its Job exists.
+    let starts = facts
+        .backup
+        .status
+        .as_ref()
+        .is_none_or(|status| status.start_time.is_none());
+    let node = plan
+        .status
+        .as_ref()
+        .filter(|status| starts && status.start_time.is_some())
+        .and_then(|status| status.node_name.clone());
+    let _slot = match node {
+        Some(node) => match context
+            .base
+            .admission
+            .admit(client, &[node.as_str()], facts.mover.movers_per_node)
+            .await?
+        {
+            Ok(guard) => guard,
+            Err((node, taken)) => {
+                plan = plan::movers_busy(facts, &node, taken);
+                None
+            }
+        },
+        None => None,
+    };
     let me = holds::holder("Backup", &uid);
     if plan.lease == LeaseStep::TakeFirst
         && let Some(cluster) = &facts.cluster

@@ -44,6 +44,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         others: Vec::new(),
         origin_cluster: None,
         parent_snapshot: None,
+        mover_slots: std::collections::BTreeMap::new(),
     };
     let phase = facts.backup.status.as_ref().and_then(|status| status.phase);
     if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
@@ -145,6 +146,9 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             facts.mounted_on = mounted_on(client, &namespace, &claim).await?;
             if !started && let Some(mounter) = &facts.mounted_on {
                 facts.clock = clock(client, &mounter.node).await;
+            }
+            if !started && facts.mover.movers_per_node > 0 {
+                facts.mover_slots = crate::node_slots::read(client).await?;
             }
             if facts.backup.spec.command.is_none() {
                 facts.origin_cluster = origin_cluster(client).await?;

@@ -96,6 +96,9 @@ pub struct Facts {
     /// The snapshot of the Cluster's last completed Backup in the same repository: files
     /// unchanged since it are not read again (read before the Backup starts).
     pub parent_snapshot: Option<String>,
+    /// Movers running per node, when `--movers-per-node` bounds them (read before the Backup
+    /// starts).
+    pub mover_slots: BTreeMap<String, u32>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), take
@@ -544,6 +547,14 @@ fn start(
         || "the node the scheduler picks".to_string(),
         |node| format!("node {node}"),
     );
+    // A slot on that node, before anything starts (a pre hook included).
+    if status.start_time.is_none()
+        && let Some(node) = &node
+        && let taken = facts.mover_slots.get(node).copied().unwrap_or(0)
+        && !crate::node_slots::free(taken, facts.mover.movers_per_node)
+    {
+        return movers_busy(facts, node, taken);
+    }
 
     // The keys first: recorded before anything is uploaded, so that the key is provably this
     // Backup's even if the controller stops right after. (A command's dump has a name only
@@ -1003,6 +1014,21 @@ fn wait(facts: &Facts, reason: &'static str, message: String, retry: u64) -> Pla
         requeue: Some(Duration::from_secs(retry)),
         ..Plan::wait_for_change()
     }
+}
+
+/// Waiting for a slot on `node`, where `taken` movers run (`--movers-per-node`): nothing
+/// started, looked at again shortly. An ordinary wait, told once as a Normal Event.
+pub fn movers_busy(facts: &Facts, node: &str, taken: u32) -> Plan {
+    let mut plan = wait(
+        facts,
+        crate::node_slots::MOVER_SLOTS_BUSY,
+        crate::node_slots::busy(node, taken, facts.mover.movers_per_node),
+        10,
+    );
+    for note in &mut plan.events {
+        note.warning = false;
+    }
+    plan
 }
 
 /// The status with `phase`, `ready` and the rest of `status`; `None` when nothing changes.

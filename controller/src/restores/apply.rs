@@ -40,6 +40,40 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
         )
         .await?;
     }
+    // Its Jobs take slots on their nodes: checked again under the controller's one lock, from
+    // a fresh count, and held until they exist. Another reconciliation took a slot since the
+    // plan was made: nothing is written, and the next plan sees it.
+    let nodes: Vec<&str> = plan
+        .jobs
+        .iter()
+        .filter_map(|job| {
+            job.spec
+                .as_ref()?
+                .template
+                .spec
+                .as_ref()?
+                .node_name
+                .as_deref()
+        })
+        .collect();
+    let _slots = match context
+        .base
+        .admission
+        .admit(client, &nodes, facts.mover.movers_per_node)
+        .await?
+    {
+        Ok(guard) => guard,
+        Err((node, taken)) => {
+            tracing::info!(
+                namespace,
+                name = restore.name_any(),
+                node,
+                taken,
+                "a mover slot was taken meanwhile; deciding again"
+            );
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    };
     let me = holds::holder("Restore", &uid);
     if plan.lease == LeaseStep::TakeFirst
         && let Some(cluster) = &facts.cluster

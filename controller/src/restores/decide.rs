@@ -442,6 +442,35 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
     }
 }
 
+/// A volume whose Job would pass `--movers-per-node` on `node`, where `taken` movers run:
+/// nothing is created, its status stays as it was (a first attempt waits `Pending`), saying
+/// what it waits for.
+pub fn wait_for_slot(
+    previous: Option<&VolumeRestoreStatus>,
+    claim: &str,
+    node: &str,
+    taken: u32,
+    bound: u32,
+) -> VolumeStep {
+    let mut status = previous.cloned().unwrap_or_else(|| VolumeRestoreStatus {
+        claim_name: claim.to_string(),
+        ..VolumeRestoreStatus::default()
+    });
+    status.node_name = Some(node.to_string());
+    status.reason = Some(crate::node_slots::MOVER_SLOTS_BUSY.to_string());
+    status.message = Some(format!(
+        "claim {claim} waits for a slot: {}",
+        crate::node_slots::busy(node, taken, bound)
+    ));
+    VolumeStep {
+        status,
+        create: None,
+        recreated: false,
+        moved_from: None,
+        pod_gone: false,
+    }
+}
+
 /// Whether a report came at least [`POD_GONE_AFTER_SECONDS`] after the Job finished.
 fn pod_gone(finished: Option<Timestamp>, reported: Option<Timestamp>) -> bool {
     finished.is_some()
@@ -477,10 +506,14 @@ pub fn past_deadline(steps: &mut [VolumeStep], now: Timestamp, deadline_seconds:
             Some(super::reasons::AGENT_MISSING | super::reasons::AGENT_NOT_READY)
         )
     };
-    if steps
-        .iter()
-        .any(|step| step.status.state == VolumeState::Restoring && !agent_away(step))
-    {
+    // Nor does one that waits for a mover's slot on its node: the movers there run, each
+    // within its Job's deadline.
+    let slot_busy = |step: &VolumeStep| {
+        step.status.reason.as_deref() == Some(crate::node_slots::MOVER_SLOTS_BUSY)
+    };
+    if steps.iter().any(|step| {
+        (step.status.state == VolumeState::Restoring && !agent_away(step)) || slot_busy(step)
+    }) {
         return;
     }
     let Some(progress) = steps

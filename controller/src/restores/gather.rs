@@ -104,6 +104,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
+        mover_slots: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -129,6 +130,9 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         return Ok(facts);
     }
 
+    if facts.mover.movers_per_node > 0 {
+        facts.mover_slots = crate::node_slots::read(client).await?;
+    }
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let backup_name = &facts.restore.spec.backup_ref.name;
     facts.backup = backups

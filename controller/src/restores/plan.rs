@@ -68,6 +68,8 @@ pub struct Facts {
     pub pods: Vec<Pod>,
     /// Jobs labelled with the Restore's UID (read once it completed: they are cleaned up).
     pub finished_jobs: Vec<Job>,
+    /// Movers running per node, when `--movers-per-node` bounds them.
+    pub mover_slots: BTreeMap<String, u32>,
     /// Verified claims not yet marked as holding known data (read once it completed).
     pub unmarked_claims: Vec<String>,
 }
@@ -353,10 +355,12 @@ pub fn plan(facts: &Facts) -> Plan {
                     reasons::AGENT_NOT_READY,
                     reasons::JOB_POD_NOT_STARTING,
                     reasons::POD_NOT_HELD,
+                    crate::node_slots::MOVER_SLOTS_BUSY,
                 ]
                 .contains(&condition.reason.as_str())
         });
     let mut steps: Vec<decide::VolumeStep> = Vec::with_capacity(claims.len());
+    let mut slots = facts.mover_slots.clone();
     for claim in &claims {
         let previous = volumes_status
             .iter()
@@ -403,6 +407,21 @@ pub fn plan(facts: &Facts) -> Plan {
                 moved_from: None,
                 pod_gone: false,
             };
+        }
+        // A Job takes a slot on its node: past the bound, the volume waits for one.
+        if let Some(create) = &step.create {
+            let taken = slots.entry(create.node.clone()).or_insert(0);
+            if crate::node_slots::free(*taken, facts.mover.movers_per_node) {
+                *taken += 1;
+            } else {
+                step = decide::wait_for_slot(
+                    previous,
+                    claim,
+                    &create.node,
+                    *taken,
+                    facts.mover.movers_per_node,
+                );
+            }
         }
         steps.push(decide::since(
             step,
@@ -550,6 +569,7 @@ pub fn plan(facts: &Facts) -> Plan {
                 reasons::AGENT_MISSING,
                 reasons::AGENT_NOT_READY,
                 reasons::JOB_POD_NOT_STARTING,
+                crate::node_slots::MOVER_SLOTS_BUSY,
             ]
             .into_iter()
             .find(|reason| volume.reason.as_deref() == Some(reason))?;
@@ -593,7 +613,12 @@ pub fn plan(facts: &Facts) -> Plan {
                 .flat_map(|status| status.conditions.iter())
                 .any(|condition| condition.type_ == types::READY && condition.reason == reason)
             {
-                events.push(Note::warning(reason, message.clone()));
+                // Waiting for a mover's slot is the bound doing its work, not a problem.
+                events.push(if reason == crate::node_slots::MOVER_SLOTS_BUSY {
+                    Note::normal(reason, message.clone())
+                } else {
+                    Note::warning(reason, message.clone())
+                });
             }
             (
                 desired(types::READY, Status::False, reason, message.clone()),

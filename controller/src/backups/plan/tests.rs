@@ -104,7 +104,16 @@ fn facts() -> Facts {
         others: Vec::new(),
         origin_cluster: Some(ORIGIN.into()),
         parent_snapshot: None,
+        mover_slots: BTreeMap::new(),
     }
+}
+
+/// [`facts`] with at most `bound` movers per node, `taken` of them running on the Backup's node.
+fn slots(bound: u32, taken: u32) -> Facts {
+    let mut facts = facts();
+    facts.mover.movers_per_node = bound;
+    facts.mover_slots = BTreeMap::from([(NODE.to_string(), taken), ("node-z".to_string(), 9)]);
+    facts
 }
 
 fn mounter(node: &str) -> Mounter {
@@ -242,6 +251,61 @@ fn every_path_of_a_reconciliation() {
                 &[("BackupStarted", NORMAL)],
                 true,
                 true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "every slot of its node taken: waits, nothing started, told as a Normal Event",
+            slots(2, 2),
+            expect(
+                Some(Pending),
+                Some(crate::node_slots::MOVER_SLOTS_BUSY),
+                &[(crate::node_slots::MOVER_SLOTS_BUSY, NORMAL)],
+                false,
+                false,
+                Keep,
+                Some(10),
+            ),
+        ),
+        (
+            "a slot free on its node (another node full): starts",
+            slots(2, 1),
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "no bound: starts whatever runs there",
+            slots(0, 50),
+            expect(
+                Some(Running),
+                Some(reasons::RUNNING),
+                &[("BackupStarted", NORMAL)],
+                true,
+                true,
+                TakeFirst,
+                Some(60),
+            ),
+        ),
+        (
+            "started, its Job not yet created, its node full since: the slot was its own when it started",
+            Facts {
+                job: JobFact::Missing,
+                ..started(slots(1, 5), JobState::Running)
+            },
+            expect(
+                Some(Running),
+                None,
+                &[("BackupStarted", NORMAL)],
+                true,
+                false,
                 TakeFirst,
                 Some(60),
             ),

@@ -1052,4 +1052,47 @@ fn waiting_volumes_fail_only_after_the_whole_restore_made_no_progress_past_the_d
             "{reason}: within the deadline"
         );
     }
+
+    // A volume waiting for a mover's slot on its node waits behind running movers (each
+    // bounded by its Job's deadline): nothing counts down, however long ago anything moved.
+    let slot = wait_for_slot(None, "x", "node-a", 2, 2);
+    assert_eq!(slot.status.state, Pending);
+    assert_eq!(slot.create, None);
+    let mut waiting = at(Pending, 5_000, "waiting for a slot");
+    waiting.status.reason = slot.status.reason.clone();
+    let mut steps = vec![
+        waiting,
+        at(Pending, 5_000, "waiting for a pod"),
+        at(Verifying, 5_000, "verifying"),
+    ];
+    let before = steps.clone();
+    past_deadline(&mut steps, now, 600);
+    assert_eq!(
+        steps, before,
+        "a volume waiting for a slot stops the countdown"
+    );
+    // What it was before is kept: a retry waiting for a slot keeps its attempts and state.
+    let earlier = VolumeRestoreStatus {
+        claim_name: "x".into(),
+        state: Restoring,
+        attempts: 2,
+        job_name: Some("x-restore-1".into()),
+        ..VolumeRestoreStatus::default()
+    };
+    let slot = wait_for_slot(Some(&earlier), "x", "node-b", 4, 4);
+    assert_eq!(
+        (
+            slot.status.state,
+            slot.status.attempts,
+            slot.status.job_name.as_deref()
+        ),
+        (Restoring, 2, Some("x-restore-1"))
+    );
+    assert_eq!(slot.status.node_name.as_deref(), Some("node-b"));
+    assert!(
+        slot.status
+            .message
+            .unwrap()
+            .contains("4 of custody's movers already run on node node-b")
+    );
 }

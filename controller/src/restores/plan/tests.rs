@@ -163,6 +163,7 @@ fn facts() -> Facts {
         job_problems: BTreeMap::new(),
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
+        mover_slots: BTreeMap::new(),
     }
 }
 
@@ -1422,4 +1423,90 @@ fn every_volume_of_a_snapshot_restores_into_its_templates_claims() {
         super::plan(&both).release.into_iter().collect::<Vec<_>>(),
         ["db-0"]
     );
+}
+
+#[test]
+fn volumes_past_the_movers_per_node_wait_for_a_slot_and_say_so() {
+    let claims = ["data-db-0", "data-db-1", "data-db-2"];
+    let reported = |claim: &str, pod: &str| ReportedVolume {
+        claim_name: claim.into(),
+        pod_name: pod.into(),
+        pod_uid: format!("{pod}-uid").replace("db-0-uid", "pod-uid"),
+        ..report(VolumeState::Pending, None).1.remove(0)
+    };
+    let three = |bound: u32, taken: u32| {
+        let mut facts = Facts {
+            replicas: Some(3),
+            pods: vec![pod("db-0", false), pod("db-1", false), pod("db-2", false)],
+            agents: vec![(
+                "node-a".into(),
+                vec![
+                    reported(claims[0], "db-0"),
+                    reported(claims[1], "db-1"),
+                    reported(claims[2], "db-2"),
+                ],
+            )],
+            ..facts()
+        };
+        facts.mover.movers_per_node = bound;
+        facts.mover_slots = BTreeMap::from([("node-a".to_string(), taken)]);
+        facts
+    };
+    // (bound, taken on node-a, Jobs created)
+    for (bound, taken, created) in [(0, 7, 3), (2, 1, 1), (2, 2, 0), (3, 0, 3), (4, 2, 2)] {
+        let plan = plan(&three(bound, taken));
+        assert_eq!(plan.jobs.len(), created, "{taken} taken of {bound}");
+        let status = plan.status.unwrap();
+        let waiting: Vec<&VolumeRestoreStatus> = status
+            .volumes
+            .iter()
+            .filter(|volume| volume.reason.as_deref() == Some(crate::node_slots::MOVER_SLOTS_BUSY))
+            .collect();
+        assert_eq!(waiting.len(), 3 - created, "{taken} taken of {bound}");
+        for volume in &waiting {
+            assert_eq!(volume.state, VolumeState::Pending);
+            assert_eq!(volume.attempts, 0, "no attempt used");
+            assert_eq!(volume.job_name, None);
+            let said = volume.message.clone().unwrap();
+            assert!(
+                said.contains("node node-a") && said.contains(&format!("at most {bound}")),
+                "{said}"
+            );
+        }
+        // Waiting on: the next reconciliation keeps when the volumes began to wait (no status
+        // churn, and the wait is not taken for a pause before the volumes).
+        if created == 0 {
+            let mut later = three(bound, taken);
+            later.restore.status = Some(status.clone());
+            later.now = now() + std::time::Duration::from_secs(30);
+            let again = super::plan(&later);
+            assert!(
+                again.status.is_none(),
+                "nothing changed: {:?}",
+                again.status
+            );
+        }
+        // The Jobs go to the first volumes, in order.
+        for (index, job) in plan.jobs.iter().enumerate() {
+            assert_eq!(
+                job.metadata.name,
+                Some(decide::job_name(claims[index], UID, 1))
+            );
+        }
+        if created < 3 {
+            let ready = status
+                .conditions
+                .iter()
+                .find(|condition| condition.type_ == "Ready")
+                .unwrap();
+            assert_eq!(ready.reason, crate::node_slots::MOVER_SLOTS_BUSY);
+            assert!(
+                plan.events
+                    .iter()
+                    .any(|note| note.reason == crate::node_slots::MOVER_SLOTS_BUSY && !note.warning),
+                "told once, as a Normal Event: {:?}",
+                plan.events
+            );
+        }
+    }
 }
