@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::*;
 use crate::attribution::Candidate;
+use custody_kube::api::Artifact;
 
 const UID: &str = "b0b0b0b0-0000-4000-8000-000000000001";
 const NODE: &str = "node-a";
@@ -1232,7 +1233,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         mounts,
         [
             ("data", "/var/lib/postgresql/data", Some(true)),
-            (super::job::TOOL_VOLUME, "/output", None),
+            (crate::backups::job::TOOL_VOLUME, "/output", None),
         ]
     );
     assert_eq!(tool.command.as_ref().unwrap()[0], "pg_basebackup");
@@ -1264,7 +1265,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         .volumes
         .iter()
         .flatten()
-        .find(|volume| volume.name == super::job::TOOL_VOLUME)
+        .find(|volume| volume.name == crate::backups::job::TOOL_VOLUME)
         .and_then(|volume| volume.empty_dir.clone())
         .expect("the tool's scratch volume");
     assert_eq!(scratch.size_limit.unwrap().0, "2Gi");
@@ -1300,7 +1301,8 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
             .volume_mounts
             .iter()
             .flatten()
-            .any(|mount| mount.name == super::job::TOOL_VOLUME && mount.read_only == Some(true)),
+            .any(|mount| mount.name == crate::backups::job::TOOL_VOLUME
+                && mount.read_only == Some(true)),
         "the mover reads the tree"
     );
     // Without a dataPath the tree is the volume's root.

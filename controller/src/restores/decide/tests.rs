@@ -1,3 +1,6 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::ObjectMeta;
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::backups::decide::JobState;
-use custody_kube::api::{RestorePhase, VolumeState};
+use custody_kube::api::{RestorePhase, VolumeRestoreStatus, VolumeState};
 
 const UID: &str = "5e1f0a2b-0000-4000-8000-000000000001";
 const CLUSTER_UID: &str = "c1c1c1c1-0000-4000-8000-000000000002";
