@@ -207,12 +207,12 @@ pub struct MoverOptions {
 
     /// The most the mover sends per second, in KiB (the repository's
     /// `spec.bandwidth.uploadKiBPerSecond`); without it, as fast as the link allows.
-    #[arg(long, env = env::UPLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = env::UPLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
     pub upload_kib_per_second: Option<u64>,
 
     /// The most the mover receives per second, in KiB (the repository's
     /// `spec.bandwidth.downloadKiBPerSecond`).
-    #[arg(long, env = env::DOWNLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = env::DOWNLOAD_KIB_PER_SECOND, global = true, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
     pub download_kib_per_second: Option<u64>,
 
     /// Also write the JSON result (or the error) here: the container's termination message.

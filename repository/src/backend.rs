@@ -189,11 +189,12 @@ impl S3Backend {
                 })
                 .await?;
             let length = u64::try_from(object.content_length().unwrap_or_default()).unwrap_or(0);
+            // Counted once its length is known, before the body is read (reads at once do
+            // not all go at the link's speed first).
+            self.download.take(length).await;
             let body = self
                 .bounded("reading", key, length, object.body.collect())
                 .await?;
-            // Counted once received: the next read waits for these bytes.
-            self.download.take(length).await;
             Ok(body.into_bytes())
         })
     }

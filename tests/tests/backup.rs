@@ -704,36 +704,79 @@ async fn a_backup_whose_image_cannot_be_pulled_says_so_before_its_deadline() {
     setup.finish().await;
 }
 
-/// Issue 24, item 6: `--movers-per-node` bounds custody's movers on a node. With one slot,
-/// a look-alike Job carrying custody's labels takes none; the first Backup's Job (its pod not
-/// yet running) takes it, and a second Backup waits `MoverSlotsBusy` naming the node (not
-/// the Cluster's Lease, which comes after), creating no Job, then runs once the first ended.
+/// Issue 24, item 6: `--movers-per-node` bounds custody's movers on a node. With one slot and
+/// two Clusters whose pods run on the same node (no Lease between them), the first Backup
+/// takes the slot from its start (its Job's pod not running yet), and the second waits
+/// `MoverSlotsBusy` naming the node, with no Job, then runs once the first ended.
 #[tokio::test]
 async fn a_node_runs_no_more_movers_than_its_bound() {
     let mut setup = setup("slots").await;
     setup.start_controller_with(&["--movers-per-node=1"]);
     let namespace = &setup.namespace;
     let node = setup.kubelet.node.clone();
-    let jobs = namespace.api::<Job>();
-    let look_alike: Job = serde_json::from_value(json!({
-        "metadata": {"name": "look-alike", "labels": {"custody.io/role": "backup"}},
-        "spec": {"suspend": true, "template": {"spec": {
-            "nodeName": node, "restartPolicy": "Never",
-            "containers": [{"name": "c", "image": "custody-mover:test"}],
-        }}},
+    // A second Cluster, its pod on the same node.
+    let cluster: custody_kube::api::Cluster = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "items"},
+        "spec": {"statefulSetRef": {"name": "items"}, "volumeClaimTemplates": ["data"],
+                 "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
     }))
     .unwrap();
-    jobs.create(&PostParams::default(), &look_alike)
+    namespace
+        .api::<custody_kube::api::Cluster>()
+        .create(&PostParams::default(), &cluster)
         .await
         .unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data-items-0"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    namespace
+        .api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    create_pod(
+        &namespace.client,
+        &namespace.name,
+        PodSpec {
+            name: "items-0",
+            node: &node,
+            service_account: "items",
+            claims: &[("data", "data-items-0")],
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    setup
+        .kubelet
+        .set_phase(&namespace.name, "items-0", "Running", 0)
+        .await;
+    let items = LoopVolume::new(64);
+    std::fs::write(items.path().join("rows"), "items").unwrap();
 
-    let first = create_backup(namespace, "first").await;
+    let backup_of = |name: &str, cluster: &str| -> Backup {
+        serde_json::from_value(json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+            "metadata": {"name": name},
+            "spec": {"clusterRef": {"name": cluster}},
+        }))
+        .unwrap()
+    };
     let backups = namespace.api::<Backup>();
+    backups
+        .create(&PostParams::default(), &backup_of("first", "orders"))
+        .await
+        .unwrap();
     await_condition(&backups, "first", "Running", TIMEOUT, |backup| {
         backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Running)
     })
     .await;
-    create_backup(namespace, "second").await;
+    backups
+        .create(&PostParams::default(), &backup_of("second", "items"))
+        .await
+        .unwrap();
     let waiting = await_condition(&backups, "second", "MoverSlotsBusy", TIMEOUT, |backup| {
         backup
             .conditions()
@@ -756,8 +799,9 @@ async fn a_node_runs_no_more_movers_than_its_bound() {
         waiting.status.as_ref().and_then(|status| status.phase),
         Some(BackupPhase::Pending)
     );
-    // It keeps waiting while the first Job's pod has not run: still one mover Job of custody's.
+    // It keeps waiting past its next look while the first's pod has not run: one Job only.
     tokio::time::sleep(Duration::from_secs(12)).await;
+    let jobs = namespace.api::<Job>();
     let names: Vec<String> = jobs
         .list(&Default::default())
         .await
@@ -765,20 +809,35 @@ async fn a_node_runs_no_more_movers_than_its_bound() {
         .items
         .into_iter()
         .filter_map(|job| job.metadata.name)
-        .filter(|name| name != "look-alike")
         .collect();
     assert_eq!(names.len(), 1, "{names:?}");
-    let first_uid = first.metadata.uid.unwrap();
-    assert!(names[0].contains(&first_uid[..8]), "{names:?}");
+    assert!(names[0].starts_with("first-backup-"), "{names:?}");
 
     // The node runs pods: the first ends, the second gets its slot and ends too.
-    let runner = setup.run_pods();
+    let runner = PodRunner::start(
+        &namespace.client,
+        &namespace.name,
+        &node,
+        BTreeMap::from([
+            (
+                "data-orders-0".to_string(),
+                setup.volume.path().to_path_buf(),
+            ),
+            ("data-items-0".to_string(), items.path().to_path_buf()),
+        ]),
+    );
     for name in ["first", "second"] {
         await_condition(&backups, name, "Completed", TIMEOUT, |backup| {
             backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Completed)
         })
         .await;
     }
+    let first = backups.get("first").await.unwrap().status.unwrap();
+    let second = backups.get("second").await.unwrap().status.unwrap();
+    assert!(
+        first.completion_time.unwrap().0 <= second.start_time.unwrap().0,
+        "the second started only once the first had ended"
+    );
     assert_eq!(runner.started.lock().unwrap().len(), 2);
     drop(runner);
     setup.finish().await;

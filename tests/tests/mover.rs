@@ -605,9 +605,9 @@ async fn a_bandwidth_bound_paces_the_archive_both_ways() {
     let bucket = s3::bucket(url, "archive-bandwidth").await;
     let source = LoopVolume::new(64);
     const MIB: u64 = 1 << 20;
-    let size = 24 * MIB;
+    let size = 16 * MIB;
     std::fs::write(source.path().join("big"), incompressible(size as usize, 23)).unwrap();
-    let rate_kib = 4096;
+    let rate_kib = 2048;
     let rate = rate_kib * 1024;
     // Every byte but one part's (5 MiB) at the rate, less the one second allowed ahead.
     let at_least = Duration::from_secs_f64((size - 5 * MIB) as f64 / rate as f64 - 1.0);
@@ -618,9 +618,12 @@ async fn a_bandwidth_bound_paces_the_archive_both_ways() {
 
     let prefix = format!("custody/db/orders/{BACKUP_UID}");
     let mut command = mover(url, &bucket, &backup_args(source.path(), &prefix));
+    // Four times slower than the slowest transfer accepted, with a stall of one second: a
+    // part may take 1 s + 5 MiB at 8 MiB/s, and waits 2.5 s for the bound, between calls.
     command
         .env("CUSTODY_S3_UPLOAD_KIB_PER_SECOND", rate_kib.to_string())
-        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (4 * rate_kib).to_string())
+        .env("CUSTODY_S3_STALL_SECONDS", "1");
     let started = Instant::now();
     let output = run(command);
     let bounded_took = started.elapsed();
@@ -640,7 +643,8 @@ async fn a_bandwidth_bound_paces_the_archive_both_ways() {
     let mut command = restore_as(url, &bucket, target.path(), &result, RESTORE_UID);
     command
         .env("CUSTODY_S3_DOWNLOAD_KIB_PER_SECOND", rate_kib.to_string())
-        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (4 * rate_kib).to_string())
+        .env("CUSTODY_S3_STALL_SECONDS", "1");
     let started = Instant::now();
     let output = run(command);
     let restore_took = started.elapsed();

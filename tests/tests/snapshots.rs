@@ -866,9 +866,11 @@ async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothin
     );
     command
         .env("CUSTODY_S3_UPLOAD_KIB_PER_SECOND", rate_kib.to_string())
-        // Slower than the slowest transfer the repository accepts: waiting between calls
-        // never counts against a call.
-        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (2 * rate_kib).to_string());
+        // Four times slower than the slowest transfer the repository accepts, with a stall of
+        // one second: a pack may take 1 s + 16 MiB at 8 MiB/s, and waits about 8 s for the
+        // bound. Waiting between calls never counts against a call; waiting inside one would.
+        .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (4 * rate_kib).to_string())
+        .env("CUSTODY_S3_STALL_SECONDS", "1");
     let output = run(command);
     let bounded_took = started.elapsed();
     assert!(output.status.success(), "the bounded backup failed");

@@ -44,6 +44,23 @@ fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
     })
 }
 
+/// The upload bound of a copy: the repository's, except while the filesystem is frozen. A
+/// frozen copy is read as fast as it can be sent: slowed to the bound, the filesystem would
+/// stay frozen as long (past `maxFreezeSeconds`, failing the copy), and the application's
+/// writes with it.
+fn upload_bound(frozen: bool, bound: &custody_kube::s3::Throttle) -> custody_kube::s3::Throttle {
+    match bound.bytes_per_second() {
+        Some(rate) if frozen => {
+            eprintln!(
+                "custody-mover: the filesystem is frozen while it is read: this copy is not slowed to the repository's upload bound ({} KiB/s)",
+                rate / 1024
+            );
+            custody_kube::s3::Throttle::default()
+        }
+        _ => bound.clone(),
+    }
+}
+
 /// Runs the command; the JSON result, or the error's reason and message.
 /// `stop` turning true (SIGTERM) makes a backup abort its multipart upload and end.
 pub async fn run(
@@ -102,6 +119,10 @@ pub async fn run(
                         Some(super::freeze::hold_all(freeze_claim, *max_seconds).await?)
                     }
                     _ => None,
+                };
+                let endpoint = Endpoint {
+                    upload: upload_bound(held.is_some(), &endpoint.upload),
+                    ..endpoint
                 };
                 let result = match (&options.repository_prefix, prefix, request) {
                     (Some(repository_prefix), _, Some(request)) => {
@@ -462,4 +483,28 @@ async fn verify(
         bytes: verified.bytes,
     };
     Ok(serde_json::to_string(&result).expect("plain data serialises"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use custody_kube::s3::Throttle;
+
+    #[test]
+    fn only_a_frozen_copy_goes_past_the_upload_bound() {
+        let bound = Throttle::new(Some(1 << 20));
+        assert_eq!(
+            upload_bound(false, &bound).bytes_per_second(),
+            Some(1 << 20)
+        );
+        assert_eq!(upload_bound(true, &bound).bytes_per_second(), None);
+        assert_eq!(
+            upload_bound(true, &Throttle::default()).bytes_per_second(),
+            None
+        );
+        assert_eq!(
+            upload_bound(false, &Throttle::default()).bytes_per_second(),
+            None
+        );
+    }
 }

@@ -24,7 +24,8 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         return Ok(Action::await_change());
     }
     // The plan that starts the Backup on a node takes a slot there: checked again under the
-    // controller's one lock, from a fresh count, and held until its Job exists.
+    // controller's one lock, from a fresh read, held until the Backup is recorded Running on
+    // that node (from then on every read counts it, its pre hook and its Job included).
     let starts = facts
         .backup
         .status
@@ -35,7 +36,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
         .as_ref()
         .filter(|status| starts && status.start_time.is_some())
         .and_then(|status| status.node_name.clone());
-    let _slot = match node {
+    let slot = match node {
         Some(node) => match context
             .base
             .admission
@@ -103,6 +104,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &BackupContext) -> Re
             "backup status"
         );
     }
+    drop(slot);
     if plan.publish_gate_ca {
         crate::gate_ca::publish(
             client,

@@ -200,7 +200,8 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
                 bandwidth.download_kib_per_second,
             ),
         ] {
-            if let Some(rate) = rate {
+            // The schema refuses 0 and below; a value that went past it is no bound.
+            if let Some(rate) = rate.filter(|rate| *rate > 0) {
                 variables.push(serde_json::json!({"name": name, "value": rate.to_string()}));
             }
         }

@@ -85,6 +85,7 @@ pub(super) fn steps(
             if crate::node_slots::free(*taken, facts.mover.movers_per_node) {
                 *taken += 1;
             } else {
+                let pod = step.status.pod_name.clone();
                 step = decide::wait_for_slot(
                     previous,
                     claim,
@@ -92,6 +93,7 @@ pub(super) fn steps(
                     *taken,
                     facts.mover.movers_per_node,
                 );
+                step.status.pod_name = pod;
             }
         }
         steps.push(decide::since(
