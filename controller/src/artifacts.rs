@@ -33,7 +33,7 @@ pub fn delete_endpoint(
 ) -> (Endpoint, String) {
     let (mut endpoint, secret) = match repository {
         Some(repository) => (
-            crate::repositories::endpoint_of(repository),
+            custody_kube::s3::endpoint_of(repository),
             repository.spec.credentials_secret_ref.name.clone(),
         ),
         None => (

@@ -74,7 +74,12 @@ pub fn taken(backups: &[Backup], restores: &[Restore], jobs: &[Job]) -> BTreeMap
             let job = jobs.iter().find(|job| {
                 job.metadata.name.as_deref() == Some(name)
                     && job.namespace().as_deref() == Some(namespace.as_str())
-                    && crate::restores::decide::owned_job(job, uid)
+                    && crate::ownership::owned_by(
+                        &job.metadata,
+                        "Restore",
+                        uid,
+                        custody_proto::names::LABEL_RESTORE_UID,
+                    )
             });
             let node = job
                 .filter(|job| !idle(job))

@@ -16,42 +16,14 @@ use crate::error::{Error, Result};
 use crate::events::Note;
 use crate::reconciler::{self, Context};
 use custody_kube::api::{BackupRepository, HasConditions};
-use custody_kube::s3::{self, CredentialsError, Endpoint};
+use custody_kube::s3::{self, CredentialsError};
 
 /// Field manager of the repository's `Ready` condition.
 pub const FIELD_MANAGER: &str = "custody.io/backup-repository";
 
 /// Reasons of the repository's `Ready` condition.
-pub mod reasons {
-    pub const AVAILABLE: &str = "Available";
-    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
-    pub const SECRET_INVALID: &str = "SecretInvalid";
-    pub const INVALID_CA_BUNDLE: &str = "InvalidCABundle";
-    pub const BUCKET_NOT_FOUND: &str = "BucketNotFound";
-    pub const ACCESS_DENIED: &str = "AccessDenied";
-    pub const ENDPOINT_UNREACHABLE: &str = "EndpointUnreachable";
-    pub const TLS_ERROR: &str = "TLSError";
-    pub const UNEXPECTED_RESPONSE: &str = "UnexpectedResponse";
-    pub const KEY_SECRET_NOT_FOUND: &str = "KeySecretNotFound";
-    pub const KEY_SECRET_EMPTY: &str = "KeySecretEmpty";
-    pub const KEY_REJECTED: &str = "KeyRejected";
-    pub const REPOSITORY_UNREADABLE: &str = "RepositoryUnreadable";
-    pub const MASTER_KEY_SECRET_TAKEN: &str = "MasterKeySecretTaken";
-}
-
-/// Whether a `Ready` reason says the bucket answered (only the encrypted repository is not
-/// usable): a command backup, which writes its own dump, may go on.
-pub fn bucket_answered(reason: &str) -> bool {
-    [
-        reasons::AVAILABLE,
-        reasons::KEY_SECRET_NOT_FOUND,
-        reasons::KEY_SECRET_EMPTY,
-        reasons::KEY_REJECTED,
-        reasons::REPOSITORY_UNREADABLE,
-        reasons::MASTER_KEY_SECRET_TAKEN,
-    ]
-    .contains(&reason)
-}
+pub mod reasons;
+pub use reasons::bucket_answered;
 
 /// The `Ready` condition once the bucket answered: the encrypted repository new Backups go to
 /// is open, or why not.
@@ -271,7 +243,7 @@ pub async fn probe(
 }
 
 async fn head(repository: &BackupRepository, credentials: &s3::Secret) -> Probe {
-    let endpoint = endpoint_of(repository);
+    let endpoint = s3::endpoint_of(repository);
     let s3_client = match s3::client(&endpoint, credentials) {
         Ok(client) => client,
         Err(error) => return Probe::InvalidCaBundle(error.to_string()),
@@ -289,23 +261,6 @@ async fn head(repository: &BackupRepository, credentials: &s3::Secret) -> Probe 
             let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&error).map(str::to_string);
             classify(&error, status, code)
         }
-    }
-}
-
-/// The S3 endpoint a repository describes.
-pub fn endpoint_of(repository: &BackupRepository) -> Endpoint {
-    Endpoint {
-        url: repository.spec.endpoint.clone(),
-        region: repository.spec.region.clone().unwrap_or_default(),
-        bucket: repository.spec.bucket.clone(),
-        path_style: repository.spec.force_path_style,
-        ca_bundle: repository
-            .spec
-            .ca_bundle
-            .as_ref()
-            .map(|pem| pem.as_bytes().to_vec()),
-        limits: custody_kube::s3::limits_of(repository.spec.timeouts.as_ref()),
-        ..Default::default()
     }
 }
 
@@ -333,7 +288,7 @@ pub async fn reconcile(
             crate::encryption::open_repository(
                 &context.client,
                 &repository,
-                &endpoint_of(&repository),
+                &s3::endpoint_of(&repository),
                 credentials,
             )
             .await,

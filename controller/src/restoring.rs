@@ -38,6 +38,11 @@ pub enum Settle {
     LookAgain(Duration),
 }
 
+/// The Restore a Cluster creates has the Cluster's name.
+pub fn restore_name(cluster: &Cluster) -> String {
+    cluster.name_any()
+}
+
 /// The decision for a marked namespace. `marked_at` is the last mark's time (`None`: no
 /// readable time, so no admission is known to rely on it).
 pub fn settle(
@@ -69,7 +74,7 @@ pub fn restoring(cluster: &Cluster, restores: &[Restore]) -> bool {
     if cluster.spec.restore.is_none() {
         return false;
     }
-    let name = crate::clusters::restore_name(cluster);
+    let name = restore_name(cluster);
     let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
     !restores.iter().any(|restore| {
         restore.metadata.name.as_deref() == Some(name.as_str())

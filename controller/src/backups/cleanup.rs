@@ -8,12 +8,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
 
 use super::{BackupContext, FIELD_MANAGER};
 use crate::artifacts::{self, Deleting, Step};
@@ -28,6 +27,10 @@ const ACTION: &str = "DeleteArtifact";
 
 /// Publishes an Event; best effort, as a namespace being deleted refuses new Events and the
 /// cleanup must still finish there.
+mod secrets;
+use secrets::repository_secret;
+pub use secrets::{hold_secret, release_secret};
+
 async fn event(context: &BackupContext, backup: &Backup, note: &Note) -> Result<()> {
     if let Err(error) = crate::reconciler::publish(&context.base, backup, ACTION, note).await {
         tracing::info!(backup = backup.name_any(), reason = note.reason, note = note.text, %error, "event not published");
@@ -533,104 +536,5 @@ async fn release(context: &BackupContext, backup: &Backup) -> Result<()> {
 
 /// The credentials Secret of the repository a Backup names (or its Cluster does), if both
 /// still exist: what a Backup stopped between holding the Secret and recording it holds.
-async fn repository_secret(client: &kube::Client, backup: &Backup) -> Result<Option<String>> {
-    let namespace = backup.namespace().unwrap_or_default();
-    let name = match &backup.spec.repository_ref {
-        Some(reference) => Some(reference.name.clone()),
-        None => {
-            let cluster = &backup.spec.cluster_ref.name;
-            Api::<custody_kube::api::Cluster>::namespaced(client.clone(), &namespace)
-                .get_opt(cluster)
-                .await
-                .map_err(Error::read(format!("Cluster {namespace}/{cluster}")))?
-                .and_then(|cluster| cluster.spec.repository_ref)
-                .map(|reference| reference.name)
-        }
-    };
-    let Some(name) = name else {
-        return Ok(None);
-    };
-    Ok(
-        Api::<BackupRepository>::namespaced(client.clone(), &namespace)
-            .get_opt(&name)
-            .await
-            .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?
-            .map(|repository| repository.spec.credentials_secret_ref.name),
-    )
-}
-
-/// Drops the Secret's finalizer when no Backup other than `leaving` still needs it. `false`:
-/// the Secret changed meanwhile and nothing was written.
-pub async fn release_secret(
-    client: &kube::Client,
-    namespace: &str,
-    secret: &str,
-    leaving: Option<&str>,
-) -> Result<bool> {
-    let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
-    let needed = backups
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::read(format!("Backups in {namespace}")))?
-        .items
-        .into_iter()
-        .filter(|other| other.metadata.uid.as_deref() != leaving)
-        .any(|other| artifacts::needs_secret(&other, secret));
-    if needed {
-        return Ok(true);
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let what = format!("Secret {namespace}/{secret}");
-    // A write that lost a race (the namespace being deleted marks the Secret) is tried again
-    // on a fresh read.
-    for _ in 0..5 {
-        let Some(found) = secrets
-            .get_opt(secret)
-            .await
-            .map_err(Error::read(what.clone()))?
-        else {
-            return Ok(true);
-        };
-        if crate::finalizers::remove(&secrets, &found, artifacts::SECRET_FINALIZER, &what).await? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-/// Puts the Secret's finalizer on before a Backup records an artifact that needs it.
-pub async fn hold_secret(client: &kube::Client, namespace: &str, secret: &str) -> Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let what = format!("Secret {namespace}/{secret}");
-    let Some(found) = secrets
-        .get_opt(secret)
-        .await
-        .map_err(Error::read(what.clone()))?
-    else {
-        return Ok(());
-    };
-    if found.meta().deletion_timestamp.is_some() {
-        return Ok(());
-    }
-    if crate::finalizers::add(&secrets, &found, artifacts::SECRET_FINALIZER, &what).await? {
-        // Confirm it is on (a concurrent change may have won the write).
-        let again = secrets
-            .get_opt(secret)
-            .await
-            .map_err(Error::read(what.clone()))?;
-        if !again.is_some_and(|again| {
-            again
-                .finalizers()
-                .iter()
-                .any(|f| f == artifacts::SECRET_FINALIZER)
-        }) {
-            return Err(Error::Webhook(format!(
-                "{what} changed while its finalizer was added; trying again"
-            )));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests;

@@ -365,7 +365,7 @@ async fn listing(
         }
         Err(error) => return Ok(Err(("CredentialsMissing", error.to_string()))),
     };
-    let endpoint = crate::repositories::endpoint_of(repository);
+    let endpoint = custody_kube::s3::endpoint_of(repository);
     let s3 = match custody_kube::s3::client(&endpoint, &credentials) {
         Ok(s3) => s3,
         Err(error) => return Ok(Err(("InvalidRepository", error.to_string()))),

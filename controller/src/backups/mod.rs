@@ -11,6 +11,7 @@ pub mod consistency;
 pub mod decide;
 pub mod gather;
 pub mod hooks;
+mod imported;
 pub mod job;
 pub mod plan;
 
@@ -72,7 +73,7 @@ pub async fn reconcile(backup: Arc<Backup>, context: Arc<BackupContext>) -> Resu
         }
         if backup.spec.imported_snapshot.is_some() {
             // Nothing runs: the snapshot is opened and its record cached in the status.
-            return crate::imports::complete(&backup, context).await;
+            return imported::complete(&backup, context).await;
         }
         let facts = gather::facts(backup, context).await?;
         apply::apply(&facts, plan::plan(&facts), context).await

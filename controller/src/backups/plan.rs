@@ -200,7 +200,7 @@ pub fn plan(facts: &Facts) -> Plan {
     let usable = repository_ready.is_some_and(|condition| {
         condition.status == "True"
             || (backup.spec.command.is_some()
-                && crate::repositories::bucket_answered(&condition.reason))
+                && crate::repositories::reasons::bucket_answered(&condition.reason))
     });
     if facts.job == JobFact::Missing && !usable {
         return wait(

@@ -28,10 +28,7 @@ pub const ACTION: &str = "Restore";
 /// Field manager of the Cluster's status.
 pub const FIELD_MANAGER: &str = "custody.io/cluster";
 
-/// The Restore a Cluster creates has the Cluster's name.
-pub fn restore_name(cluster: &Cluster) -> String {
-    cluster.name_any()
-}
+pub use crate::restoring::restore_name;
 
 /// Reconciles one Cluster: gather, decide, apply.
 pub async fn reconcile(cluster: Arc<Cluster>, context: Arc<Context>) -> Result<Action> {

@@ -1,3 +1,5 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
 use super::*;
 
 const HOUR: Duration = Duration::from_secs(3600);

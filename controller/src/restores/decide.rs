@@ -2,8 +2,6 @@
 //! stands (from the agents' reports and the Restore's own Jobs), which prepareData Job to
 //! create next, the Restore's phase, which pods may be released, and what teardown deletes.
 
-use std::collections::BTreeSet;
-
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -56,81 +54,6 @@ pub fn condition_reason(reason: &str) -> &'static str {
 /// How many prepareData Jobs one volume may get: a Job deleted by someone else is recreated
 /// this many times in all, then the volume fails.
 pub const MAX_ATTEMPTS: u32 = 3;
-
-/// Why a Restore cannot start.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-/// Refused: the Backup's volumes and the Cluster's volume claim templates do not match.
-pub const UNSUPPORTED_VOLUME_LAYOUT: &str = "UnsupportedVolumeLayout";
-
-/// Which volume of the Backup each of the Cluster's volume claim templates gets, in the
-/// Cluster's order: a Backup of one volume restores into a Cluster of one template whatever
-/// their names; a Backup of several restores only into a Cluster with the same templates
-/// (by name), since restoring some of them would start the application on partly empty data
-/// and leaving one out would lose it.
-pub fn layout(
-    templates: &[String],
-    backup_volumes: &[String],
-) -> Result<Vec<(String, String)>, Refusal> {
-    if let ([template], [volume]) = (templates, backup_volumes) {
-        return Ok(vec![(template.clone(), volume.clone())]);
-    }
-    let wanted: BTreeSet<&String> = templates.iter().collect();
-    let held: BTreeSet<&String> = backup_volumes.iter().collect();
-    if wanted.len() != templates.len() || held != wanted || backup_volumes.len() != held.len() {
-        return Err(Refusal {
-            reason: UNSUPPORTED_VOLUME_LAYOUT,
-            message: format!(
-                "the Backup holds {} ({}) and the Cluster lists volume claim templates {}: a Backup of several volumes restores into the templates of the same names, all of them, so that the application never starts on partly empty data",
-                if backup_volumes.len() == 1 {
-                    "one volume"
-                } else {
-                    "volumes"
-                },
-                backup_volumes.join(", "),
-                if templates.is_empty() {
-                    "none".to_string()
-                } else {
-                    templates.join(", ")
-                },
-            ),
-        });
-    }
-    Ok(templates
-        .iter()
-        .map(|template| (template.clone(), template.clone()))
-        .collect())
-}
-
-/// The claims a Restore writes, pod by pod: for every replica of the StatefulSet, the claim
-/// of each template of the `layout` (`<template>-<statefulset>-<ordinal>`), with the volume
-/// of the Backup it gets.
-pub fn claims(
-    layout: &[(String, String)],
-    stateful_set: &str,
-    replicas: i32,
-) -> Result<Vec<(String, String)>, Refusal> {
-    if replicas < 1 {
-        return Err(Refusal {
-            reason: "NoReplicas",
-            message: format!("StatefulSet {stateful_set} has no replicas to restore"),
-        });
-    }
-    Ok((0..replicas)
-        .flat_map(|ordinal| {
-            layout.iter().map(move |(template, volume)| {
-                (
-                    format!("{template}-{stateful_set}-{ordinal}"),
-                    volume.clone(),
-                )
-            })
-        })
-        .collect())
-}
 
 /// The prepareData Job's name for attempt `attempt` of `claim`: readable, unique per Restore
 /// (a piece of its UID) and within the 63 characters a Job's pods' label allows.
@@ -620,7 +543,9 @@ pub fn summary(volumes: &[VolumeRestoreStatus]) -> Summary {
     }
 }
 
+mod layout;
 mod pods;
+pub use layout::{Refusal, UNSUPPORTED_VOLUME_LAYOUT, claims, layout};
 pub use pods::{
     Teardown, needs_record, releasable_pods, reported_pods, reports_for, speaks_for, teardown,
     verified_claims,

@@ -48,6 +48,23 @@ pub fn limits_of(timeouts: Option<&crate::api::RepositoryTimeouts>) -> Limits {
     }
 }
 
+/// The S3 endpoint a repository describes.
+pub fn endpoint_of(repository: &crate::api::BackupRepository) -> Endpoint {
+    Endpoint {
+        url: repository.spec.endpoint.clone(),
+        region: repository.spec.region.clone().unwrap_or_default(),
+        bucket: repository.spec.bucket.clone(),
+        path_style: repository.spec.force_path_style,
+        ca_bundle: repository
+            .spec
+            .ca_bundle
+            .as_ref()
+            .map(|pem| pem.as_bytes().to_vec()),
+        limits: limits_of(repository.spec.timeouts.as_ref()),
+        ..Default::default()
+    }
+}
+
 /// Access key and secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
