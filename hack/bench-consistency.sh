@@ -16,5 +16,5 @@ hack/s3-up.sh >/dev/null
 trap 'hack/node-down.sh' EXIT
 hack/node-up.sh >/dev/null
 cargo test -p custody-tests --test node --locked -- --ignored --exact \
-  on_a_real_node_bench_postgresql_consistency --nocapture 2>&1 |
+  bench::on_a_real_node_bench_postgresql_consistency --nocapture 2>&1 |
   grep -E '^(consistent capture|  |test result)'

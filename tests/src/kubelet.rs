@@ -3,7 +3,7 @@
 //! moves pods through their phases by writing their status. Everything else — pods, tokens,
 //! TokenReviews — is the real API server's.
 //!
-//! Why it stays beside the real node (tests/tests/node.rs, the main end-to-end tier): it does
+//! Why it stays beside the real node (tests/tests/node/, the main end-to-end tier): it does
 //! what one real kubelet here cannot. Many nodes at once, cheaply (a pod on a node without an
 //! agent, a report from another node, a pod rescheduled with its volume to a second node);
 //! precise faults between two steps (a volume changed between its write and its

@@ -3,6 +3,7 @@
 //! namespace per test, and waiting helpers that say what they last saw when they time out.
 
 pub mod agent;
+pub mod databases;
 pub mod kubelet;
 pub mod node;
 pub mod pki;
