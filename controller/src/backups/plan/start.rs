@@ -19,13 +19,14 @@ use super::{
 use crate::events::Note;
 use crate::holds::{self, Hold, LeaseStep};
 use custody_kube::api::{
-    Artifact, BackupPhase, BackupRepository, BackupStatus, Capture, Cluster, Destination,
-    SnapshotRef,
+    Artifact, BackupPhase, BackupRepository, BackupStatus, Capture, Cluster, Consistency,
+    Destination, EncryptedRepository, SnapshotRef,
 };
 use custody_proto::mover::FreezeArgs;
 
 /// The Backup has no Job yet: wait for a restore of the Cluster, for the claim and a pod
-/// mounting it; then record the keys and create the Job, under the Cluster's Lease.
+/// mounting it, a slot on its node, the repository; then record the keys and create the Job,
+/// under the Cluster's Lease.
 pub(super) fn start(
     facts: &Facts,
     cluster: &Cluster,
@@ -35,146 +36,32 @@ pub(super) fn start(
     job_name: &str,
 ) -> Plan {
     let backup = &facts.backup;
-    let uid = backup.metadata.uid.clone().unwrap_or_default();
     let cluster_name = &backup.spec.cluster_ref.name;
-    let mut status = backup.status.clone().unwrap_or_default();
-    if status.start_time.is_none()
-        && let Hold::Wait { reason, message } =
-            holds::backup_hold(cluster_name, &restore_runs(&facts.restores, cluster_name))
-    {
-        // Not started: a restore of the Cluster goes first.
-        return wait(facts, reason, message, 5);
-    }
-    let Some(claim_uid) = &facts.claim_uid else {
-        return wait(
-            facts,
-            reasons::CLAIM_NOT_FOUND,
-            format!("PersistentVolumeClaim {claim} does not exist"),
-            15,
-        );
-    };
     let command = &backup.spec.command;
-    let chosen = consistency::chosen(
-        backup.spec.consistency.as_ref(),
-        cluster.spec.consistency.as_ref(),
-    );
-    // Every volume of the Cluster, as one unit: each claim there, in a repository that holds
-    // several volumes in one snapshot.
     let templates = &cluster.spec.volume_claim_templates;
-    let several = command.is_none() && templates.len() > 1;
-    if several && status.start_time.is_none() {
-        if let Some(refusal) =
-            decide::several_volumes(templates, repository.spec.encryption.is_some())
-        {
-            return conclude(
-                facts,
-                status,
-                Err((reasons::UNSUPPORTED_VOLUME_LAYOUT, refusal)),
-            );
-        }
-        if let Some(missing) = facts.claims_missing.first() {
-            return wait(
-                facts,
-                reasons::CLAIM_NOT_FOUND,
-                format!(
-                    "PersistentVolumeClaim {missing} does not exist; every volume of Cluster {cluster_name} ({}) is backed up together",
-                    templates.join(", ")
-                ),
-                15,
-            );
-        }
-    }
-    // Where the copy runs, and what it will be: decided once, when it starts.
-    let node = if status.start_time.is_some() {
-        status.node_name.clone()
-    } else if command.is_some() {
-        // The user's command reads the volume where the application runs.
-        let Some(mounter) = &facts.mounted_on else {
-            return wait(
-                facts,
-                reasons::VOLUME_NOT_MOUNTED,
-                format!(
-                    "no running pod mounts claim {claim}; the backup command runs where it is mounted"
-                ),
-                10,
-            );
-        };
-        Some(mounter.node.clone())
-    } else {
-        match consistency::decide(
-            consistency::method(chosen),
-            facts.mounted_on.as_ref(),
-            claim,
-            cluster_name,
-            &cluster.spec.stateful_set_ref.name,
-        ) {
-            Decision::Refuse(message) => {
-                return conclude(
-                    facts,
-                    status,
-                    Err((reasons::CONSISTENCY_METHOD_REQUIRED, message)),
-                );
-            }
-            Decision::Copy { capture, node } => {
-                status.consistency = Some(capture);
-                node
-            }
-        }
+    let mut status = backup.status.clone().unwrap_or_default();
+    let Placed {
+        claim_uid,
+        chosen,
+        several,
+        node,
+    } = match place(facts, cluster, repository, claim, &mut status) {
+        Ok(placed) => placed,
+        Err(plan) => return *plan,
     };
     let on = node.as_deref().map_or_else(
         || "the node the scheduler picks".to_string(),
         |node| format!("node {node}"),
     );
-    // A slot on that node, before anything starts (a pre hook included).
-    if status.start_time.is_none()
-        && let Some(node) = &node
-        && let taken = facts.mover_slots.get(node).copied().unwrap_or(0)
-        && !crate::node_slots::free(taken, facts.mover.movers_per_node)
-    {
-        return movers_busy(facts, node, taken);
-    }
-
-    // The keys first: recorded before anything is uploaded, so that the key is provably this
-    // Backup's even if the controller stops right after. (A command's dump has a name only
-    // the command knows: it is attributed after the run.) A volume backup goes into the
-    // encrypted repository: its snapshot is recorded once written, the repository's ID now.
-    let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
-    let wants_encryption = command.is_none() && repository.spec.encryption.is_some();
-    let encrypted = repository
-        .status
-        .as_ref()
-        .and_then(|status| status.repository.as_ref())
-        .filter(|_| wants_encryption);
-    if wants_encryption && encrypted.is_none() {
-        return wait(
-            facts,
-            reasons::REPOSITORY_NOT_READY,
-            format!(
-                "BackupRepository {} has not opened its encrypted repository yet",
-                repository.name_any()
-            ),
-            15,
-        );
-    }
-    let origin_cluster = facts.origin_cluster.clone().unwrap_or_default();
-    if encrypted.is_some() && origin_cluster.is_empty() {
-        return wait(
-            facts,
-            reasons::REPOSITORY_NOT_READY,
-            "the UID of namespace kube-system (this cluster's identity in a snapshot) could not be read".into(),
-            15,
-        );
-    }
-    let prefix = match (command, encrypted) {
-        (None, Some(encrypted)) => encrypted.prefix.clone(),
-        (None, None) => {
-            decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid)
-        }
-        (Some(command), _) => decide::command_prefix(repository_prefix, &command.prefix),
-    };
-    let (key, manifest_key) = match encrypted {
-        Some(_) => (String::new(), String::new()),
-        None => custody_proto::mover::object_keys(&prefix),
+    let Target {
+        encrypted,
+        origin_cluster,
+        prefix,
+        key,
+        manifest_key,
+    } = match target(facts, cluster, repository, namespace) {
+        Ok(target) => target,
+        Err(plan) => return *plan,
     };
     let mut plan = Plan {
         lease: LeaseStep::TakeFirst,
@@ -364,6 +251,202 @@ pub(super) fn start(
         ),
     ));
     plan
+}
+
+/// Where and how the copy runs, decided before it starts.
+struct Placed<'a> {
+    claim_uid: &'a str,
+    /// The consistency method the Backup (or else its Cluster) names.
+    chosen: Option<&'a Consistency>,
+    /// Every volume of the Cluster, as one unit.
+    several: bool,
+    /// The node the copy runs on (`None`: the scheduler picks).
+    node: Option<String>,
+}
+
+/// Whether the copy may start and where: not under a restore of the Cluster, with its claims
+/// there, by a method the application allows (recorded in `status`), with a mover's slot on
+/// its node. A started Backup keeps what it recorded. The plan of one that waits or ends, if
+/// not.
+fn place<'a>(
+    facts: &'a Facts,
+    cluster: &'a Cluster,
+    repository: &BackupRepository,
+    claim: &str,
+    status: &mut BackupStatus,
+) -> Result<Placed<'a>, Box<Plan>> {
+    let backup = &facts.backup;
+    let cluster_name = &backup.spec.cluster_ref.name;
+    if status.start_time.is_none()
+        && let Hold::Wait { reason, message } =
+            holds::backup_hold(cluster_name, &restore_runs(&facts.restores, cluster_name))
+    {
+        // Not started: a restore of the Cluster goes first.
+        return Err(Box::new(wait(facts, reason, message, 5)));
+    }
+    let Some(claim_uid) = &facts.claim_uid else {
+        return Err(Box::new(wait(
+            facts,
+            reasons::CLAIM_NOT_FOUND,
+            format!("PersistentVolumeClaim {claim} does not exist"),
+            15,
+        )));
+    };
+    let command = &backup.spec.command;
+    let chosen = consistency::chosen(
+        backup.spec.consistency.as_ref(),
+        cluster.spec.consistency.as_ref(),
+    );
+    // Every volume of the Cluster, as one unit: each claim there, in a repository that holds
+    // several volumes in one snapshot.
+    let templates = &cluster.spec.volume_claim_templates;
+    let several = command.is_none() && templates.len() > 1;
+    if several && status.start_time.is_none() {
+        if let Some(refusal) =
+            decide::several_volumes(templates, repository.spec.encryption.is_some())
+        {
+            return Err(Box::new(conclude(
+                facts,
+                status.clone(),
+                Err((reasons::UNSUPPORTED_VOLUME_LAYOUT, refusal)),
+            )));
+        }
+        if let Some(missing) = facts.claims_missing.first() {
+            return Err(Box::new(wait(
+                facts,
+                reasons::CLAIM_NOT_FOUND,
+                format!(
+                    "PersistentVolumeClaim {missing} does not exist; every volume of Cluster {cluster_name} ({}) is backed up together",
+                    templates.join(", ")
+                ),
+                15,
+            )));
+        }
+    }
+    // Where the copy runs, and what it will be: decided once, when it starts.
+    let node = if status.start_time.is_some() {
+        status.node_name.clone()
+    } else if command.is_some() {
+        // The user's command reads the volume where the application runs.
+        let Some(mounter) = &facts.mounted_on else {
+            return Err(Box::new(wait(
+                facts,
+                reasons::VOLUME_NOT_MOUNTED,
+                format!(
+                    "no running pod mounts claim {claim}; the backup command runs where it is mounted"
+                ),
+                10,
+            )));
+        };
+        Some(mounter.node.clone())
+    } else {
+        match consistency::decide(
+            consistency::method(chosen),
+            facts.mounted_on.as_ref(),
+            claim,
+            cluster_name,
+            &cluster.spec.stateful_set_ref.name,
+        ) {
+            Decision::Refuse(message) => {
+                return Err(Box::new(conclude(
+                    facts,
+                    status.clone(),
+                    Err((reasons::CONSISTENCY_METHOD_REQUIRED, message)),
+                )));
+            }
+            Decision::Copy { capture, node } => {
+                status.consistency = Some(capture);
+                node
+            }
+        }
+    };
+    // A slot on that node, before anything starts (a pre hook included).
+    if status.start_time.is_none()
+        && let Some(node) = &node
+        && let taken = facts.mover_slots.get(node).copied().unwrap_or(0)
+        && !crate::node_slots::free(taken, facts.mover.movers_per_node)
+    {
+        return Err(Box::new(movers_busy(facts, node, taken)));
+    }
+
+    Ok(Placed {
+        claim_uid,
+        chosen,
+        several,
+        node,
+    })
+}
+
+/// Where the copy writes, known before it starts.
+struct Target<'a> {
+    /// The encrypted repository (format 2), if the copy goes there.
+    encrypted: Option<&'a EncryptedRepository>,
+    /// This Kubernetes cluster's identity, sealed in a snapshot.
+    origin_cluster: String,
+    prefix: String,
+    /// The archive's key and its manifest's (format 1; empty for a snapshot).
+    key: String,
+    manifest_key: String,
+}
+
+/// The keys first: recorded before anything is uploaded, so that the key is provably this
+/// Backup's even if the controller stops right after. (A command's dump has a name only the
+/// command knows: it is attributed after the run.) A volume backup goes into the encrypted
+/// repository: its snapshot is recorded once written, the repository's ID now. The plan of a
+/// Backup that waits for the repository, if not known yet.
+fn target<'a>(
+    facts: &Facts,
+    cluster: &Cluster,
+    repository: &'a BackupRepository,
+    namespace: &str,
+) -> Result<Target<'a>, Box<Plan>> {
+    let command = &facts.backup.spec.command;
+    let uid = facts.backup.metadata.uid.clone().unwrap_or_default();
+    let repository_prefix = repository.spec.prefix.as_deref().unwrap_or_default();
+    let wants_encryption = command.is_none() && repository.spec.encryption.is_some();
+    let encrypted = repository
+        .status
+        .as_ref()
+        .and_then(|status| status.repository.as_ref())
+        .filter(|_| wants_encryption);
+    if wants_encryption && encrypted.is_none() {
+        return Err(Box::new(wait(
+            facts,
+            reasons::REPOSITORY_NOT_READY,
+            format!(
+                "BackupRepository {} has not opened its encrypted repository yet",
+                repository.name_any()
+            ),
+            15,
+        )));
+    }
+    let origin_cluster = facts.origin_cluster.clone().unwrap_or_default();
+    if encrypted.is_some() && origin_cluster.is_empty() {
+        return Err(Box::new(wait(
+            facts,
+            reasons::REPOSITORY_NOT_READY,
+            "the UID of namespace kube-system (this cluster's identity in a snapshot) could not be read".into(),
+            15,
+        )));
+    }
+    let prefix = match (command, encrypted) {
+        (None, Some(encrypted)) => encrypted.prefix.clone(),
+        (None, None) => {
+            decide::artifact_prefix(repository_prefix, namespace, &cluster.name_any(), &uid)
+        }
+        (Some(command), _) => decide::command_prefix(repository_prefix, &command.prefix),
+    };
+    let (key, manifest_key) = match encrypted {
+        Some(_) => (String::new(), String::new()),
+        None => custody_proto::mover::object_keys(&prefix),
+    };
+    Ok(Target {
+        encrypted,
+        origin_cluster,
+        prefix,
+        key,
+        manifest_key,
+    })
 }
 
 /// The volumes a started snapshot backup recorded (the Cluster's templates when it started).
