@@ -6,7 +6,7 @@
 //! application left at shutdown), or, when a pod does, by a consistency method the user chose
 //! on the Backup or its Cluster; otherwise it is refused, naming the ways out.
 
-use custody_kube::api::{Capture, Consistency, ConsistencyMethod};
+use custody_kube::api::{BackupTool, Capture, Consistency, ConsistencyMethod, Hooks};
 
 use crate::conditions::{Desired, Status};
 
@@ -147,6 +147,57 @@ pub fn started_during(capture: Option<Capture>, started: Option<&str>) -> Option
             "pod {pod} started and mounted the claim while it was copied as a stopped application; the copy may hold its writes half done. Back up again while the application is stopped, or choose spec.consistency"
         )),
         _ => None,
+    }
+}
+
+/// How a started copy runs, carried once instead of read again from the recorded capture
+/// and the chosen method at every step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CopyMethod<'a> {
+    /// Nothing around the copy: a stopped application, a crash-unsafe copy, a command.
+    Plain,
+    /// Every filesystem frozen before the first read, for at most `max_seconds`.
+    Frozen { max_seconds: u32 },
+    /// Between the application's hooks.
+    Hooks(&'a Hooks),
+    /// By the application's tool.
+    Tool(&'a BackupTool),
+}
+
+/// Refused: the copy was to run between hooks, and none are named now.
+pub const HOOKS_MISSING: &str = "HooksMissing";
+/// Refused: the copy was to be made by a tool, and none is named now.
+pub const TOOL_MISSING: &str = "ToolMissing";
+
+/// The method of a copy that recorded `capture` (and, frozen, `recorded_max_seconds`), with
+/// `chosen` the method the Backup or its Cluster names now; why it cannot run, if the method
+/// it was started with is no longer named.
+pub fn copy_method<'a>(
+    capture: Option<Capture>,
+    recorded_max_seconds: Option<i32>,
+    chosen: Option<&'a Consistency>,
+) -> Result<CopyMethod<'a>, (&'static str, String)> {
+    match capture {
+        Some(Capture::Frozen) => Ok(CopyMethod::Frozen {
+            max_seconds: recorded_max_seconds
+                .and_then(|seconds| u32::try_from(seconds).ok())
+                .unwrap_or_else(|| max_freeze_seconds(chosen)),
+        }),
+        Some(Capture::Hooks) => chosen
+            .and_then(|chosen| chosen.hooks.as_ref())
+            .map(CopyMethod::Hooks)
+            .ok_or((
+                HOOKS_MISSING,
+                "the copy was to run between the application's hooks, and spec.consistency no longer names them (on the Backup or its Cluster); create a new Backup".into(),
+            )),
+        Some(Capture::Tool) => chosen
+            .and_then(|chosen| chosen.tool.as_ref())
+            .map(CopyMethod::Tool)
+            .ok_or((
+                TOOL_MISSING,
+                "the copy was to be made by the application's tool, and spec.consistency no longer names one (on the Backup or its Cluster); create a new Backup".into(),
+            )),
+        Some(Capture::Stopped | Capture::CrashUnsafe) | None => Ok(CopyMethod::Plain),
     }
 }
 
@@ -335,5 +386,91 @@ mod tests {
         assert_eq!(started_during(None, Some("db-0")), None);
         let message = started_during(Some(Capture::Stopped), Some("db-0")).unwrap();
         assert!(message.contains("pod db-0"), "{message}");
+    }
+
+    #[test]
+    fn a_started_copy_runs_by_the_method_it_recorded_or_not_at_all() {
+        let named: Consistency = serde_json::from_value(serde_json::json!({
+            "method": "Tool", "maxFreezeSeconds": 30,
+            "tool": {"image": "i", "command": ["c"]},
+            "hooks": {"pre": {"container": "db", "command": ["p"]}},
+        }))
+        .unwrap();
+        let bare: Consistency =
+            serde_json::from_value(serde_json::json!({"method": "Freeze"})).unwrap();
+        let tool = named.tool.as_ref().unwrap();
+        let hooks = named.hooks.as_ref().unwrap();
+        // (capture, recorded bound, chosen) -> method, or the reason it cannot run
+        type Row<'a> = (
+            Option<Capture>,
+            Option<i32>,
+            Option<&'a Consistency>,
+            Result<CopyMethod<'a>, &'static str>,
+        );
+        let rows: Vec<Row<'_>> = vec![
+            (None, None, None, Ok(CopyMethod::Plain)),
+            (
+                Some(Capture::Stopped),
+                None,
+                Some(&named),
+                Ok(CopyMethod::Plain),
+            ),
+            (
+                Some(Capture::CrashUnsafe),
+                None,
+                Some(&named),
+                Ok(CopyMethod::Plain),
+            ),
+            (
+                Some(Capture::Frozen),
+                Some(45),
+                Some(&named),
+                Ok(CopyMethod::Frozen { max_seconds: 45 }),
+            ),
+            (
+                Some(Capture::Frozen),
+                None,
+                Some(&named),
+                Ok(CopyMethod::Frozen { max_seconds: 30 }),
+            ),
+            (
+                Some(Capture::Frozen),
+                None,
+                None,
+                Ok(CopyMethod::Frozen {
+                    max_seconds: DEFAULT_MAX_FREEZE_SECONDS,
+                }),
+            ),
+            (
+                Some(Capture::Frozen),
+                Some(-1),
+                Some(&bare),
+                Ok(CopyMethod::Frozen {
+                    max_seconds: DEFAULT_MAX_FREEZE_SECONDS,
+                }),
+            ),
+            (
+                Some(Capture::Hooks),
+                None,
+                Some(&named),
+                Ok(CopyMethod::Hooks(hooks)),
+            ),
+            (Some(Capture::Hooks), None, Some(&bare), Err(HOOKS_MISSING)),
+            (Some(Capture::Hooks), None, None, Err(HOOKS_MISSING)),
+            (
+                Some(Capture::Tool),
+                None,
+                Some(&named),
+                Ok(CopyMethod::Tool(tool)),
+            ),
+            (Some(Capture::Tool), None, Some(&bare), Err(TOOL_MISSING)),
+        ];
+        for (capture, recorded, chosen, expected) in rows {
+            let found = copy_method(capture, recorded, chosen).map_err(|(reason, message)| {
+                assert!(message.contains("create a new Backup"), "{message}");
+                reason
+            });
+            assert_eq!(found, expected, "{capture:?} {recorded:?}");
+        }
     }
 }

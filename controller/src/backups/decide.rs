@@ -345,10 +345,8 @@ pub const MOVER_REPORT_MISSING: &str = "MoverReportMissing";
 pub const JOB_FAILED: &str = "JobFailed";
 /// The application's backup tool exited with an error (the mover never ran).
 pub const TOOL_FAILED: &str = "ToolFailed";
-/// A copy by the application's tool, with no tool named (the method changed since it started).
-pub const TOOL_MISSING: &str = "ToolMissing";
-/// A copy between hooks, with no hooks named (the method changed since it started).
-pub const HOOKS_MISSING: &str = "HooksMissing";
+pub use super::consistency::HOOKS_MISSING;
+pub use super::consistency::TOOL_MISSING;
 
 /// Why the application's backup tool (the Job pod's init container `tool`) failed: its exit
 /// code and the end of its output, and the kubelet's reason when it evicted the pod. `None`

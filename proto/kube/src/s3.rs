@@ -327,4 +327,23 @@ mod tests {
             Some("2048")
         );
     }
+
+    /// What `kubectl explain backuprepository.spec.credentialsSecretRef` says are the Secret's
+    /// keys is what the controller and the movers read.
+    #[test]
+    fn the_documented_secret_keys_are_the_ones_read() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(crate::api::BackupRepository::crd()).unwrap();
+        let said = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["credentialsSecretRef"]["description"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        for key in [ACCESS_KEY_ID, SECRET_ACCESS_KEY] {
+            assert!(said.contains(&format!("`{key}`")), "{key} not in: {said}");
+        }
+        for wrong in ["accessKeyId", "secretAccessKey"] {
+            assert!(!said.contains(wrong), "{wrong} in: {said}");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-use super::super::consistency::{self, Decision};
+use super::super::consistency::{self, CopyMethod, Decision};
 use super::super::decide;
 use super::super::hooks;
 use super::super::job::{self, JobInputs};
@@ -153,24 +153,21 @@ pub(super) fn start(
             mount_path: String::new(),
         }],
     };
-    let freeze = (status.consistency == Some(Capture::Frozen)).then(|| FreezeArgs {
-        claims: copied.iter().map(|volume| volume.claim.clone()).collect(),
-        max_seconds: status
-            .max_freeze_seconds
-            .and_then(|seconds| u32::try_from(seconds).ok())
-            .unwrap_or_else(|| consistency::max_freeze_seconds(chosen)),
-    });
+    let method =
+        match consistency::copy_method(status.consistency, status.max_freeze_seconds, chosen) {
+            Ok(method) => method,
+            Err((reason, message)) => return fail_started(facts, status, reason, message),
+        };
+    let freeze = match method {
+        CopyMethod::Frozen { max_seconds } => Some(FreezeArgs {
+            claims: copied.iter().map(|volume| volume.claim.clone()).collect(),
+            max_seconds,
+        }),
+        _ => None,
+    };
     plan.publish_gate_ca = freeze.is_some();
     // Hooks: the pre hook runs first; a failure that skips the copy still runs the post hook.
-    if status.consistency == Some(Capture::Hooks) {
-        let Some(spec) = chosen.and_then(|chosen| chosen.hooks.as_ref()) else {
-            return fail_started(
-                facts,
-                status,
-                decide::HOOKS_MISSING,
-                "the copy was to run between the application's hooks, and spec.consistency no longer names them (on the Backup or its Cluster); create a new Backup".into(),
-            );
-        };
+    if let CopyMethod::Hooks(spec) = method {
         match hooks::before(spec, status.hooks.as_ref()) {
             hooks::Before::Copy => {}
             hooks::Before::RunPre => return run_hook(facts, plan, hooks::Phase::Pre, &spec.pre),
@@ -185,23 +182,12 @@ pub(super) fn start(
         }
     }
     // A copy by the application's tool: it runs first, reaching the running pod.
-    let tool = if status.consistency == Some(Capture::Tool) {
-        match chosen.and_then(|chosen| chosen.tool.as_ref()) {
-            Some(tool) => Some(job::ToolRun {
-                tool,
-                pod: facts.mounted_on.as_ref(),
-            }),
-            None => {
-                return fail_started(
-                    facts,
-                    status,
-                    decide::TOOL_MISSING,
-                    "the copy was to be made by the application's tool, and spec.consistency no longer names one (on the Backup or its Cluster); create a new Backup".into(),
-                );
-            }
-        }
-    } else {
-        None
+    let tool = match method {
+        CopyMethod::Tool(tool) => Some(job::ToolRun {
+            tool,
+            pod: facts.mounted_on.as_ref(),
+        }),
+        _ => None,
     };
     let snapshot = encrypted.map(|encrypted| job::SnapshotInputs {
         repository: encrypted,
@@ -217,8 +203,10 @@ pub(super) fn start(
         name: job_name.to_string(),
         uid: String::new(),
     });
-    if recorded.consistency == Some(Capture::Frozen) && recorded.max_freeze_seconds.is_none() {
-        recorded.max_freeze_seconds = Some(consistency::max_freeze_seconds(chosen) as i32);
+    if let CopyMethod::Frozen { max_seconds } = method
+        && recorded.max_freeze_seconds.is_none()
+    {
+        recorded.max_freeze_seconds = Some(max_seconds as i32);
     }
     plan.status = Some(recorded);
     plan.job = Some(job::spec(JobInputs {

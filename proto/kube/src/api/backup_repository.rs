@@ -49,8 +49,8 @@ pub struct BackupRepositorySpec {
     #[schemars(length(max = 512))]
     pub prefix: Option<String>,
 
-    /// Secret in this namespace holding the access key under `accessKeyId` and the secret
-    /// key under `secretAccessKey`.
+    /// Secret in this namespace holding the access key under `AWS_ACCESS_KEY_ID` and the
+    /// secret key under `AWS_SECRET_ACCESS_KEY`.
     pub credentials_secret_ref: SecretReference,
 
     /// PEM-encoded CA certificates to trust for the endpoint, in addition to the system roots.
