@@ -12,21 +12,13 @@ use custody_proto::report::GateCertificateRequest;
 use custody_proto::report::agent_report_client::AgentReportClient;
 
 use crate::state::Agent;
+pub use crate::state::Told;
+use crate::upstream;
 
 const KEY_FILE: &str = "gate.key";
 const CERT_FILE: &str = "gate.crt";
 /// `<issued at> <not after> <issuing CA>`, Unix seconds.
 const META_FILE: &str = "gate.meta";
-
-/// What the controller last said (its latest answer, not the highest ever: a value it took
-/// back is not kept).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Told {
-    /// Certificates issued before this (Unix seconds) are to be replaced.
-    pub reissue_after: i64,
-    /// The CA that signs now; empty when not said.
-    pub signing_ca: String,
-}
 
 /// Notes what the controller said in an answer.
 pub fn told(agent: &Agent, reissue_after: i64, signing_ca: &str) {
@@ -105,13 +97,13 @@ fn store(dir: &Path, name: &str, contents: &str) -> std::io::Result<()> {
 /// Asks the controller for a certificate over a new key; serves and stores it.
 async fn request(agent: &Agent, url: &str, dir: &Path) -> Result<Held, String> {
     let key = rcgen::KeyPair::generate().map_err(|error| format!("making a key: {error}"))?;
-    let channel = crate::report::channel(agent, url).map_err(|error| error.to_string())?;
+    let channel = upstream::channel(agent, url).map_err(|error| error.to_string())?;
     let mut client = AgentReportClient::new(channel);
     let mut call = tonic::Request::new(GateCertificateRequest {
         node_name: agent.options.node_name.clone(),
         public_key: key.public_key_raw().to_vec(),
     });
-    crate::report::authorize(agent, &mut call);
+    upstream::authorize(agent, &mut call);
     let answer = client
         .issue_gate_certificate(call)
         .await

@@ -16,6 +16,7 @@ pub mod node;
 pub mod report;
 pub mod state;
 pub mod tree;
+pub mod upstream;
 pub mod verification;
 pub mod verify;
 pub mod volume_state;

@@ -8,11 +8,12 @@ use std::time::Instant;
 use custody_proto::clock::{Exchange, Sample, best_sample};
 use custody_proto::report::agent_report_client::AgentReportClient;
 use custody_proto::report::{ClockRequest, ClockSample, NodeReport, VolumeReport};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::Channel;
 
 use crate::metrics;
 use crate::node::{NodeView, wire_state};
 use crate::state::Agent;
+use crate::upstream;
 use crate::volume_state::State;
 use custody_proto::clock::now_unix_nanos;
 
@@ -29,7 +30,7 @@ pub async fn run(agent: Arc<Agent>) {
     // a new channel, the agent keeps running.
     let mut trust = agent.report_trust.subscribe();
     let mut client = loop {
-        match channel(&agent, &url) {
+        match upstream::channel(&agent, &url) {
             Ok(channel) => break AgentReportClient::new(channel),
             Err(error) => {
                 // The CA's ConfigMap may not be published yet on a new install.
@@ -57,7 +58,7 @@ pub async fn run(agent: Arc<Agent>) {
         }
         if trust.has_changed().unwrap_or(false) {
             trust.mark_unchanged();
-            match channel(&agent, &url) {
+            match upstream::channel(&agent, &url) {
                 Ok(channel) => {
                     tracing::info!("the report service's CA bundle changed: reconnecting with it");
                     client = AgentReportClient::new(channel);
@@ -90,7 +91,7 @@ pub async fn run(agent: Arc<Agent>) {
                 .collect(),
         };
         let mut request = tonic::Request::new(report);
-        authorize(&agent, &mut request);
+        upstream::authorize(&agent, &mut request);
         match client.report(request).await {
             Ok(ack) => {
                 metrics::count(&agent.metrics.reports, "Sent");
@@ -135,56 +136,6 @@ fn thaw_report(record: &crate::freeze::Thawed) -> custody_proto::report::ThawRep
 
 fn clamp(value: i128) -> i64 {
     i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
-}
-
-/// Puts the agent's report token (read anew: the kubelet rotates it) into `request`.
-pub(crate) fn authorize<T>(agent: &Agent, request: &mut tonic::Request<T>) {
-    match std::fs::read_to_string(&agent.options.report_token_file) {
-        Ok(token) => match format!("Bearer {}", token.trim()).parse() {
-            Ok(value) => {
-                request.metadata_mut().insert("authorization", value);
-            }
-            Err(error) => tracing::warn!(%error, "the report token is not a valid header"),
-        },
-        Err(error) => tracing::warn!(
-            path = %agent.options.report_token_file.display(),
-            %error,
-            "cannot read the report token"
-        ),
-    }
-}
-
-/// A channel to the report service at `url`, checking its certificate with the CA bundle as
-/// the file holds it now.
-pub(crate) fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
-    let mut endpoint = Endpoint::from_shared(url.to_string())?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(15));
-    if url.starts_with("https://") {
-        let mut tls = ClientTlsConfig::new();
-        let watched =
-            agent.options.report_ca_config_map.is_some() || agent.options.report_ca.is_some();
-        if watched {
-            let pem = agent.report_trust.borrow().clone().ok_or_else(|| {
-                match (
-                    &agent.options.report_ca_config_map,
-                    &agent.options.report_ca,
-                ) {
-                    (Some(config_map), _) => {
-                        format!("no CA bundle in ConfigMap {config_map} (key ca.crt) yet")
-                    }
-                    (None, Some(path)) => format!("cannot read the report CA {}", path.display()),
-                    (None, None) => String::new(),
-                }
-            })?;
-            tls = tls.ca_certificate(Certificate::from_pem(pem));
-        }
-        if let Some(name) = &agent.options.report_server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        endpoint = endpoint.tls_config(tls)?;
-    }
-    Ok(endpoint.connect_lazy())
 }
 
 /// A few exchanges; keeps the best of them and forgets samples older than the window.

@@ -18,6 +18,16 @@ use crate::volume_state::{
     WorkloadVolume,
 };
 
+/// What the controller last said of the gate certificate (its latest answer, not the highest ever: a value it took
+/// back is not kept).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Told {
+    /// Certificates issued before this (Unix seconds) are to be replaced.
+    pub reissue_after: i64,
+    /// The CA that signs now; empty when not said.
+    pub signing_ca: String,
+}
+
 /// Everything the agent's tasks share.
 pub struct Agent {
     pub client: Client,
@@ -37,7 +47,7 @@ pub struct Agent {
     /// The gate's certificate in force (renewed in place).
     pub gate_certificate: Arc<custody_kube::tls::Swap>,
     /// What the controller last said about gate certificates to replace.
-    pub renewal: Mutex<crate::certificate::Told>,
+    pub renewal: Mutex<Told>,
     /// The report service's CA bundle (PEM) as last read ([`crate::report::follow_trust`]).
     pub report_trust: watch::Sender<Option<Vec<u8>>>,
 }

@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod check;
 pub mod chunker;
 pub mod crypto;
+pub mod index_file;
 pub mod listing;
 pub mod memory;
 pub mod open;

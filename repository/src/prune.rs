@@ -36,7 +36,7 @@ use rustic_core::repofile::{BlobType, IndexFile, IndexPack, SnapshotFile, Snapsh
 use rustic_core::{FileType, Id, Open, PruneOptions, PrunePlan, Repository, WriteBackend};
 
 use crate::crypto::Cipher;
-use crate::writer::save_index;
+use crate::index_file::save_index;
 
 /// How long a marked pack stays before a prune may delete it (rustic's default).
 pub const DELETE_GRACE: Duration = Duration::from_secs(23 * 3600);
