@@ -18,8 +18,8 @@ use crate::volume_state::{
     WorkloadVolume,
 };
 
-/// What the controller last said of the gate certificate (its latest answer, not the highest ever: a value it took
-/// back is not kept).
+/// What the controller last said of the gate certificate (its latest answer, not the highest
+/// ever: a value it took back is not kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Told {
     /// Certificates issued before this (Unix seconds) are to be replaced.

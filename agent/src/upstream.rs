@@ -6,7 +6,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::state::Agent;
 
 /// Puts the agent's report token (read anew: the kubelet rotates it) into `request`.
-pub fn authorize<T>(agent: &Agent, request: &mut tonic::Request<T>) {
+pub(crate) fn authorize<T>(agent: &Agent, request: &mut tonic::Request<T>) {
     match std::fs::read_to_string(&agent.options.report_token_file) {
         Ok(token) => match format!("Bearer {}", token.trim()).parse() {
             Ok(value) => {
@@ -24,7 +24,7 @@ pub fn authorize<T>(agent: &Agent, request: &mut tonic::Request<T>) {
 
 /// A channel to the report service at `url`, checking its certificate with the CA bundle as
 /// the file holds it now.
-pub fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
+pub(crate) fn channel(agent: &Agent, url: &str) -> Result<Channel, Box<dyn std::error::Error>> {
     let mut endpoint = Endpoint::from_shared(url.to_string())?
         .connect_timeout(std::time::Duration::from_secs(5))
         .timeout(std::time::Duration::from_secs(15));
