@@ -160,6 +160,17 @@ pub fn append(
     container[field] = serde_json::Value::Array(list);
 }
 
+/// The node a Job's pods are pinned to, if it names one.
+pub fn node_of(job: &k8s_openapi::api::batch::v1::Job) -> Option<&str> {
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .node_name
+        .as_deref()
+}
+
 /// Where a Job runs and the claim it mounts.
 #[derive(Clone, Copy, Debug)]
 pub struct Placement<'a> {

@@ -83,9 +83,9 @@ pub fn taken(backups: &[Backup], restores: &[Restore], jobs: &[Job]) -> BTreeMap
             });
             let node = job
                 .filter(|job| !idle(job))
-                .and_then(|job| job.spec.as_ref()?.template.spec.as_ref()?.node_name.clone());
+                .and_then(crate::mover_job::node_of);
             if let Some(node) = node {
-                *taken.entry(node).or_insert(0) += 1;
+                *taken.entry(node.to_string()).or_insert(0) += 1;
             }
         }
     }

@@ -94,42 +94,7 @@ async fn setup(prefix: &str) -> Setup {
         .create(&PostParams::default(), &repository)
         .await
         .unwrap();
-    let cluster: custody_kube::api::Cluster = serde_json::from_value(json!({
-        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": "orders"},
-        "spec": {"statefulSetRef": {"name": "orders"}, "volumeClaimTemplates": ["data"],
-                 "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
-    }))
-    .unwrap();
-    namespace
-        .api::<custody_kube::api::Cluster>()
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data-orders-0"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .unwrap();
-    namespace
-        .api::<PersistentVolumeClaim>()
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
-    let claims = [("data", "data-orders-0")];
-    create_pod(
-        &client,
-        &ns,
-        PodSpec {
-            name: "orders-0",
-            node: &kubelet.node,
-            service_account: "orders",
-            claims: &claims,
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    kubelet.set_phase(&ns, "orders-0", "Running", 0).await;
+    running_cluster(&namespace, &kubelet, "orders").await;
 
     let volume = LoopVolume::new(64);
     std::fs::create_dir_all(volume.path().join("base")).unwrap();
@@ -162,11 +127,58 @@ async fn setup(prefix: &str) -> Setup {
     setup
 }
 
+/// Cluster `name` (CrashUnsafe, repository `store`) with claim `data-<name>-0` and its pod
+/// `<name>-0` running on the node.
+async fn running_cluster(namespace: &TestNamespace, kubelet: &FakeKubelet, name: &str) {
+    let cluster: custody_kube::api::Cluster = serde_json::from_value(json!({
+        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": name},
+        "spec": {"statefulSetRef": {"name": name}, "volumeClaimTemplates": ["data"],
+                 "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
+    }))
+    .unwrap();
+    namespace
+        .api::<custody_kube::api::Cluster>()
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let claim_name = format!("data-{name}-0");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim_name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    namespace
+        .api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let pod = format!("{name}-0");
+    create_pod(
+        &namespace.client,
+        &namespace.name,
+        PodSpec {
+            name: &pod,
+            node: &kubelet.node,
+            service_account: name,
+            claims: &[("data", claim_name.as_str())],
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    kubelet.set_phase(&namespace.name, &pod, "Running", 0).await;
+}
+
 async fn create_backup(namespace: &TestNamespace, name: &str) -> Backup {
+    create_backup_of(namespace, name, "orders").await
+}
+
+/// Backup `name` of Cluster `cluster`, created.
+async fn create_backup_of(namespace: &TestNamespace, name: &str, cluster: &str) -> Backup {
     let backup: Backup = serde_json::from_value(json!({
         "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
         "metadata": {"name": name},
-        "spec": {"clusterRef": {"name": "orders"}},
+        "spec": {"clusterRef": {"name": cluster}},
     }))
     .unwrap();
     namespace
@@ -715,68 +727,17 @@ async fn a_node_runs_no_more_movers_than_its_bound() {
     let namespace = &setup.namespace;
     let node = setup.kubelet.node.clone();
     // A second Cluster, its pod on the same node.
-    let cluster: custody_kube::api::Cluster = serde_json::from_value(json!({
-        "apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": "items"},
-        "spec": {"statefulSetRef": {"name": "items"}, "volumeClaimTemplates": ["data"],
-                 "repositoryRef": {"name": "store"}, "consistency": {"method": "CrashUnsafe"}},
-    }))
-    .unwrap();
-    namespace
-        .api::<custody_kube::api::Cluster>()
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data-items-0"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .unwrap();
-    namespace
-        .api::<PersistentVolumeClaim>()
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
-    create_pod(
-        &namespace.client,
-        &namespace.name,
-        PodSpec {
-            name: "items-0",
-            node: &node,
-            service_account: "items",
-            claims: &[("data", "data-items-0")],
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    setup
-        .kubelet
-        .set_phase(&namespace.name, "items-0", "Running", 0)
-        .await;
+    running_cluster(namespace, &setup.kubelet, "items").await;
     let items = LoopVolume::new(64);
     std::fs::write(items.path().join("rows"), "items").unwrap();
 
-    let backup_of = |name: &str, cluster: &str| -> Backup {
-        serde_json::from_value(json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Backup",
-            "metadata": {"name": name},
-            "spec": {"clusterRef": {"name": cluster}},
-        }))
-        .unwrap()
-    };
     let backups = namespace.api::<Backup>();
-    backups
-        .create(&PostParams::default(), &backup_of("first", "orders"))
-        .await
-        .unwrap();
+    create_backup_of(namespace, "first", "orders").await;
     await_condition(&backups, "first", "Running", TIMEOUT, |backup| {
         backup.status.as_ref().and_then(|status| status.phase) == Some(BackupPhase::Running)
     })
     .await;
-    backups
-        .create(&PostParams::default(), &backup_of("second", "items"))
-        .await
-        .unwrap();
+    create_backup_of(namespace, "second", "items").await;
     let waiting = await_condition(&backups, "second", "MoverSlotsBusy", TIMEOUT, |backup| {
         backup
             .conditions()

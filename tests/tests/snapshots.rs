@@ -124,12 +124,23 @@ fn restore(
 
 /// Restores volume `volume` of snapshot `snapshot`, checked against `manifest_hash`.
 fn restore_volume(
+    repository: (&str, &str, &str),
+    target: &Path,
+    volume: (&str, &str, &str),
+    backup_uid: &str,
+) -> Output {
+    run(restore_command(repository, target, volume, backup_uid))
+}
+
+/// The mover's command that [`restore_volume`] runs, for a caller that adds to its
+/// environment.
+fn restore_command(
     (url, bucket, key): (&str, &str, &str),
     target: &Path,
     (snapshot, volume, manifest_hash): (&str, &str, &str),
     backup_uid: &str,
-) -> Output {
-    run(mover(
+) -> Command {
+    mover(
         url,
         bucket,
         key,
@@ -148,7 +159,7 @@ fn restore_volume(
             "--restore-uid",
             RESTORE_UID,
         ],
-    ))
+    )
 }
 
 #[tokio::test]
@@ -890,25 +901,11 @@ async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothin
     let target = LoopVolume::new(128);
     let started = std::time::Instant::now();
     let snapshot = snapshot_id(&bounded);
-    let mut command = mover(
-        url,
-        &bucket,
-        &key,
-        &[
-            "restore",
-            "--target",
-            target.path().to_str().unwrap(),
-            "--snapshot",
-            &snapshot,
-            "--volume",
-            "data",
-            "--manifest-hash",
-            &bounded.manifest_hash,
-            "--backup-uid",
-            BACKUP_UID,
-            "--restore-uid",
-            RESTORE_UID,
-        ],
+    let mut command = restore_command(
+        (url, &bucket, &key),
+        target.path(),
+        (&snapshot, "data", &bounded.manifest_hash),
+        BACKUP_UID,
     );
     command.env("CUSTODY_S3_DOWNLOAD_KIB_PER_SECOND", rate_kib.to_string());
     let output = run(command);

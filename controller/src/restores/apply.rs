@@ -46,15 +46,7 @@ pub async fn apply(facts: &Facts, mut plan: Plan, context: &RestoreContext) -> R
     let nodes: Vec<&str> = plan
         .jobs
         .iter()
-        .filter_map(|job| {
-            job.spec
-                .as_ref()?
-                .template
-                .spec
-                .as_ref()?
-                .node_name
-                .as_deref()
-        })
+        .filter_map(crate::mover_job::node_of)
         .collect();
     let _slots = match context
         .base

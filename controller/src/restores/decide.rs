@@ -370,7 +370,7 @@ pub fn volume(facts: &VolumeFacts<'_>, restore_uid: &str) -> VolumeStep {
 pub fn wait_for_slot(
     previous: Option<&VolumeRestoreStatus>,
     claim: &str,
-    node: &str,
+    (node, pod): (&str, Option<&str>),
     taken: u32,
     bound: u32,
 ) -> VolumeStep {
@@ -379,6 +379,7 @@ pub fn wait_for_slot(
         ..VolumeRestoreStatus::default()
     });
     status.node_name = Some(node.to_string());
+    status.pod_name = pod.map(str::to_string).or(status.pod_name);
     status.reason = Some(crate::node_slots::MOVER_SLOTS_BUSY.to_string());
     status.message = Some(format!(
         "claim {claim} waits for a slot: {}",

@@ -207,11 +207,8 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
             Some(job) if decide::owned_job(job, &uid) => JobFact::Owned(job_state(job)),
             Some(_) => JobFact::Foreign,
         };
-        if let Some(node) = job
-            .as_ref()
-            .and_then(|job| job.spec.as_ref()?.template.spec.as_ref()?.node_name.clone())
-        {
-            facts.job_nodes.insert(name.clone(), node);
+        if let Some(node) = job.as_ref().and_then(crate::mover_job::node_of) {
+            facts.job_nodes.insert(name.clone(), node.to_string());
         }
         if fact == JobFact::Owned(JobState::Succeeded)
             && let Some(finished) = job.as_ref().and_then(finished_at)

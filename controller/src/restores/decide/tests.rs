@@ -1058,7 +1058,7 @@ fn waiting_volumes_fail_only_after_the_whole_restore_made_no_progress_past_the_d
 
     // A volume waiting for a mover's slot on its node waits behind running movers (each
     // bounded by its Job's deadline): nothing counts down, however long ago anything moved.
-    let slot = wait_for_slot(None, "x", "node-a", 2, 2);
+    let slot = wait_for_slot(None, "x", ("node-a", None), 2, 2);
     assert_eq!(slot.status.state, Pending);
     assert_eq!(slot.create, None);
     let mut waiting = at(Pending, 5_000, "waiting for a slot");
@@ -1082,7 +1082,7 @@ fn waiting_volumes_fail_only_after_the_whole_restore_made_no_progress_past_the_d
         job_name: Some("x-restore-1".into()),
         ..VolumeRestoreStatus::default()
     };
-    let slot = wait_for_slot(Some(&earlier), "x", "node-b", 4, 4);
+    let slot = wait_for_slot(Some(&earlier), "x", ("node-b", Some("db-1")), 4, 4);
     assert_eq!(
         (
             slot.status.state,
@@ -1092,6 +1092,11 @@ fn waiting_volumes_fail_only_after_the_whole_restore_made_no_progress_past_the_d
         (Restoring, 2, Some("x-restore-1"))
     );
     assert_eq!(slot.status.node_name.as_deref(), Some("node-b"));
+    assert_eq!(
+        slot.status.pod_name.as_deref(),
+        Some("db-1"),
+        "the pod reported now"
+    );
     assert!(
         slot.status
             .message

@@ -85,15 +85,13 @@ pub(super) fn steps(
             if crate::node_slots::free(*taken, facts.mover.movers_per_node) {
                 *taken += 1;
             } else {
-                let pod = step.status.pod_name.clone();
                 step = decide::wait_for_slot(
                     previous,
                     claim,
-                    &create.node,
+                    (&create.node, step.status.pod_name.as_deref()),
                     *taken,
                     facts.mover.movers_per_node,
                 );
-                step.status.pod_name = pod;
             }
         }
         steps.push(decide::since(
