@@ -83,6 +83,7 @@ pub async fn run(options: AgentOptions) -> Result<(), Error> {
         served = custody_kube::http::serve(options.http_address, health, stop.clone()) => served.map_err(Error::from),
         served = crate::gate::serve(agent.clone(), stop.clone()) => served,
         _ = crate::report::run(agent.clone()) => Ok(()),
+        _ = crate::movers::follow(agent.clone()) => Ok(()),
         _ = crate::report::follow_trust(agent.clone()) => Ok(()),
     };
     tracing::info!("stopped");

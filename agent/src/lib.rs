@@ -12,6 +12,7 @@ pub mod hashing;
 pub mod manifest_builder;
 pub mod metrics;
 pub mod mover;
+pub mod movers;
 pub mod node;
 pub mod report;
 pub mod state;

@@ -43,6 +43,7 @@ pub async fn run(agent: Arc<Agent>) {
     trust.mark_unchanged();
     let mut samples: VecDeque<(Instant, Sample, i64)> = VecDeque::new();
     let mut view = agent.subscribe();
+    let mut movers = agent.movers.subscribe();
     let mut heartbeat = tokio::time::interval(agent.options.heartbeat);
     let mut clock = tokio::time::interval(agent.options.clock_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -55,6 +56,7 @@ pub async fn run(agent: Arc<Agent>) {
             }
             _ = heartbeat.tick() => {}
             changed = view.changed() => if changed.is_err() { return },
+            changed = movers.changed() => if changed.is_err() { return },
         }
         if trust.has_changed().unwrap_or(false) {
             trust.mark_unchanged();
@@ -89,6 +91,7 @@ pub async fn run(agent: Arc<Agent>) {
                 .iter()
                 .map(|(_, record)| thaw_report(record))
                 .collect(),
+            movers: movers.borrow_and_update().clone(),
         };
         let mut request = tonic::Request::new(report);
         upstream::authorize(&agent, &mut request);

@@ -50,6 +50,8 @@ pub struct Agent {
     pub renewal: Mutex<Told>,
     /// The report service's CA bundle (PEM) as last read ([`crate::report::follow_trust`]).
     pub report_trust: watch::Sender<Option<Vec<u8>>>,
+    /// How far the movers on the node have come ([`crate::movers::follow`]).
+    pub movers: watch::Sender<Vec<custody_proto::report::MoverProgress>>,
 }
 
 /// Which of the agent's watches have listed everything.
@@ -115,6 +117,7 @@ impl Agent {
             gate_certificate: Default::default(),
             renewal: Default::default(),
             report_trust: watch::channel(None).0,
+            movers: watch::channel(Vec::new()).0,
         }
     }
 

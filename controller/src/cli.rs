@@ -114,6 +114,12 @@ pub struct RunOptions {
     #[arg(long, env = "CUSTODY_MOVERS_PER_NODE", default_value_t = 0)]
     pub movers_per_node: u32,
 
+    /// A running backup or restoring volume whose mover reports no more bytes or files
+    /// copied for this long gets the condition `Stalled` (True, `NoProgress`, naming the
+    /// volume and the node) and a Warning Event; it turns False when the copy moves again.
+    #[arg(long, env = "CUSTODY_STALLED_AFTER_SECONDS", default_value_t = crate::transfer::DEFAULT_STALLED_AFTER_SECONDS, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub stalled_after_seconds: u64,
+
     /// Image of `custody-wait`, the init container the webhook injects into pods under restore.
     #[arg(long, env = "CUSTODY_WAIT_IMAGE", default_value = concat!("ghcr.io/custody/custody-agent:", env!("CARGO_PKG_VERSION")))]
     pub wait_image: String,

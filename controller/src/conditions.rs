@@ -13,6 +13,8 @@ pub mod types {
     pub const ANNOTATIONS_RECOGNIZED: &str = "AnnotationsRecognized";
     /// The object's overall readiness.
     pub const READY: &str = "Ready";
+    /// A running copy's counts have not grown for longer than `--stalled-after-seconds`.
+    pub const STALLED: &str = "Stalled";
 }
 
 /// Condition reasons custody writes (CamelCase, per the API conventions).
@@ -27,6 +29,10 @@ pub mod reasons {
     pub const HEARTBEAT_MISSED: &str = "HeartbeatMissed";
     /// The node's agent has never reported.
     pub const NO_HEARTBEAT: &str = "NoHeartbeat";
+    /// A running copy's counts stood still past the bound.
+    pub const NO_PROGRESS: &str = "NoProgress";
+    /// A running copy's counts grow.
+    pub const PROGRESSING: &str = "Progressing";
 }
 
 /// `True`, `False` (or `Unknown`) as the API spells them.

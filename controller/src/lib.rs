@@ -35,6 +35,7 @@ pub mod restores;
 pub mod restoring;
 pub mod run;
 pub mod status;
+pub mod transfer;
 pub mod uninstall;
 pub mod webhook;
 

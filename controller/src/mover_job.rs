@@ -21,6 +21,9 @@ pub struct MoverJob {
     /// The most backup and prepareData Jobs on one node at once (0: no bound; see
     /// [`crate::node_slots`]).
     pub movers_per_node: u32,
+    /// A running copy whose counts stand still longer than this is `Stalled`
+    /// ([`crate::transfer::stalled`]).
+    pub stalled_after: std::time::Duration,
     /// Gate certificates name their node ([`crate::inject::gate_env`]).
     pub per_node_gate_names: bool,
 }
@@ -36,6 +39,9 @@ impl MoverJob {
             memory_limit: DEFAULT_MEMORY_LIMIT.into(),
             restore_retries: DEFAULT_RESTORE_RETRIES,
             movers_per_node: 0,
+            stalled_after: std::time::Duration::from_secs(
+                crate::transfer::DEFAULT_STALLED_AFTER_SECONDS,
+            ),
             per_node_gate_names: false,
         }
     }
@@ -66,7 +72,11 @@ impl MoverJob {
         append(
             &mut container,
             "env",
-            [serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH})],
+            [
+                serde_json::json!({"name": "TMPDIR", "value": SCRATCH_PATH}),
+                // Read by the node agent under the kubelet's root: how far the mover is.
+                serde_json::json!({"name": custody_proto::progress::ENV_FILE, "value": format!("{SCRATCH_PATH}/{}", custody_proto::progress::FILE_NAME)}),
+            ],
         );
         let owner = crate::ownership::controller_reference(owner);
         let mut volumes = vec![
@@ -349,7 +359,15 @@ mod tests {
             .flatten()
             .map(|variable| (variable.name.as_str(), variable.value.as_deref()))
             .collect();
-        assert_eq!(env, [("A", Some("1")), ("TMPDIR", Some(SCRATCH_PATH))]);
+        assert_eq!(
+            env,
+            [
+                ("A", Some("1")),
+                ("TMPDIR", Some(SCRATCH_PATH)),
+                // The progress file is in the scratch volume, where the agent reads it.
+                ("CUSTODY_PROGRESS_FILE", Some("/tmp/custody-progress.json")),
+            ]
+        );
     }
 
     #[test]

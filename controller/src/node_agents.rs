@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::conditions::{self, Desired, Status, reasons, types};
-use custody_kube::api::{self, NodeAgentStatus, ReportedVolume, VolumeCounts};
+use custody_kube::api::{self, NodeAgentStatus, ReportedMover, ReportedVolume, VolumeCounts};
 
 /// `+12.3ms`, `-1.250s`: an offset as people read it.
 pub fn format_offset(nanos: i64) -> String {
@@ -76,6 +76,28 @@ pub const MAX_LISTED_VOLUMES: usize = 512;
 /// A listed volume's message is cut to this many bytes.
 pub const MAX_VOLUME_MESSAGE: usize = 512;
 
+/// At most this many movers are listed in a NodeAgent's `movers` (the agent sends no more).
+pub const MAX_LISTED_MOVERS: usize = 64;
+
+/// A mover as a NodeAgent lists it; its names are cut to what Kubernetes allows.
+fn reported_mover(mover: &custody_proto::report::MoverProgress) -> ReportedMover {
+    let cut = |text: &str, at: usize| crate::events::cut(text, at);
+    ReportedMover {
+        namespace: cut(&mover.namespace, 63),
+        pod_name: cut(&mover.pod_name, 253),
+        pod_uid: cut(&mover.pod_uid, 64),
+        job_name: cut(&mover.job_name, 63),
+        owner_uid: cut(&mover.owner_uid, 64),
+        operation: cut(&mover.operation, 16),
+        volume: cut(&mover.volume, 253),
+        bytes_done: mover.bytes_done,
+        files_done: mover.files_done,
+        bytes_total: mover.bytes_total,
+        files_total: mover.files_total,
+        bytes_sent: mover.bytes_sent,
+    }
+}
+
 /// The status a heartbeat writes: everything the report service owns, with `Ready` True.
 pub fn status_from_report(
     report: &NodeReport,
@@ -140,6 +162,12 @@ pub fn status_from_report(
         volumes: Some(counts),
         restored_volumes,
         omitted_volumes: u32::try_from(omitted).ok().filter(|omitted| *omitted > 0),
+        movers: report
+            .movers
+            .iter()
+            .take(MAX_LISTED_MOVERS)
+            .map(reported_mover)
+            .collect(),
         conditions: vec![ready_condition(current_conditions, &ready, now)],
     }
 }

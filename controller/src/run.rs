@@ -136,6 +136,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
         memory_limit: options.mover_memory_limit.clone(),
         restore_retries: options.restore_job_retries.max(0),
         movers_per_node: options.movers_per_node,
+        stalled_after: std::time::Duration::from_secs(options.stalled_after_seconds),
         per_node_gate_names,
     };
     let controllers = futures::future::join_all([

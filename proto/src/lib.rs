@@ -8,6 +8,7 @@ pub mod clock;
 pub mod manifest;
 pub mod mover;
 pub mod names;
+pub mod progress;
 pub mod reasons;
 pub mod s3_limits;
 pub mod volume;

@@ -8,6 +8,8 @@ pub const ANNOTATION_RESTORE: &str = "custody.io/restore";
 pub const ANNOTATION_RESTORED_CLAIMS: &str = "custody.io/restored-claims";
 /// On workload pods under restore and on prepareData pods: UID of the Restore.
 pub const LABEL_RESTORE_UID: &str = "custody.io/restore-uid";
+/// On everything the backup reconciler creates (its Jobs and their pods): UID of the Backup.
+pub const LABEL_BACKUP_UID: &str = "custody.io/backup-uid";
 /// On pods custody runs: what the pod does.
 pub const LABEL_ROLE: &str = "custody.io/role";
 /// [`LABEL_ROLE`] of a pod that writes a restored volume (`custody-mover restore`).

@@ -85,6 +85,8 @@ pub struct S3Backend {
     /// S3 calls that failed (the server, the network), so that a caller can tell a damaged
     /// repository from an unreachable one whatever rustic_core makes of the error.
     failures: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes written through this backend (and its clones) so far: how far an upload came.
+    written: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl S3Backend {
@@ -98,7 +100,15 @@ impl S3Backend {
             download: custody_proto::s3_limits::Throttle::default(),
             snapshots_written: Arc::default(),
             failures: Arc::default(),
+            written: Arc::default(),
         }
+    }
+
+    /// The same backend, adding the bytes of every successful write to `written` (a mover's
+    /// progress counts its uploads there).
+    pub fn counting_writes(mut self, written: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.written = written;
+        self
     }
 
     /// The same backend, its calls bounded by `limits` (the repository's `spec.timeouts`).
@@ -440,6 +450,8 @@ impl WriteBackend for S3Backend {
                 request.await.map_err(|error| S3Error::of(&error))
             })
             .await?;
+            self.written
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
             Ok::<_, Box<RusticError>>(())
         })?;
         if file_type == FileType::Snapshot {

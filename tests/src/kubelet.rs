@@ -358,8 +358,13 @@ pub struct PodRunner {
     pub started: std::sync::Arc<Mutex<Vec<Started>>>,
     /// Whether it also runs its namespace's maintenance pods bound to other nodes.
     unpinned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The kubelet root under which a pod's `emptyDir` volumes are laid out, when set.
+    scratch: Scratch,
     task: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// Where [`PodRunner`] lays out `emptyDir` volumes ([`PodRunner::lay_out_scratch_under`]).
+type Scratch = std::sync::Arc<Mutex<Option<PathBuf>>>;
 
 impl PodRunner {
     /// Starts running pods of `namespace` bound to `node`, with `claims` mapping claim names
@@ -375,6 +380,7 @@ impl PodRunner {
         let tamper: Tamper = std::sync::Arc::new(Mutex::new(None));
         let started = std::sync::Arc::new(Mutex::new(Vec::new()));
         let unpinned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let scratch: Scratch = std::sync::Arc::new(Mutex::new(None));
         let task = tokio::spawn(run_pods(
             client.clone(),
             namespace.to_string(),
@@ -386,6 +392,7 @@ impl PodRunner {
                 tamper: tamper.clone(),
                 started: started.clone(),
                 unpinned: unpinned.clone(),
+                scratch: scratch.clone(),
             },
         ));
         PodRunner {
@@ -394,8 +401,17 @@ impl PodRunner {
             tamper,
             started,
             unpinned,
+            scratch,
             task: Some(task),
         }
+    }
+
+    /// Lays out the `emptyDir` volumes of the pods started from now on where a kubelet with
+    /// root `root` does (`pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`), so that the
+    /// node's agent finds what a mover writes there (its progress); arguments and environment
+    /// values under their mount paths are mapped there.
+    pub fn lay_out_scratch_under(&self, root: &Path) {
+        *self.scratch.lock().expect("not poisoned") = Some(root.to_path_buf());
     }
 
     /// Also runs this namespace's maintenance pods (a BackupRepository's prune and check: no
@@ -439,6 +455,7 @@ struct Shared {
     tamper: Tamper,
     started: std::sync::Arc<Mutex<Vec<Started>>>,
     unpinned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    scratch: Scratch,
 }
 
 async fn run_pods(
@@ -454,6 +471,7 @@ async fn run_pods(
         tamper,
         started,
         unpinned,
+        scratch,
     } = shared;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let mut seen = std::collections::BTreeSet::new();
@@ -509,10 +527,11 @@ async fn run_pods(
             let claims = claims.clone();
             let namespace = namespace.clone();
             let tamper = tamper.clone();
+            let scratch = scratch.lock().expect("not poisoned").clone();
             running.insert(
                 uid,
                 tokio::spawn(async move {
-                    run_pod(client, namespace, pod, claims, tamper).await;
+                    run_pod(client, namespace, pod, claims, tamper, scratch).await;
                     *ended.lock().expect("not poisoned") = Some(std::time::Instant::now());
                 }),
             );
@@ -565,6 +584,7 @@ async fn run_pod(
     pod: Pod,
     claims: std::collections::BTreeMap<String, PathBuf>,
     tamper: Tamper,
+    scratch: Option<PathBuf>,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let name = pod.name_any();
@@ -573,7 +593,24 @@ async fn run_pod(
     // Volumes: claim -> host directory; mount path -> host directory.
     let mut mounts = Vec::new();
     let mut claims_mounted: Vec<(String, PathBuf)> = Vec::new();
+    // emptyDir mount path -> its directory under the kubelet root.
+    let mut empty_dirs: Vec<(String, PathBuf)> = Vec::new();
     for mount in container.volume_mounts.iter().flatten() {
+        let empty_dir = spec
+            .volumes
+            .iter()
+            .flatten()
+            .any(|volume| volume.name == mount.name && volume.empty_dir.is_some());
+        if let (true, Some(root)) = (empty_dir, &scratch) {
+            let directory = root
+                .join("pods")
+                .join(pod.metadata.uid.as_deref().unwrap_or_default())
+                .join("volumes/kubernetes.io~empty-dir")
+                .join(&mount.name);
+            std::fs::create_dir_all(&directory).expect("an emptyDir");
+            empty_dirs.push((mount.mount_path.clone(), directory));
+            continue;
+        }
         let claim = spec
             .volumes
             .iter()
@@ -592,6 +629,16 @@ async fn run_pod(
         }
     }
     let result_file = tempfile::NamedTempFile::new().expect("termination message file");
+    let under_empty_dir = |value: &str| -> String {
+        for (mount_path, directory) in &empty_dirs {
+            if let Some(rest) = value.strip_prefix(mount_path.as_str())
+                && (rest.is_empty() || rest.starts_with('/'))
+            {
+                return format!("{}{rest}", directory.display());
+            }
+        }
+        value.to_string()
+    };
     let map = |argument: &str| -> String {
         if argument == "/dev/termination-log" {
             return result_file.path().display().to_string();
@@ -601,7 +648,7 @@ async fn run_pod(
                 return host.display().to_string();
             }
         }
-        argument.to_string()
+        under_empty_dir(argument)
     };
     let program = container.command.clone().unwrap_or_default();
     let binary = crate::program(program.first().map(String::as_str).unwrap_or("missing"));
@@ -630,7 +677,7 @@ async fn run_pod(
             },
             _ => String::new(),
         };
-        env.push((variable.name.clone(), value));
+        env.push((variable.name.clone(), under_empty_dir(&value)));
     }
     set_status(&pods, &name, serde_json::json!({"phase": "Running"})).await;
     let output = tokio::process::Command::new(&binary)

@@ -267,6 +267,15 @@ pub async fn setup_encrypted(prefix: &str) -> Setup {
     setup_full(prefix, 64, false, Store::Encrypted, small_database).await
 }
 
+/// [`setup_encrypted`] with the source volume (of `megabytes`) written by `populate`.
+pub async fn setup_encrypted_with(
+    prefix: &str,
+    megabytes: u64,
+    populate: impl FnOnce(&Path),
+) -> Setup {
+    setup_full(prefix, megabytes, false, Store::Encrypted, populate).await
+}
+
 /// The scenario with the controller and the agent running as the ServiceAccounts of
 /// `deploy/`, with exactly the RBAC the manifests grant them (and the webhook configuration
 /// and Secret names the manifests use).
@@ -418,6 +427,8 @@ async fn setup_full(
         &kubelet.node,
         BTreeMap::from([("data-orders-0".to_string(), source.path().to_path_buf())]),
     );
+    // The movers' scratch where a kubelet has it: the agent reads their progress there.
+    jobs.lay_out_scratch_under(kubelet.root());
 
     // The caBundle is the controller's to publish.
     eventually("the webhook's caBundle", TIMEOUT, || {

@@ -783,3 +783,272 @@ async fn master_key(namespace: &TestNamespace) -> String {
         .clone();
     String::from_utf8(bytes).unwrap()
 }
+
+/// Observations of `what` every half second until `done` says it is over (or [`TIMEOUT`]).
+async fn watch_until<K, T>(
+    api: &Api<K>,
+    name: &str,
+    mut seen: impl FnMut(&K) -> Option<T>,
+    done: impl Fn(&K) -> bool,
+) -> Vec<T>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut observed = Vec::new();
+    loop {
+        let object = api.get(name).await.unwrap();
+        observed.extend(seen(&object));
+        if done(&object) {
+            return observed;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} not done within {TIMEOUT:?}: {object:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `kubectl get KIND NAME` in the namespace, as a person reads it.
+fn kubectl_get(namespace: &TestNamespace, kind: &str, name: &str) -> String {
+    let output = std::process::Command::new(custody_tests::kubectl_path())
+        .arg(format!(
+            "--kubeconfig={}",
+            custody_tests::control_plane().display()
+        ))
+        .args(["get", kind, name, "-n", &namespace.name])
+        .output()
+        .expect("kubectl");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A copy's progress as it was seen in a status: `(bytes done, bytes total)`.
+fn counts(transfer: &custody_kube::api::Transfer) -> (u64, Option<u64>) {
+    (transfer.bytes_done, transfer.bytes_total)
+}
+
+#[tokio::test]
+async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_still_is_stalled() {
+    let mut setup = setup_encrypted("progress").await;
+    setup.restart_controller_with(&["--stalled-after-seconds=6"]);
+    let namespace = &setup.namespace;
+    let node = setup.kubelet.node.clone();
+    repository_ready(namespace, "store").await;
+    // 2 MiB/s each way: 40 MiB of new data take some twenty seconds to copy (a backup's
+    // count runs up to some 18 MiB ahead of its uploads: what the repository writer buffers).
+    let repositories = namespace.api::<BackupRepository>();
+    let bound = |upload: u32, download: u32| {
+        Patch::Merge(json!({"spec": {"bandwidth":
+            {"uploadKiBPerSecond": upload, "downloadKiBPerSecond": download}}}))
+    };
+    repositories
+        .patch("store", &PatchParams::default(), &bound(2048, 2048))
+        .await
+        .unwrap();
+    let new_data = custody_tests::volumes::incompressible(40 << 20, 7);
+    std::fs::write(setup.source.path().join("new-data"), &new_data).unwrap();
+
+    // A running Backup says how far it came, every few seconds.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+               "metadata": {"name": "slow"}, "spec": {"clusterRef": {"name": "orders"}}}),
+    )
+    .await;
+    let backups = namespace.api::<Backup>();
+    let running = watch_until(
+        &backups,
+        "slow",
+        |backup: &Backup| {
+            let status = backup.status.as_ref()?;
+            (status.phase == Some(BackupPhase::Running))
+                .then(|| status.transfer.clone())
+                .flatten()
+        },
+        |backup| {
+            matches!(
+                backup.status.as_ref().and_then(|status| status.phase),
+                Some(BackupPhase::Completed | BackupPhase::Failed)
+            )
+        },
+    )
+    .await;
+    let slow = completed(namespace, "slow").await;
+    let done = slow
+        .status
+        .clone()
+        .unwrap()
+        .transfer
+        .expect("a final transfer");
+    // Midway: read less than all, or uploaded less than the new data (reading runs ahead of
+    // uploading by what the repository writer buffers, some 20-40 MiB here).
+    let midway: Vec<(u64, Option<u64>)> = running
+        .iter()
+        .filter(|transfer| {
+            let read_all = transfer
+                .bytes_total
+                .is_some_and(|total| transfer.bytes_done >= total);
+            let uploaded = transfer.bytes_uploaded.unwrap_or(0);
+            transfer.bytes_done > 0 && (!read_all || uploaded < new_data.len() as u64)
+        })
+        .map(|transfer| (transfer.bytes_done, transfer.bytes_uploaded))
+        .collect();
+    let mut distinct = midway.clone();
+    distinct.dedup();
+    assert!(
+        distinct.len() >= 2,
+        "no two different counts seen midway while it ran: {running:?}"
+    );
+    let last = running.last().unwrap();
+    assert_eq!(last.node_name.as_deref(), Some(node.as_str()));
+    // What reached the repository is said beside what was read.
+    assert!(
+        running.iter().any(
+            |transfer| transfer.bytes_uploaded.is_some_and(|sent| sent > 0)
+                && transfer.summary.contains("uploaded")
+        ),
+        "{running:?}"
+    );
+    assert_eq!(last.volume.as_deref(), Some("data"));
+    assert!(
+        last.summary.contains(" of ") && last.summary.contains("files"),
+        "{last:?}"
+    );
+    // Everything counted, once Completed; no Stalled condition left behind.
+    assert_eq!(done.bytes_total, Some(done.bytes_done), "{done:?}");
+    assert!(done.bytes_done >= new_data.len() as u64, "{done:?}");
+    assert!(done.summary.contains("(100%)"), "{done:?}");
+    assert!(
+        !slow
+            .conditions()
+            .iter()
+            .any(|condition| condition.type_ == "Stalled"),
+        "{:?}",
+        slow.conditions()
+    );
+    let table = kubectl_get(namespace, "backups", "slow");
+    assert!(
+        table.lines().next().unwrap().contains("PROGRESS") && table.contains(&done.summary),
+        "{table}"
+    );
+
+    // A restoring volume says how far it was written, the Restore the sum.
+    let target = LoopVolume::new(64);
+    restore_into_from(&setup, target.path(), "slow").await;
+    let workloads =
+        WorkloadRunner::start(&namespace.client, &namespace.name, setup.kubelet.clone());
+    let restores = namespace.api::<Restore>();
+    let writing = watch_until(
+        &restores,
+        "shop",
+        |restore: &Restore| {
+            let status = restore.status.as_ref()?;
+            let volume = status.volumes.first()?;
+            (volume.state == custody_kube::api::VolumeState::Restoring)
+                .then(|| Some((volume.transfer.clone()?, status.transfer.clone()?)))
+                .flatten()
+        },
+        |restore| {
+            matches!(
+                restore.status.as_ref().and_then(|status| status.phase),
+                Some(RestorePhase::Completed | RestorePhase::Failed)
+            )
+        },
+    )
+    .await;
+    let restore = restores.get("shop").await.unwrap();
+    assert_eq!(
+        restore.status.as_ref().and_then(|status| status.phase),
+        Some(RestorePhase::Completed),
+        "{:?}",
+        restore.status
+    );
+    let midway: Vec<(u64, Option<u64>)> = writing
+        .iter()
+        .map(|(volume, _)| counts(volume))
+        .filter(|(bytes, total)| *bytes > 0 && total.is_some_and(|total| *bytes < total))
+        .collect();
+    let mut distinct = midway.clone();
+    distinct.dedup();
+    assert!(
+        distinct.len() >= 2,
+        "no two different counts seen midway while the volume was written: {writing:?}"
+    );
+    // One volume: the Restore's sum is that volume's.
+    for (volume, sum) in &writing {
+        assert_eq!(counts(volume), counts(sum));
+        assert_eq!(volume.node_name.as_deref(), Some(node.as_str()));
+    }
+    let status = restore.status.clone().unwrap();
+    let written = status.volumes[0]
+        .transfer
+        .clone()
+        .expect("a final transfer");
+    assert!(written.summary.contains("(100%)"), "{written:?}");
+    assert_eq!(status.transfer.as_ref().map(counts), Some(counts(&written)));
+    let table = kubectl_get(namespace, "restores", "shop");
+    assert!(
+        table.lines().next().unwrap().contains("TRANSFERRED") && table.contains(&written.summary),
+        "{table}"
+    );
+    drop(workloads);
+
+    // A copy that stands still past the bound (1 KiB/s): Stalled, naming the node, with a
+    // Warning; the Backup keeps running.
+    repositories
+        .patch("store", &PatchParams::default(), &bound(1, 2048))
+        .await
+        .unwrap();
+    std::fs::write(
+        setup.source.path().join("more-data"),
+        custody_tests::volumes::incompressible(4 << 20, 8),
+    )
+    .unwrap();
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup",
+               "metadata": {"name": "stuck"}, "spec": {"clusterRef": {"name": "orders"}}}),
+    )
+    .await;
+    let stuck = await_condition(&backups, "stuck", "Stalled", TIMEOUT, |backup: &Backup| {
+        backup
+            .conditions()
+            .iter()
+            .any(|condition| condition.type_ == "Stalled" && condition.status == "True")
+    })
+    .await;
+    let stalled = stuck
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Stalled")
+        .unwrap()
+        .clone();
+    assert_eq!(stalled.reason, "NoProgress");
+    assert!(
+        stalled.message.contains(&format!("node {node}"))
+            && stalled.message.contains("volume data"),
+        "{}",
+        stalled.message
+    );
+    assert_eq!(
+        stuck.status.as_ref().and_then(|status| status.phase),
+        Some(BackupPhase::Running)
+    );
+    let warning =
+        custody_tests::event_where(namespace, "a Warning Stalled of Backup stuck", |event| {
+            event.reason.as_deref() == Some("Stalled")
+                && event.type_.as_deref() == Some("Warning")
+                && event.involved_object.name.as_deref() == Some("stuck")
+        })
+        .await;
+    assert!(
+        warning
+            .message
+            .unwrap_or_default()
+            .contains("no progress since"),
+        "the Warning says what stalled"
+    );
+    setup.finish().await;
+}

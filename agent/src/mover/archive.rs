@@ -81,6 +81,7 @@ impl<W: Write> Archive for TarArchive<W> {
                 metadata.size, counted.read
             )));
         }
+        super::progress::file();
         Ok(())
     }
 }
@@ -94,6 +95,7 @@ impl Read for Counted<'_> {
     fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
         let read = self.inner.read(buffer)?;
         self.read += read as u64;
+        super::progress::bytes(read as u64);
         Ok(read)
     }
 }

@@ -101,6 +101,8 @@ pub async fn run(
                             })??;
                     }
                 }
+                let _progress = super::progress::Reporter::from_env("backup");
+                super::progress::count_in_background(source.clone());
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
                 let header = header(backup_uid, cluster_uid, &created_at);
                 let request = match &options.repository_prefix {
@@ -166,6 +168,10 @@ pub async fn run(
                 restore_uid,
                 overwrite,
             } => {
+                let _progress = super::progress::Reporter::from_env("restore");
+                if let Some(volume) = volume {
+                    super::progress::volume(volume);
+                }
                 let result = match (snapshot, volume, key, manifest_key) {
                     (Some(snapshot), Some(volume), _, _) => {
                         let Some(repository_prefix) = &options.repository_prefix else {

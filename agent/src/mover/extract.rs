@@ -272,8 +272,10 @@ impl<M: BufRead> Extraction<M> {
                 break;
             }
             hasher.update(&piece);
+            let length = piece.len() as u64;
             // Written from the piece itself: the content is never copied on its way.
             self.writer.apply(Op::Write(piece))?;
+            super::progress::bytes(length);
         }
         if written != size {
             return Err(ExtractError::Mismatch {
@@ -296,7 +298,9 @@ impl<M: BufRead> Extraction<M> {
                 found: hash,
             });
         }
-        self.writer.apply(Op::Close)
+        self.writer.apply(Op::Close)?;
+        super::progress::file();
+        Ok(())
     }
 
     /// Every entry is written: waits for the flushes and checks that the manifest has none

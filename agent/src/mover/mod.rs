@@ -13,6 +13,7 @@ pub mod archive;
 pub mod cli;
 pub mod extract;
 pub mod freeze;
+pub mod progress;
 pub mod snapshot;
 pub mod snapshot_reader;
 pub mod snapshot_source;
@@ -460,6 +461,7 @@ pub async fn restore(
     // The size limit needs the totals in the trailer: one streaming pass over the manifest.
     let totals = extract::manifest_totals(checked_manifest(&manifest_file, request.backup_uid)?)?;
     let limit = extract::size_limit(totals);
+    progress::totals(totals.files, totals.total_bytes);
     usage::has_room(&target, totals.total_bytes, totals.files, totals.entries)?;
 
     write_identity(&target, &identity)?;

@@ -78,7 +78,8 @@ impl Repo {
             tokio::runtime::Handle::current(),
         )
         .with_limits(endpoint.limits)
-        .with_throttles(endpoint.upload.clone(), endpoint.download.clone());
+        .with_throttles(endpoint.upload.clone(), endpoint.download.clone())
+        .counting_writes(super::progress::sent_counter());
         let backends = RepositoryBackends::new(backend.clone().shared(), None);
         Ok(Repo {
             backend,
@@ -221,6 +222,7 @@ fn backup_into(
     let mut claims = Vec::new();
     let headers = volume_headers(&request.header, &request.volumes);
     for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
+        super::progress::volume(&volume.name);
         claims.push(volume.claim);
         read.push(archiver.volume(
             VolumeToRead {
@@ -525,6 +527,8 @@ fn restore_from(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResu
         &recorded.blake3,
     )?;
     let reader = super::checked_manifest(&manifest_file, request.backup_uid)?;
+    super::progress::volume(request.volume);
+    super::progress::totals(recorded.files, recorded.total_bytes);
     super::usage::has_room(
         request.target,
         recorded.total_bytes,

@@ -873,26 +873,33 @@ fn build_trees(
                 // An unchanged file names its parent's blocks: they must stay in the repository.
                 if let Some(content) = &node.content {
                     writer.reuse(BlobType::Data, content.iter().map(|id| **id));
+                    super::progress::whole_file(node.meta.size);
                 }
                 stack.last_mut().expect("open").1.push(node)
             }
             Event::File(node) => file = Some((node, Vec::new())),
             Event::Chunk(chunk) => {
+                let length = chunk.len() as u64;
                 let id = store_data(repository, writer, chunk)?;
+                super::progress::bytes(length);
                 file.as_mut().expect("a file is being read").1.push(id);
             }
             Event::FileEnd => {
                 let (mut node, content) = file.take().expect("a file was being read");
                 node.content = Some(content);
+                super::progress::file();
                 stack.last_mut().expect("open").1.push(node);
             }
             Event::ChunkedFile(mut node, chunks) => {
                 let mut content = Vec::new();
                 // A chunking thread that failed ends the queue early; the walk reports why.
                 for chunk in chunks {
+                    let length = chunk.len() as u64;
                     content.push(store_data(repository, writer, chunk)?);
+                    super::progress::bytes(length);
                 }
                 node.content = Some(content);
+                super::progress::file();
                 stack.last_mut().expect("open").1.push(node);
             }
         }

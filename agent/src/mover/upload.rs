@@ -255,6 +255,7 @@ async fn upload_parts(
                 .await
                 .map_err(|overdue| failed(overdue.to_string()))?
                 .map_err(|error| failed(sdk_error(&error)))?;
+            super::progress::sent(bytes);
             Ok::<_, UploadError>(
                 CompletedPart::builder()
                     .part_number(number)

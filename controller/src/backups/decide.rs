@@ -8,7 +8,7 @@ use k8s_openapi::api::batch::v1::Job;
 use custody_kube::api::Artifact;
 
 /// Label on everything the backup reconciler creates: the Backup's UID.
-pub const LABEL_BACKUP_UID: &str = "custody.io/backup-uid";
+pub use custody_proto::names::LABEL_BACKUP_UID;
 /// The Cluster's UID.
 pub const LABEL_CLUSTER_UID: &str = "custody.io/cluster-uid";
 /// The backed-up PersistentVolumeClaim's UID.

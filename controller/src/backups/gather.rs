@@ -45,6 +45,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         origin_cluster: None,
         parent_snapshot: None,
         mover_slots: std::collections::BTreeMap::new(),
+        transfer_report: None,
     };
     let phase = facts.backup.status.as_ref().and_then(|status| status.phase);
     if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed)) {
@@ -216,6 +217,8 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             .and_then(|chosen| chosen.tool.as_ref())
             .and_then(|tool| tool.timeout_seconds);
             facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
+            facts.transfer_report =
+                crate::transfer::reported(client, &namespace, &job_name, &uid, &pods).await;
         }
         JobFact::Foreign | JobFact::Unproven => {}
     }

@@ -86,7 +86,7 @@ pub fn error_policy(backup: Arc<Backup>, error: &Error, context: Arc<BackupConte
     reconciler::error_policy(&*backup, error, &context.base)
 }
 
-/// The controller: Backups, woken by their Jobs.
+/// The controller: Backups, woken by their Jobs and by their movers' progress.
 pub fn controller(
     context: Arc<BackupContext>,
     namespace: Option<&str>,
@@ -94,14 +94,33 @@ pub fn controller(
 ) -> futures::future::BoxFuture<'static, ()> {
     let client = context.base.client.clone();
     let backups: Api<Backup> = reconciler::scoped(client.clone(), namespace);
-    let jobs: Api<Job> = reconciler::scoped(client, namespace);
-    let controller = Controller::new(backups, watcher::Config::default()).owns(
-        jobs,
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            custody_proto::names::LABEL_ROLE,
-            custody_proto::names::ROLE_BACKUP
-        )),
-    );
+    let jobs: Api<Job> = reconciler::scoped(client.clone(), namespace);
+    let agents: Api<custody_kube::api::NodeAgent> = Api::all(client);
+    let controller = Controller::new(backups, watcher::Config::default());
+    let store = controller.store();
+    let controller = controller
+        .owns(
+            jobs,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                custody_proto::names::LABEL_ROLE,
+                custody_proto::names::ROLE_BACKUP
+            )),
+        )
+        .watches(agents, watcher::Config::default(), move |agent| {
+            let owners = crate::transfer::owners(&agent);
+            store
+                .state()
+                .into_iter()
+                .filter(|backup| {
+                    backup
+                        .metadata
+                        .uid
+                        .as_ref()
+                        .is_some_and(|uid| owners.contains(uid))
+                })
+                .map(|backup| kube::runtime::reflector::ObjectRef::from_obj(&*backup))
+                .collect::<Vec<_>>()
+        });
     reconciler::run(controller, reconcile, error_policy, context, stopped)
 }

@@ -17,6 +17,7 @@ use crate::attribution::Candidate;
 use crate::conditions::{self, Desired, Status, types};
 use crate::events::Note;
 use crate::holds::{self, LeaseStep, Run};
+use crate::transfer;
 use custody_kube::api::{
     Backup, BackupPhase, BackupRepository, BackupStatus, Capture, ClockMeasurement, Cluster,
     HasConditions, Restore, RestorePhase,
@@ -98,6 +99,9 @@ pub struct Facts {
     /// Movers running per node, when `--movers-per-node` bounds them (read before the Backup
     /// starts).
     pub mover_slots: BTreeMap<String, u32>,
+    /// While the Job runs: its mover's progress as the agent on its node last reported it,
+    /// and that node ([`crate::transfer::reported`]).
+    pub transfer_report: Option<(custody_kube::api::ReportedMover, String)>,
 }
 
 /// What one reconciliation does, in this order: add the finalizer (and nothing else), take
@@ -302,8 +306,28 @@ pub fn plan(facts: &Facts) -> Plan {
                 decide::ToolClock::Starting => requeue = requeue.min(5),
                 decide::ToolClock::Unbounded | decide::ToolClock::Overdue(_) => {}
             }
+            let mut status = status;
+            let mut events = events;
+            let (transfer_report, node) = match &facts.transfer_report {
+                Some((mover, node)) => (Some(mover), Some(node.as_str())),
+                None => (None, None),
+            };
+            status.transfer =
+                transfer::next(status.transfer.as_ref(), transfer_report, node, facts.now);
+            let bound = facts.mover.stalled_after;
+            let stalled = transfer::stalled(status.transfer.as_ref(), bound, facts.now);
+            if let Some(stalled) = &stalled
+                && stalled.status == Status::True
+                && !is_stalled(backup)
+            {
+                events.push(Note::warning(types::STALLED, stalled.message.clone()));
+            }
+            if let Some(wait) = transfer::look_again(status.transfer.as_ref(), bound, facts.now) {
+                requeue = requeue.min(wait.as_secs().max(1));
+            }
+            let wanted: Vec<Desired> = std::iter::once(ready).chain(stalled).collect();
             Plan {
-                status: next_status(backup, status, BackupPhase::Running, &ready, facts.now),
+                status: next_status_with(backup, status, BackupPhase::Running, &wanted, facts.now),
                 events,
                 requeue: Some(Duration::from_secs(requeue)),
                 ..Plan::wait_for_change()
@@ -521,14 +545,35 @@ pub fn movers_busy(facts: &Facts, node: &str, taken: u32) -> Plan {
 /// Conditions other writers own are theirs: only `Ready` is compared and written.
 pub fn next_status(
     backup: &Backup,
-    mut status: BackupStatus,
+    status: BackupStatus,
     phase: BackupPhase,
     ready: &Desired,
     now: Timestamp,
 ) -> Option<BackupStatus> {
+    next_status_with(backup, status, phase, std::slice::from_ref(ready), now)
+}
+
+/// Whether the Backup says its copy stalled now.
+fn is_stalled(backup: &Backup) -> bool {
+    backup
+        .conditions()
+        .iter()
+        .any(|condition| condition.type_ == types::STALLED && condition.status == "True")
+}
+
+/// As [`next_status`], with the conditions `also` (`Ready` first) beside `Ready`.
+pub fn next_status_with(
+    backup: &Backup,
+    mut status: BackupStatus,
+    phase: BackupPhase,
+    also: &[Desired],
+    now: Timestamp,
+) -> Option<BackupStatus> {
     let mut current = backup.status.clone().unwrap_or_default();
     // How consistent the copy is, once there is one.
-    let wanted: Vec<Desired> = std::iter::once(ready.clone())
+    let wanted: Vec<Desired> = also
+        .iter()
+        .cloned()
         .chain(
             status
                 .consistency

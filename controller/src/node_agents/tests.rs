@@ -64,6 +64,20 @@ fn report() -> NodeReport {
             volume(VolumeState::Restoring),
         ],
         thaws: vec![],
+        movers: vec![custody_proto::report::MoverProgress {
+            namespace: "shop".into(),
+            pod_name: "backup-pod".into(),
+            pod_uid: "pod-uid".into(),
+            job_name: "backup-job".into(),
+            owner_uid: "backup-uid".into(),
+            operation: "backup".into(),
+            volume: "data".into(),
+            bytes_done: 5,
+            files_done: 1,
+            bytes_total: Some(10),
+            files_total: None,
+            bytes_sent: 0,
+        }],
     }
 }
 
@@ -85,6 +99,24 @@ fn a_heartbeat_writes_clock_volumes_and_ready() {
         })
     );
     assert_eq!(status.last_heartbeat_time, Some(Time(at(1000))));
+    // The movers' progress, for the backup and restore reconcilers.
+    assert_eq!(
+        status.movers,
+        [custody_kube::api::ReportedMover {
+            namespace: "shop".into(),
+            pod_name: "backup-pod".into(),
+            pod_uid: "pod-uid".into(),
+            job_name: "backup-job".into(),
+            owner_uid: "backup-uid".into(),
+            operation: "backup".into(),
+            volume: "data".into(),
+            bytes_done: 5,
+            files_done: 1,
+            bytes_total: Some(10),
+            files_total: None,
+            bytes_sent: 0,
+        }]
+    );
     let ready = &status.conditions[0];
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
@@ -125,6 +157,7 @@ fn silence_turns_the_node_not_ready_once() {
     // Everything else the report wrote is kept.
     assert_eq!(silent.clock_offset, status.clock_offset);
     assert_eq!(silent.volumes, status.volumes);
+    assert_eq!(silent.movers, status.movers);
     // Written once: later checks change nothing.
     let later = status_after_silence(&silent, at(5000), timeout);
     assert_eq!(later, None);

@@ -32,6 +32,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         .await
         .map_err(Error::read(format!("Cluster {namespace}/{cluster_name}")))?;
     let mut nodes = BTreeMap::new();
+    let mut movers: BTreeMap<String, Vec<custody_kube::api::ReportedMover>> = BTreeMap::new();
     let agents: Vec<(String, Vec<ReportedVolume>)> = Api::<NodeAgent>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -50,6 +51,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
                     last_heartbeat: status.last_heartbeat_time.map(|time| time.0),
                 },
             );
+            movers.insert(agent.spec.node_name.clone(), status.movers);
             let volumes = status.restored_volumes;
             for volume in &volumes {
                 if let Some(reason) = &volume.reason
@@ -105,6 +107,7 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
         mover_slots: BTreeMap::new(),
+        transfer_reports: BTreeMap::new(),
     };
     let status = facts.restore.status.clone().unwrap_or_default();
     if matches!(
@@ -222,6 +225,16 @@ pub async fn facts(restore: Restore, context: &RestoreContext) -> Result<Facts> 
                     .await?
             {
                 facts.job_problems.insert(name.clone(), problem);
+            }
+            // How far its mover has come, from the agent of the node the Job is pinned to.
+            if let Some(node) = facts.job_nodes.get(name)
+                && let Some(found) = movers
+                    .get(node)
+                    .and_then(|movers| crate::transfer::find(movers, &namespace, name, &uid, &pods))
+            {
+                facts
+                    .transfer_reports
+                    .insert(name.clone(), (found.clone(), node.clone()));
             }
         }
         facts.jobs.push((name.clone(), fact));

@@ -34,7 +34,7 @@ pub const ACTION: &str = "Restore";
 
 /// Condition types of a Restore.
 pub mod types {
-    pub use crate::conditions::types::READY;
+    pub use crate::conditions::types::{READY, STALLED};
     pub const VERIFIED: &str = "Verified";
 }
 
@@ -112,13 +112,14 @@ pub fn controller(
             agents,
             watcher::Config::default(),
             move |agent: NodeAgent| {
-                // Every Restore a report on this node mentions.
-                let uids: std::collections::BTreeSet<String> = agent
+                // Every Restore a report on this node mentions, or whose mover it lists.
+                let mut uids: std::collections::BTreeSet<String> = agent
                     .status
                     .iter()
                     .flat_map(|status| status.restored_volumes.iter())
                     .map(|volume| volume.restore_uid.clone())
                     .collect();
+                uids.extend(crate::transfer::owners(&agent));
                 store
                     .state()
                     .into_iter()

@@ -68,6 +68,9 @@ pub struct Facts {
     pub mover_slots: BTreeMap<String, u32>,
     /// Verified claims not yet marked as holding known data (read once it completed).
     pub unmarked_claims: Vec<String>,
+    /// The progress of each running Job's mover as the agent on its node last reported it,
+    /// with that node, by Job name ([`crate::transfer::find`]).
+    pub transfer_reports: BTreeMap<String, (custody_kube::api::ReportedMover, String)>,
 }
 
 /// What a reconciliation knows of one node's agent.

@@ -310,6 +310,34 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
         "the mover writes its identity first"
     );
     assert!(!target.path().join(".custody/manifest.jsonl").exists());
+    // How far it came, in the Restore's status: the mover's count in its pod's scratch
+    // volume, read by the node's agent under the real kubelet's root, reported and written.
+    let restores = namespace.api::<Restore>();
+    let midway = custody_tests::eventually("the volume's progress midway", TIMEOUT, || {
+        let restores = restores.clone();
+        async move {
+            let restore = restores
+                .get("shop")
+                .await
+                .map_err(|error| error.to_string())?;
+            let status = restore.status.unwrap_or_default();
+            let transfer = status
+                .volumes
+                .first()
+                .and_then(|volume| volume.transfer.clone())
+                .ok_or("no transfer yet")?;
+            let midway = transfer.bytes_done > 0
+                && transfer
+                    .bytes_total
+                    .is_some_and(|total| transfer.bytes_done < total);
+            midway
+                .then_some(transfer.clone())
+                .ok_or(format!("{transfer:?}"))
+        }
+    })
+    .await;
+    assert_eq!(midway.node_name.as_deref(), Some(setup.node), "{midway:?}");
+    eprintln!("retried restore: progress seen midway: {}", midway.summary);
     let id = container.trim_start_matches("containerd://");
     ctr(&["tasks", "kill", "--signal", "SIGKILL", id]);
     eprintln!(
@@ -352,6 +380,13 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
     let volume = &restore.status.as_ref().unwrap().volumes[0];
     assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
     assert_eq!(volume.attempts, 1, "the same Job retried: {volume:?}");
+    // Written whole, said so.
+    let transfer = volume.transfer.as_ref().expect("the volume's transfer");
+    assert_eq!(
+        transfer.bytes_total,
+        Some(transfer.bytes_done),
+        "{transfer:?}"
+    );
     eprintln!("retried restore: {second} wrote the volume; {volume:?}");
     let (original, restored) = (tree(setup.source.path()), tree(target.path()));
     let differing: Vec<&String> = original

@@ -135,6 +135,22 @@ pub(super) fn conclude(
                 )
             };
             status.artifact = Some(artifact);
+            // Everything is copied: the mover's own count when it gave one.
+            let result =
+                facts.report.as_deref().and_then(
+                    |report| match custody_proto::mover::read_report::<
+                        custody_proto::mover::BackupResult,
+                    >(report)
+                    {
+                        custody_proto::mover::Report::Done(result) => {
+                            Some((result.files, result.total_bytes))
+                        }
+                        _ => None,
+                    },
+                );
+            if !command {
+                status.transfer = crate::transfer::completed(status.transfer.as_ref(), result);
+            }
             let event = if command {
                 "DumpAttributed"
             } else {

@@ -106,6 +106,7 @@ fn facts() -> Facts {
         origin_cluster: Some(ORIGIN.into()),
         parent_snapshot: None,
         mover_slots: BTreeMap::new(),
+        transfer_report: None,
     }
 }
 
@@ -1943,5 +1944,86 @@ fn a_tool_writes_one_tree_per_volume_and_each_is_backed_up_as_it() {
         scratch.contains(&"tool-output-0".to_string())
             && scratch.contains(&"tool-output-1".to_string()),
         "{scratch:?}"
+    );
+}
+
+#[test]
+fn a_running_backup_shows_how_far_it_came_and_says_when_it_stalls() {
+    let mover = |bytes: u64| custody_kube::api::ReportedMover {
+        namespace: "ns".into(),
+        pod_name: "backup-pod".into(),
+        pod_uid: "pod-uid".into(),
+        job_name: "job".into(),
+        owner_uid: UID.into(),
+        operation: "backup".into(),
+        volume: "data".into(),
+        bytes_done: bytes,
+        files_done: 1,
+        bytes_total: Some(4096),
+        files_total: Some(4),
+        bytes_sent: 0,
+    };
+    let stalled = |status: &BackupStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == "Stalled")
+            .map(|condition| (condition.status.clone(), condition.reason.clone()))
+    };
+    let mut facts = started(facts(), JobState::Running);
+    facts.transfer_report = Some((mover(1024), NODE.into()));
+    let first = plan(&facts);
+    let status = first.status.clone().expect("the progress is written");
+    let transfer = status.transfer.clone().unwrap();
+    assert_eq!(transfer.summary, "1.0 KiB of 4.0 KiB (25%), 1 of 4 files");
+    assert_eq!(transfer.node_name.as_deref(), Some(NODE));
+    assert_eq!(
+        stalled(&status),
+        Some(("False".into(), "Progressing".into()))
+    );
+    // Looked at again when the bound would pass without a report.
+    assert_eq!(first.requeue, Some(Duration::from_secs(60)));
+    facts.mover.stalled_after = Duration::from_secs(30);
+    assert_eq!(plan(&facts).requeue, Some(Duration::from_secs(31)));
+
+    // The same counts past the bound: Stalled, said once with a Warning.
+    facts.backup.status = Some(status);
+    facts.now += Duration::from_secs(31);
+    let stall = plan(&facts);
+    let status = stall.status.clone().unwrap();
+    assert_eq!(stalled(&status), Some(("True".into(), "NoProgress".into())));
+    assert_eq!(status.transfer, Some(transfer.clone()));
+    assert!(
+        stall
+            .events
+            .iter()
+            .any(|event| event.reason == "Stalled" && event.warning),
+        "{:?}",
+        stall.events
+    );
+    facts.backup.status = Some(status);
+    facts.now += Duration::from_secs(60);
+    let again = plan(&facts);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // Moving again: no longer stalled.
+    facts.transfer_report = Some((mover(2048), NODE.into()));
+    let moved = plan(&facts).status.unwrap();
+    assert_eq!(
+        stalled(&moved),
+        Some(("False".into(), "Progressing".into()))
+    );
+    assert_eq!(moved.transfer.as_ref().unwrap().bytes_done, 2048);
+
+    // Completed: everything the mover counted, and no Stalled condition.
+    facts.backup.status = Some(moved);
+    facts.job = JobFact::Owned(JobState::Succeeded);
+    facts.report = report(UID);
+    let done = plan(&facts).status.unwrap();
+    assert_eq!(done.phase, Some(BackupPhase::Completed));
+    assert_eq!(stalled(&done), None);
+    assert_eq!(
+        done.transfer.unwrap().summary,
+        "5 B of 5 B (100%), 1 of 1 files"
     );
 }

@@ -15,7 +15,8 @@ use super::{Facts, Plan, ungated};
 use crate::conditions::Status;
 use crate::events::Note;
 use crate::holds::LeaseStep;
-use custody_kube::api::{RestorePhase, VolumeRestoreStatus, VolumeState};
+use crate::transfer;
+use custody_kube::api::{RestorePhase, Transfer, VolumeRestoreStatus, VolumeState};
 
 /// The plan from the volumes' `steps`, the `jobs` to create and the `events` so far; the pods
 /// whose volumes are all verified are `releasable`.
@@ -38,7 +39,14 @@ pub(super) fn plan(
         .as_ref()
         .map(|status| status.volumes.as_slice())
         .unwrap_or_default();
-    let volumes: Vec<VolumeRestoreStatus> = steps.into_iter().map(|step| step.status).collect();
+    let mut volumes: Vec<VolumeRestoreStatus> = steps.into_iter().map(|step| step.status).collect();
+    for volume in &mut volumes {
+        let previous = volumes_status
+            .iter()
+            .find(|old| old.claim_name == volume.claim_name)
+            .and_then(|old| old.transfer.as_ref());
+        volume.transfer = volume_transfer(facts, volume, previous);
+    }
     for volume in volumes.iter().filter(|volume| {
         volume.state == VolumeState::Verified
             && !volumes_status.iter().any(|old| {
@@ -57,7 +65,27 @@ pub(super) fn plan(
     }
 
     let summary = decide::summary(&volumes);
+    let bound = facts.mover.stalled_after;
+    let stalled = transfer::stalled_of(
+        volumes
+            .iter()
+            .filter(|volume| volume.state == VolumeState::Restoring)
+            .filter_map(|volume| volume.transfer.as_ref()),
+        bound,
+        facts.now,
+    );
+    if let Some(stalled) = &stalled
+        && stalled.status == Status::True
+        && !restore
+            .status
+            .iter()
+            .flat_map(|status| status.conditions.iter())
+            .any(|condition| condition.type_ == types::STALLED && condition.status == "True")
+    {
+        events.push(Note::warning(types::STALLED, stalled.message.clone()));
+    }
     let mut status = restore.status.clone().unwrap_or_default();
+    status.transfer = transfer::total(volumes.iter().filter_map(|volume| volume.transfer.as_ref()));
     status.volumes = volumes;
     status.phase = Some(summary.phase);
     status.progress = Some(summary.progress.clone());
@@ -192,9 +220,43 @@ pub(super) fn plan(
             LeaseStep::Keep
         },
         jobs,
-        status: next_status(restore, status, &[ready, verified], facts.now),
+        status: next_status(
+            restore,
+            status,
+            &[ready, verified]
+                .into_iter()
+                .chain(stalled)
+                .collect::<Vec<_>>(),
+            facts.now,
+        ),
         events,
         release: ungated(&facts.pods, releasable),
         requeue: Some(Duration::from_secs(if over { 60 } else { 5 })),
+    }
+}
+
+/// How far a volume's prepareData Job has written it: the mover's reports while it writes,
+/// everything once written (Verifying or Verified), the last word once Failed.
+fn volume_transfer(
+    facts: &Facts,
+    volume: &VolumeRestoreStatus,
+    previous: Option<&Transfer>,
+) -> Option<Transfer> {
+    match volume.state {
+        VolumeState::Pending => None,
+        VolumeState::Restoring => {
+            let report = volume
+                .job_name
+                .as_ref()
+                .and_then(|job| facts.transfer_reports.get(job));
+            transfer::next(
+                previous,
+                report.map(|(mover, _)| mover),
+                report.map(|(_, node)| node.as_str()),
+                facts.now,
+            )
+        }
+        VolumeState::Verifying | VolumeState::Verified => transfer::completed(previous, None),
+        VolumeState::Failed => previous.cloned(),
     }
 }

@@ -164,6 +164,7 @@ fn facts() -> Facts {
         job_nodes: BTreeMap::new(),
         job_finished: BTreeMap::new(),
         mover_slots: BTreeMap::new(),
+        transfer_reports: BTreeMap::new(),
     }
 }
 
@@ -1509,4 +1510,91 @@ fn volumes_past_the_movers_per_node_wait_for_a_slot_and_say_so() {
             );
         }
     }
+}
+
+#[test]
+fn a_restoring_volume_shows_how_far_it_came_and_the_restore_says_when_it_stalls() {
+    let job = decide::job_name(CLAIM, UID, 1);
+    let mover = |bytes: u64| custody_kube::api::ReportedMover {
+        namespace: "ns".into(),
+        pod_name: "prepare-pod".into(),
+        pod_uid: "prepare-uid".into(),
+        job_name: job.clone(),
+        owner_uid: UID.into(),
+        operation: "restore".into(),
+        volume: String::new(),
+        bytes_done: bytes,
+        files_done: 2,
+        bytes_total: Some(2 << 20),
+        files_total: Some(8),
+        bytes_sent: 0,
+    };
+    let stalled = |status: &custody_kube::api::RestoreStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == types::STALLED)
+            .map(|condition| (condition.status.clone(), condition.reason.clone()))
+    };
+    let mut facts = Facts {
+        agents: vec![report(VolumeState::Restoring, None)],
+        jobs: vec![(job.clone(), JobFact::Owned(JobState::Running))],
+        ..with_status(
+            facts(),
+            RestorePhase::Running,
+            vec![volume(VolumeState::Restoring, 1)],
+        )
+    };
+    facts.mover.stalled_after = Duration::from_secs(60);
+    facts
+        .transfer_reports
+        .insert(job.clone(), (mover(1 << 20), "node-a".into()));
+    let status = plan(&facts).status.expect("the progress is written");
+    let transfer = status.volumes[0].transfer.clone().unwrap();
+    assert_eq!(transfer.summary, "1.0 MiB of 2.0 MiB (50%), 2 of 8 files");
+    assert_eq!(transfer.node_name.as_deref(), Some("node-a"));
+    assert_eq!(status.transfer.as_ref().unwrap().summary, transfer.summary);
+    assert_eq!(
+        stalled(&status),
+        Some(("False".into(), "Progressing".into()))
+    );
+
+    // No report and no change past the bound: Stalled, once, naming the node.
+    facts.restore.status = Some(status);
+    facts.transfer_reports.clear();
+    facts.now += Duration::from_secs(61);
+    let stall = plan(&facts);
+    let status = stall.status.clone().unwrap();
+    assert_eq!(stalled(&status), Some(("True".into(), "NoProgress".into())));
+    let warning = stall
+        .events
+        .iter()
+        .find(|event| event.reason == types::STALLED)
+        .expect("a Warning");
+    assert!(
+        warning.warning && warning.text.contains("node node-a"),
+        "{}",
+        warning.text
+    );
+    facts.restore.status = Some(status);
+    facts.now += Duration::from_secs(10);
+    assert!(
+        !plan(&facts)
+            .events
+            .iter()
+            .any(|event| event.reason == types::STALLED)
+    );
+
+    // Written and being verified: everything, and nothing stalls.
+    let mut written = facts.restore.status.clone().unwrap();
+    written.volumes[0].state = VolumeState::Verifying;
+    facts.restore.status = Some(written);
+    facts.agents = vec![report(VolumeState::Verifying, None)];
+    facts.jobs = vec![(job.clone(), JobFact::Owned(JobState::Succeeded))];
+    let status = plan(&facts).status.unwrap();
+    assert_eq!(
+        status.volumes[0].transfer.as_ref().unwrap().summary,
+        "2.0 MiB of 2.0 MiB (100%), 8 of 8 files"
+    );
+    assert_eq!(stalled(&status), None);
 }

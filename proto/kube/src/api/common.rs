@@ -52,3 +52,35 @@ pub(crate) fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> sc
     );
     schema
 }
+
+/// How far a mover has copied: a running backup, or a volume being restored. Written by the
+/// controller from the node agent's reports (the mover writes its counts every few seconds).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transfer {
+    /// In words, such as `1.5 GiB of 4.0 GiB (37%), 120 of 300 files`.
+    pub summary: String,
+    /// Content bytes copied so far (a backup: read and stored, an unchanged file whole; a
+    /// restore: written and hashed).
+    pub bytes_done: u64,
+    /// The content bytes to copy; absent while a backup still counts its volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    pub files_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<u64>,
+    /// Bytes uploaded to the repository so far, after deduplication, compression and
+    /// encryption (a backup: its reading runs ahead of its uploads by what its writer buffers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_uploaded: Option<u64>,
+    /// The volume being copied now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// The node the mover runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// When the controller last saw the counts grow (the `Stalled` condition counts from
+    /// here), by the controller's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}

@@ -73,10 +73,48 @@ pub struct NodeAgentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub omitted_volumes: Option<u32>,
 
+    /// Every custody mover running on this node (a Backup's Job, a Restore's prepareData
+    /// Job) and how far it has come, as the agent last read it. The backup and restore
+    /// reconcilers read their Jobs' progress here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub movers: Vec<ReportedMover>,
+
     /// `Ready` turns False when the agent stops reporting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// One running mover on a node, as its agent reported it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportedMover {
+    pub namespace: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    /// The mover's Job.
+    pub job_name: String,
+    /// The UID of the Backup or Restore the pod's labels name; trusted only for a Job that
+    /// Backup or Restore created.
+    pub owner_uid: String,
+    /// `backup` or `restore`.
+    pub operation: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub volume: String,
+    pub bytes_done: u64,
+    pub files_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<u64>,
+    /// Bytes uploaded to the repository so far (a backup).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_sent: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Volumes under restore on one node, counted by state.

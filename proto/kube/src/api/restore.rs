@@ -22,6 +22,7 @@ use super::{Condition, LocalObjectReference, VolumeRestorePolicy, conditions_sch
     printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backupRef.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
+    printcolumn = r#"{"name":"Transferred","type":"string","jsonPath":".status.transfer.summary"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -115,6 +116,10 @@ pub struct VolumeRestoreStatus {
     /// When the volume entered its state (what the progress deadline counts from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// How far its prepareData Job has written it: updated every few seconds while the
+    /// mover runs (from the node agent's reports), everything once written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<super::Transfer>,
 }
 
 /// Observed state of a Restore.
@@ -132,6 +137,10 @@ pub struct RestoreStatus {
     /// Per-volume progress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeRestoreStatus>,
+
+    /// The volumes' transfers added up, once any mover reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<super::Transfer>,
 
     /// When the restore started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
