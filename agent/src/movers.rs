@@ -23,7 +23,11 @@ use crate::state::Agent;
 /// How often the progress files are read.
 pub const READ_EVERY: Duration = Duration::from_secs(3);
 /// At most this many movers are reported (more would be a node far past any bound).
-pub const MAX_REPORTED: usize = 64;
+pub const MAX_REPORTED: usize = 128;
+/// At most this many of one namespace: anyone who may create Jobs can make look-alike mover
+/// pods, and a namespace full of them must not push other namespaces' movers out of the report
+/// (their Backups and Restores would look stalled).
+pub const MAX_REPORTED_PER_NAMESPACE: usize = 16;
 
 /// The scratch volume's directory of mover pod `uid` (custody's mover Jobs name it `scratch`).
 fn scratch(kubelet_root: &Path, uid: &str) -> std::path::PathBuf {
@@ -33,8 +37,15 @@ fn scratch(kubelet_root: &Path, uid: &str) -> std::path::PathBuf {
         .join("volumes/kubernetes.io~empty-dir/scratch")
 }
 
-/// Whether `pod` is a running custody mover: a Backup's Job or a Restore's prepareData Job.
+/// Whether `pod` is a running custody mover: a pod of a Job (its controller) labelled as a
+/// Backup's or a Restore's prepareData Job.
 pub fn is_mover(pod: &Pod) -> bool {
+    let of_a_job = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|owner| owner.controller == Some(true) && owner.kind == "Job");
     let role = pod
         .metadata
         .labels
@@ -47,6 +58,7 @@ pub fn is_mover(pod: &Pod) -> bool {
         .and_then(|status| status.phase.as_deref())
         == Some("Running");
     matches!(role, Some(names::ROLE_BACKUP | names::ROLE_PREPARE_DATA))
+        && of_a_job
         && running
         && pod.metadata.deletion_timestamp.is_none()
 }
@@ -105,18 +117,30 @@ pub fn read(kubelet_root: &Path, uid: &str) -> Option<Progress> {
     Progress::parse(&content)
 }
 
-/// Every running mover's progress on the node, in pod order, at most [`MAX_REPORTED`].
+/// Every running mover's progress on the node, in pod order: at most
+/// [`MAX_REPORTED_PER_NAMESPACE`] of a namespace, [`MAX_REPORTED`] in all.
 pub fn read_all(kubelet_root: &Path, pods: &[Arc<Pod>]) -> Vec<MoverProgress> {
-    let mut reports: Vec<MoverProgress> = pods
-        .iter()
-        .filter(|pod| is_mover(pod))
-        .filter_map(|pod| {
-            let uid = pod.metadata.uid.as_deref()?;
-            Some(report_of(pod, read(kubelet_root, uid)?))
-        })
-        .collect();
-    reports.sort_by(|a, b| (&a.namespace, &a.pod_name).cmp(&(&b.namespace, &b.pod_name)));
-    reports.truncate(MAX_REPORTED);
+    let mut movers: Vec<&Arc<Pod>> = pods.iter().filter(|pod| is_mover(pod)).collect();
+    movers.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    let mut per_namespace: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut reports = Vec::new();
+    for pod in movers {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let seen = per_namespace.entry(namespace).or_default();
+        if *seen >= MAX_REPORTED_PER_NAMESPACE || reports.len() >= MAX_REPORTED {
+            continue;
+        }
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            continue;
+        };
+        // Counted once found, so that files not yet written take no namespace's turn.
+        if let Some(progress) = read(kubelet_root, uid) {
+            *seen += 1;
+            reports.push(report_of(pod, progress));
+        }
+    }
     reports
 }
 
@@ -144,10 +168,16 @@ mod tests {
     use super::*;
 
     fn pod(uid: &str, role: &str, phase: &str) -> Pod {
+        pod_in("shop", uid, role, phase)
+    }
+
+    fn pod_in(namespace: &str, uid: &str, role: &str, phase: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("pod-{uid}"), "namespace": "shop", "uid": uid,
+            "metadata": {"name": format!("pod-{uid}"), "namespace": namespace, "uid": uid,
                 "labels": {"custody.io/role": role, "job-name": "job-1",
-                    "custody.io/backup-uid": "backup-uid", "custody.io/restore-uid": "restore-uid"}},
+                    "custody.io/backup-uid": "backup-uid", "custody.io/restore-uid": "restore-uid"},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "job-1",
+                    "uid": "job-uid", "controller": true}]},
             "status": {"phase": phase},
         }))
         .unwrap()
@@ -192,6 +222,40 @@ mod tests {
             }
             assert_eq!(is_mover(&pod), mover, "{role} {phase} deleting={deleting}");
         }
+        // A bare pod with the labels, or one a Job does not control, is not a mover.
+        let mut bare = pod("0a-1", "backup", "Running");
+        bare.metadata.owner_references = None;
+        assert!(!is_mover(&bare));
+        let mut owned = pod("0a-1", "backup", "Running");
+        owned.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert!(!is_mover(&owned));
+    }
+
+    #[test]
+    fn a_namespace_of_look_alikes_does_not_push_others_out_of_the_report() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path();
+        let mut pods = Vec::new();
+        for index in 0..100 {
+            let uid = format!("aa-{index:03}");
+            written(root, &uid, &progress_json(1));
+            pods.push(Arc::new(pod_in("aaa", &uid, "backup", "Running")));
+        }
+        written(root, "bb-1", &progress_json(2));
+        pods.push(Arc::new(pod_in("zzz", "bb-1", "prepare-data", "Running")));
+        let reported = read_all(root, &pods);
+        assert_eq!(
+            reported
+                .iter()
+                .filter(|mover| mover.namespace == "aaa")
+                .count(),
+            MAX_REPORTED_PER_NAMESPACE
+        );
+        assert!(
+            reported
+                .iter()
+                .any(|mover| mover.namespace == "zzz" && mover.bytes_done == 2)
+        );
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub const MAX_LISTED_VOLUMES: usize = 512;
 pub const MAX_VOLUME_MESSAGE: usize = 512;
 
 /// At most this many movers are listed in a NodeAgent's `movers` (the agent sends no more).
-pub const MAX_LISTED_MOVERS: usize = 64;
+pub const MAX_LISTED_MOVERS: usize = 128;
 
 /// A mover as a NodeAgent lists it; its names are cut to what Kubernetes allows.
 fn reported_mover(mover: &custody_proto::report::MoverProgress) -> ReportedMover {

@@ -120,11 +120,18 @@ pub fn completed(recorded: Option<&Transfer>, result: Option<(u64, u64)>) -> Opt
     })
 }
 
+/// Whether the copy has counted anything yet: the stall clock starts with the first byte or
+/// file (before it the mover opens the repository, reads its index and the parent's trees, or
+/// downloads and checks the manifest: bounded by the repository's `timeouts`, not counted).
+fn started(transfer: &Transfer) -> bool {
+    transfer.bytes_done > 0 || transfer.files_done > 0 || transfer.bytes_uploaded.is_some()
+}
+
 /// The `Stalled` condition of a running copy: True once its counts have not grown for longer
 /// than `bound` (naming the volume, the node and since when), False while they grow. `None`
-/// before the mover first reported: its start is bounded by the Job's own checks.
+/// before the mover counted anything (see [`started`]).
 pub fn stalled(transfer: Option<&Transfer>, bound: Duration, now: Timestamp) -> Option<Desired> {
-    let transfer = transfer?;
+    let transfer = transfer.filter(|transfer| started(transfer))?;
     let last = transfer.last_progress_time.as_ref()?.0;
     let still = Duration::try_from(now.duration_since(last)).unwrap_or(Duration::ZERO);
     let volume = transfer
@@ -250,19 +257,19 @@ pub fn owners(agent: &custody_kube::api::NodeAgent) -> std::collections::BTreeSe
 }
 
 /// When to look again so that a stall is said on time: just past the bound from the last
-/// progress.
+/// progress; `None` once past it (said already; a report that the copy moved wakes the
+/// reconciler) or before the copy counted anything.
 pub fn look_again(
     transfer: Option<&Transfer>,
     bound: Duration,
     now: Timestamp,
 ) -> Option<Duration> {
-    let last = transfer?.last_progress_time.as_ref()?.0;
+    let transfer = transfer.filter(|transfer| started(transfer))?;
+    let last = transfer.last_progress_time.as_ref()?.0;
     let since = Duration::try_from(now.duration_since(last)).unwrap_or(Duration::ZERO);
-    Some(
-        bound
-            .checked_sub(since)
-            .map_or(Duration::from_secs(5), |left| left + Duration::from_secs(1)),
-    )
+    bound
+        .checked_sub(since)
+        .map(|left| left + Duration::from_secs(1))
 }
 
 #[cfg(test)]
@@ -409,6 +416,30 @@ mod tests {
     }
 
     #[test]
+    fn the_stall_clock_starts_with_the_first_count() {
+        let bound = Duration::from_secs(300);
+        // Opening the repository, reading the manifest: nothing counted, nothing stalls.
+        let opening = next(None, Some(&mover("p", 0, 0)), Some("node-a"), at(0));
+        assert_eq!(stalled(opening.as_ref(), bound, at(1000)), None);
+        assert_eq!(look_again(opening.as_ref(), bound, at(10)), None);
+        // Only a file (an empty one), or only uploads: started.
+        let file = next(opening.as_ref(), Some(&mover("p", 0, 1)), None, at(1000));
+        assert_eq!(
+            stalled(file.as_ref(), bound, at(1301)).map(|desired| desired.status),
+            Some(Status::True)
+        );
+        let uploads = ReportedMover {
+            bytes_sent: 1,
+            ..mover("p", 0, 0)
+        };
+        let uploads = next(opening.as_ref(), Some(&uploads), None, at(1000));
+        assert_eq!(
+            stalled(uploads.as_ref(), bound, at(1001)).map(|desired| desired.status),
+            Some(Status::False)
+        );
+    }
+
+    #[test]
     fn a_copy_stalls_once_its_counts_stood_still_past_the_bound() {
         let bound = Duration::from_secs(300);
         let transfer = next(None, Some(&mover("p", 10, 1)), Some("node-a"), at(0));
@@ -496,10 +527,7 @@ mod tests {
             look_again(transfer.as_ref(), bound, at(300)),
             Some(Duration::from_secs(1))
         );
-        assert_eq!(
-            look_again(transfer.as_ref(), bound, at(400)),
-            Some(Duration::from_secs(5))
-        );
+        assert_eq!(look_again(transfer.as_ref(), bound, at(400)), None);
     }
 
     #[test]

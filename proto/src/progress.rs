@@ -30,7 +30,7 @@ pub struct Progress {
     pub bytes_done: u64,
     pub files_done: u64,
     /// The totals, once known: a restore knows them from the manifest at once; a backup
-    /// counts its volumes while it reads them.
+    /// counts its volumes while it reads them (not beside a frozen read: then never).
     #[serde(default)]
     pub bytes_total: Option<u64>,
     #[serde(default)]
@@ -66,7 +66,7 @@ impl Progress {
     }
 }
 
-/// `1.5 GiB of 4.0 GiB (37%), 120 of 300 files`; a total not yet known is said so.
+/// `1.5 GiB of 4.0 GiB (37%), 120 of 300 files`; a total not known is `?`.
 pub fn summary(
     bytes_done: u64,
     bytes_total: Option<u64>,
@@ -81,7 +81,7 @@ pub fn summary(
             (u128::from(bytes_done.min(total)) * 100 / u128::from(total))
         ),
         Some(_) => format!("{} of {}", human_bytes(bytes_done), human_bytes(0)),
-        None => format!("{} of ? (counting)", human_bytes(bytes_done)),
+        None => format!("{} of ?", human_bytes(bytes_done)),
     };
     let files = match files_total {
         Some(total) => format!("{files_done} of {total} files"),
@@ -148,7 +148,7 @@ mod tests {
                 Some(300),
                 "1.0 GiB of 4.0 GiB (25%), 120 of 300 files",
             ),
-            (gib, None, 7, None, "1.0 GiB of ? (counting), 7 files"),
+            (gib, None, 7, None, "1.0 GiB of ?, 7 files"),
             (0, Some(0), 0, Some(0), "0 B of 0 B, 0 of 0 files"),
             // Written past a total (a file grew while counted): never more than 100%.
             (

@@ -472,6 +472,7 @@ async fn kubectl_get_shows_the_printer_columns() {
                 "NAME",
                 "CLUSTER",
                 "PHASE",
+                "PROGRESS",
                 "SIZE",
                 "NODE",
                 "CONSISTENCY",
@@ -492,7 +493,15 @@ async fn kubectl_get_shows_the_printer_columns() {
         ),
         (
             "restores",
-            &["NAME", "CLUSTER", "BACKUP", "PHASE", "PROGRESS", "AGE"],
+            &[
+                "NAME",
+                "CLUSTER",
+                "BACKUP",
+                "PHASE",
+                "PROGRESS",
+                "TRANSFERRED",
+                "AGE",
+            ],
         ),
     ];
     for (plural, columns) in expected {

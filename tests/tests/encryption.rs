@@ -832,7 +832,8 @@ fn counts(transfer: &custody_kube::api::Transfer) -> (u64, Option<u64>) {
 #[tokio::test]
 async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_still_is_stalled() {
     let mut setup = setup_encrypted("progress").await;
-    setup.restart_controller_with(&["--stalled-after-seconds=6"]);
+    // Above the time one 16 MiB pack takes at 2 MiB/s: a copy that moves never stalls.
+    setup.restart_controller_with(&["--stalled-after-seconds=20"]);
     let namespace = &setup.namespace;
     let node = setup.kubelet.node.clone();
     repository_ready(namespace, "store").await;
@@ -858,10 +859,18 @@ async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_stil
     )
     .await;
     let backups = namespace.api::<Backup>();
+    let mut stalled_while_moving = Vec::new();
     let running = watch_until(
         &backups,
         "slow",
         |backup: &Backup| {
+            stalled_while_moving.extend(
+                backup
+                    .conditions()
+                    .iter()
+                    .filter(|condition| condition.type_ == "Stalled" && condition.status == "True")
+                    .map(|condition| condition.message.clone()),
+            );
             let status = backup.status.as_ref()?;
             (status.phase == Some(BackupPhase::Running))
                 .then(|| status.transfer.clone())
@@ -875,6 +884,10 @@ async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_stil
         },
     )
     .await;
+    assert!(
+        stalled_while_moving.is_empty(),
+        "a moving copy was said stalled: {stalled_while_moving:?}"
+    );
     let slow = completed(namespace, "slow").await;
     let done = slow
         .status
@@ -986,6 +999,7 @@ async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_stil
         .transfer
         .clone()
         .expect("a final transfer");
+    assert!(written.bytes_done >= new_data.len() as u64, "{written:?}");
     assert!(written.summary.contains("(100%)"), "{written:?}");
     assert_eq!(status.transfer.as_ref().map(counts), Some(counts(&written)));
     let table = kubectl_get(namespace, "restores", "shop");
@@ -995,8 +1009,8 @@ async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_stil
     );
     drop(workloads);
 
-    // A copy that stands still past the bound (1 KiB/s): Stalled, naming the node, with a
-    // Warning; the Backup keeps running.
+    // A copy that stands still past the bound (1 KiB/s: one pack takes hours): Stalled,
+    // naming the node, with a Warning; the Backup keeps running.
     repositories
         .patch("store", &PatchParams::default(), &bound(1, 2048))
         .await

@@ -102,7 +102,11 @@ pub async fn run(
                     }
                 }
                 let _progress = super::progress::Reporter::from_env("backup");
-                super::progress::count_in_background(source.clone());
+                // Not beside a frozen read: the walk would compete with it for the disk while
+                // the application waits (its totals stay unknown).
+                if max_freeze_seconds.is_none() || freeze_claim.is_empty() {
+                    super::progress::count_when_reading(source.clone());
+                }
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
                 let header = header(backup_uid, cluster_uid, &created_at);
                 let request = match &options.repository_prefix {

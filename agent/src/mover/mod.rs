@@ -205,6 +205,7 @@ pub async fn backup(
     };
 
     let source = source.to_path_buf();
+    progress::reading_starts();
     let written = tokio::task::spawn_blocking(move || -> Result<_, MoverError> {
         let manifest_file = tempfile::tempfile().map_err(local("a temporary manifest file"))?;
         let parts = upload::PartWriter::new(sender);

@@ -203,8 +203,9 @@ fn report(
             );
         }
         if last_logged.as_ref() != Some(&current) {
+            // Not `custody-mover: `: that prefix says why a mover failed (`reason: message`).
             eprintln!(
-                "custody-mover: {operation} progress{}: {}",
+                "custody-mover progress: {operation}{}: {}",
                 if current.volume.is_empty() {
                     String::new()
                 } else {
@@ -228,6 +229,28 @@ fn write(file: &Path, progress: &Progress) -> std::io::Result<()> {
     out.write_all(&serde_json::to_vec(progress).map_err(std::io::Error::other)?)?;
     drop(out);
     std::fs::rename(&partial, file)
+}
+
+/// The volumes to count once reading starts ([`count_when_reading`]).
+static TO_COUNT: Mutex<Option<Vec<PathBuf>>> = Mutex::new(None);
+
+/// Counts `roots` ([`count_in_background`]) once the reading starts ([`reading_starts`]), not
+/// before: opening the repository and loading its index come first, undisturbed.
+pub fn count_when_reading(roots: Vec<PathBuf>) {
+    *TO_COUNT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(roots);
+}
+
+/// The volumes are about to be read: the count asked for starts beside the reading.
+pub fn reading_starts() {
+    let roots = TO_COUNT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take();
+    if let Some(roots) = roots {
+        count_in_background(roots);
+    }
 }
 
 /// Counts the regular files of `roots` and their bytes (on their own filesystems, symbolic

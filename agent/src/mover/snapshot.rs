@@ -221,6 +221,7 @@ fn backup_into(
     let mut read = Vec::new();
     let mut claims = Vec::new();
     let headers = volume_headers(&request.header, &request.volumes);
+    super::progress::reading_starts();
     for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
         super::progress::volume(&volume.name);
         claims.push(volume.claim);

@@ -77,7 +77,7 @@ pub struct NodeAgentStatus {
     /// Job) and how far it has come, as the agent last read it. The backup and restore
     /// reconcilers read their Jobs' progress here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 128))]
     pub movers: Vec<ReportedMover>,
 
     /// `Ready` turns False when the agent stops reporting.
