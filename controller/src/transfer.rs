@@ -27,14 +27,9 @@ pub fn find<'a>(
     pods: &[Pod],
 ) -> Option<&'a ReportedMover> {
     let ours = |mover: &&ReportedMover| {
-        mover.namespace == namespace
-            && mover.job_name == job_name
-            && mover.owner_uid == owner_uid
-            && pods
-                .iter()
-                .any(|pod| pod.metadata.uid.as_deref() == Some(mover.pod_uid.as_str()))
+        mover.namespace == namespace && mover.job_name == job_name && mover.owner_uid == owner_uid
     };
-    // The latest pod's report is the current run's.
+    // Only a report of one of the Job's own pods, the latest pod's first: the current run's.
     let mut latest_first: Vec<&Pod> = pods.iter().collect();
     latest_first.sort_by_key(|pod| {
         std::cmp::Reverse(pod.metadata.creation_timestamp.as_ref().map(|time| time.0))
@@ -422,7 +417,13 @@ mod tests {
         let opening = next(None, Some(&mover("p", 0, 0)), Some("node-a"), at(0));
         assert_eq!(stalled(opening.as_ref(), bound, at(1000)), None);
         assert_eq!(look_again(opening.as_ref(), bound, at(10)), None);
-        // Only a file (an empty one), or only uploads: started.
+        // Only bytes (a file not finished), only a file (an empty one), or only uploads:
+        // started.
+        let bytes = next(opening.as_ref(), Some(&mover("p", 5, 0)), None, at(1000));
+        assert_eq!(
+            stalled(bytes.as_ref(), bound, at(1301)).map(|desired| desired.status),
+            Some(Status::True)
+        );
         let file = next(opening.as_ref(), Some(&mover("p", 0, 1)), None, at(1000));
         assert_eq!(
             stalled(file.as_ref(), bound, at(1301)).map(|desired| desired.status),
@@ -498,6 +499,19 @@ mod tests {
             ..b.clone()
         };
         assert_eq!(total([&a, &counting]).unwrap().bytes_total, None);
+        // Uploads add up; none uploaded is none said.
+        assert_eq!(sum.bytes_uploaded, None);
+        let uploading = Transfer {
+            bytes_uploaded: Some(100),
+            ..a.clone()
+        };
+        let with_uploads = total([&uploading, &b]).unwrap();
+        assert_eq!(with_uploads.bytes_uploaded, Some(100));
+        assert!(
+            with_uploads.summary.ends_with(", 100 B uploaded"),
+            "{}",
+            with_uploads.summary
+        );
         assert_eq!(total([]), None);
 
         assert_eq!(stalled_of([], bound, at(0)), None);
