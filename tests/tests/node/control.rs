@@ -66,11 +66,23 @@ async fn on_a_real_node_custodys_ca_rotates_during_a_restore_and_nothing_fails()
     };
     let old_ca = ca_name(&secrets.get("custody-ca").await.unwrap());
     assert!(old_ca.starts_with("custody-ca-"), "{old_ca}");
-    let gate_before = std::fs::read(GATE_CERTIFICATE).expect("the gate's certificate");
-    assert_eq!(
-        x509(&gate_before, "-issuer"),
-        format!("issuer=CN = {old_ca}")
-    );
+    // The agent keeps its gate certificate on the host across installs: one from an earlier
+    // install's CA is served at once, and replaced once the controller's answer names the CA
+    // that signs now (a report away).
+    let issuer = format!("issuer=CN = {old_ca}");
+    let gate_before = custody_tests::eventually(
+        "the gate's certificate from the CA in force",
+        TIMEOUT,
+        || {
+            let issuer = issuer.clone();
+            async move {
+                let pem = std::fs::read(GATE_CERTIFICATE).map_err(|error| error.to_string())?;
+                let found = x509(&pem, "-issuer");
+                (found == issuer).then_some(pem).ok_or(found)
+            }
+        },
+    )
+    .await;
     assert_eq!(
         x509(&gate_before, "-subject"),
         format!("subject=CN = {}.gate.custody.io", setup.node)
