@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use custody_kube::api::{Artifact, Backup, BackupRepository, DeletionPolicy};
-use custody_kube::s3::Endpoint;
+use custody_kube::s3::{Endpoint, Signer};
 
 /// Finalizer of the backup reconciler on Backups: the artifact is dealt with before the Backup
 /// goes.
@@ -24,17 +24,17 @@ pub struct Other<'a> {
     pub artifact: Option<&'a Artifact>,
 }
 
-/// Where to delete `artifact` and with which credentials Secret: the repository's current
-/// endpoint, CA and Secret while it exists (it may have moved since the backup), the recorded
-/// ones once it is gone; always the recorded bucket.
+/// Where to delete `artifact` and what signs the calls: the repository's current endpoint,
+/// CA and credentials (Secret or web identity) while it exists (it may have moved since the
+/// backup), the recorded ones once it is gone; always the recorded bucket.
 pub fn delete_endpoint(
     artifact: &Artifact,
     repository: Option<&BackupRepository>,
-) -> (Endpoint, String) {
-    let (mut endpoint, secret) = match repository {
+) -> (Endpoint, Signer) {
+    let (mut endpoint, signer) = match repository {
         Some(repository) => (
             custody_kube::s3::endpoint_of(repository),
-            repository.spec.credentials_secret_ref.name.clone(),
+            Signer::of(&repository.spec),
         ),
         None => (
             Endpoint {
@@ -49,11 +49,14 @@ pub fn delete_endpoint(
                 limits: custody_kube::s3::Limits::default(),
                 ..Default::default()
             },
-            artifact.credentials_secret.clone().unwrap_or_default(),
+            match &artifact.web_identity {
+                Some(identity) => Signer::WebIdentity(identity.clone()),
+                None => Signer::Secret(artifact.credentials_secret.clone().unwrap_or_default()),
+            },
         ),
     };
     endpoint.bucket = artifact.bucket.clone();
-    (endpoint, secret)
+    (endpoint, signer)
 }
 
 /// The credentials Secrets a Backup may hold the finalizer of: the one recorded with its

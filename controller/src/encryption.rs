@@ -95,7 +95,7 @@ pub async fn open_repository(
     client: &kube::Client,
     repository: &BackupRepository,
     endpoint: &Endpoint,
-    credentials: &s3::Secret,
+    credentials: &s3::Credentials,
 ) -> Result<Opened, EncryptionError> {
     let namespace = repository.namespace().unwrap_or_default();
     let name = repository.name_any();

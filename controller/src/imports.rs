@@ -266,13 +266,9 @@ pub async fn read_snapshots(
         .and_then(|data| data.get(MASTER_KEY_ENTRY).cloned())
         .map(|value| String::from_utf8_lossy(&value.0).to_string())
         .ok_or_else(|| ReadError::NotOpened(name.clone()))?;
-    let credentials = s3::credentials(
-        client,
-        &namespace,
-        &repository.spec.credentials_secret_ref.name,
-    )
-    .await
-    .map_err(|error| ReadError::Repository(error.to_string()))?;
+    let credentials = s3::credentials_of(client, repository)
+        .await
+        .map_err(|error| ReadError::Repository(error.to_string()))?;
     let endpoint: Endpoint = custody_kube::s3::endpoint_of(repository);
     let s3_client = s3::client(&endpoint, &credentials)
         .map_err(|error| ReadError::Repository(error.to_string()))?;

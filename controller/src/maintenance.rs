@@ -417,7 +417,8 @@ pub fn job(
         // Reads and writes the bucket only: no capability.
         "securityContext": crate::mover_job::security_context(&[]),
     });
-    mover.job(name, repository, &labels, None, 0, container)
+    let job = mover.job(name, repository, &labels, None, 0, container);
+    crate::mover_job::with_web_identity(job, &repository.spec)
 }
 
 /// What a maintenance Job is doing.

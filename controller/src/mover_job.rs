@@ -125,6 +125,57 @@ impl MoverJob {
     }
 }
 
+/// A Job of a repository that signs with a web identity: its pod runs as the identity's
+/// ServiceAccount with the token for the STS's audience projected into it (and still no token
+/// for the Kubernetes API), mounted where `AWS_WEB_IDENTITY_TOKEN_FILE` says in every
+/// container given the repository's environment (the mover, or a user's command). A
+/// repository that signs with keys changes nothing.
+pub fn with_web_identity(
+    mut job: k8s_openapi::api::batch::v1::Job,
+    repository: &custody_kube::api::BackupRepositorySpec,
+) -> k8s_openapi::api::batch::v1::Job {
+    let (Some(identity), Some(volume)) = (
+        repository.web_identity.as_ref(),
+        custody_kube::s3::web_identity_volume(repository),
+    ) else {
+        return job;
+    };
+    let Some(pod) = job
+        .spec
+        .as_mut()
+        .and_then(|spec| spec.template.spec.as_mut())
+    else {
+        return job;
+    };
+    pod.service_account_name = Some(identity.service_account_name.clone());
+    pod.volumes
+        .get_or_insert_default()
+        .push(serde_json::from_value(volume).expect("a valid volume"));
+    let mount = k8s_openapi::api::core::v1::VolumeMount {
+        name: custody_kube::s3::WEB_IDENTITY_VOLUME.to_string(),
+        mount_path: custody_kube::sts::TOKEN_DIRECTORY.to_string(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    for container in pod
+        .containers
+        .iter_mut()
+        .chain(pod.init_containers.iter_mut().flatten())
+    {
+        let signs =
+            container.env.iter().flatten().any(|variable| {
+                variable.name == custody_proto::mover::env::WEB_IDENTITY_TOKEN_FILE
+            });
+        if signs {
+            container
+                .volume_mounts
+                .get_or_insert_default()
+                .push(mount.clone());
+        }
+    }
+    job
+}
+
 /// Which failures a retried Job gives up on at once, and which it does not count.
 fn retry_policy(container: &serde_json::Value) -> serde_json::Value {
     serde_json::json!({"rules": [

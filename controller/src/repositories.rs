@@ -98,6 +98,10 @@ pub enum Probe {
     Unreachable(String),
     /// The TLS handshake failed (certificate, protocol).
     Tls(String),
+    /// A web identity: the namespace has not let custody ask for its ServiceAccount's tokens.
+    IdentityNotAllowed(String),
+    /// A web identity: the STS refused the token (or answered no credentials).
+    IdentityRefused(String),
 }
 
 /// The `Ready` condition for what a check found.
@@ -135,7 +139,7 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
             Status::False,
             reasons::ACCESS_DENIED,
             format!(
-                "the server refused the credentials for bucket {bucket} ({}); check the Secret's keys and the bucket policy",
+                "the server refused the credentials for bucket {bucket} ({}); check the Secret's keys (or the web identity's role) and the bucket policy",
                 code.as_deref().unwrap_or("403")
             ),
         ),
@@ -153,6 +157,18 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
             Status::False,
             reasons::ENDPOINT_UNREACHABLE,
             format!("the endpoint does not answer: {message}"),
+        ),
+        Probe::IdentityNotAllowed(message) => (
+            Status::False,
+            reasons::WEB_IDENTITY_NOT_ALLOWED,
+            message.clone(),
+        ),
+        Probe::IdentityRefused(message) => (
+            Status::False,
+            reasons::WEB_IDENTITY_REFUSED,
+            format!(
+                "{message}; check spec.webIdentity (roleArn, audience) and the STS's trust of the cluster's ServiceAccount issuer"
+            ),
         ),
         Probe::Tls(message) => (
             Status::False,
@@ -177,7 +193,12 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
 /// rotated password or key is taken within half a minute.
 pub fn recheck_after(probe: &Probe, key: Option<&EncryptionError>) -> Duration {
     match (probe, key) {
-        (Probe::SecretMissing { .. } | Probe::SecretIncomplete { .. }, _)
+        (
+            Probe::SecretMissing { .. }
+            | Probe::SecretIncomplete { .. }
+            | Probe::IdentityNotAllowed(_),
+            _,
+        )
         | (_, Some(EncryptionError::SecretNotFound(_) | EncryptionError::SecretEmpty(_))) => {
             Duration::from_secs(5)
         }
@@ -219,14 +240,26 @@ pub fn classify<E: std::error::Error + 'static, R: std::fmt::Debug + 'static>(
     }
 }
 
-/// Reads the repository's Secret and asks the bucket; the credentials that worked.
+/// Reads the repository's Secret (or exchanges its web identity's token at the STS) and asks
+/// the bucket; the credentials that worked.
 pub async fn probe(
     client: &kube::Client,
     repository: &BackupRepository,
-) -> (Probe, Option<s3::Secret>) {
-    let namespace = repository.namespace().unwrap_or_default();
-    let secret_name = &repository.spec.credentials_secret_ref.name;
-    let credentials = match s3::credentials(client, &namespace, secret_name).await {
+) -> (Probe, Option<s3::Credentials>) {
+    let credentials = match s3::credentials_of(client, repository).await {
+        Ok(s3::Credentials::WebIdentity(identity)) => {
+            match identity.assume(&s3::endpoint_of(repository)).await {
+                Ok(session) => s3::Credentials::Session(session),
+                Err(error @ custody_kube::sts::StsError::TokenForbidden { .. }) => {
+                    return (Probe::IdentityNotAllowed(error.to_string()), None);
+                }
+                Err(
+                    error @ (custody_kube::sts::StsError::Refused { .. }
+                    | custody_kube::sts::StsError::Unreadable { .. }),
+                ) => return (Probe::IdentityRefused(error.to_string()), None),
+                Err(error) => return (Probe::Unreachable(error.to_string()), None),
+            }
+        }
         Ok(credentials) => credentials,
         Err(CredentialsError::SecretMissing { name }) => {
             return (Probe::SecretMissing { name }, None);
@@ -242,7 +275,7 @@ pub async fn probe(
     (probe, Some(credentials))
 }
 
-async fn head(repository: &BackupRepository, credentials: &s3::Secret) -> Probe {
+async fn head(repository: &BackupRepository, credentials: &s3::Credentials) -> Probe {
     let endpoint = s3::endpoint_of(repository);
     let s3_client = match s3::client(&endpoint, credentials) {
         Ok(client) => client,

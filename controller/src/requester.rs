@@ -10,6 +10,7 @@ use custody_kube::api::{
     BackupPlanSpec, BackupRepositorySpec, BackupSpec, ClusterSpec, Consistency, ConsistencyMethod,
     LocalObjectReference,
 };
+use custody_kube::s3::Signer;
 
 /// One thing custody would do for an object, as the permission a user needs to do it directly.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +70,7 @@ pub enum Object<'a> {
         /// The credentials Secret of the repository a `command` Backup writes to, when its
         /// repository exists: the command gets those credentials in its environment. `None`
         /// (no repository yet) asks for every Secret of the namespace.
-        command_credentials: Option<&'a str>,
+        command_credentials: Option<&'a Signer>,
         /// The repository its Cluster names.
         cluster_repository: ClusterRepository<'a>,
     },
@@ -135,7 +136,7 @@ fn other_repository(
 fn command_needs(
     needed: &mut Vec<Access>,
     command: Option<&custody_kube::api::CommandBackup>,
-    credentials: Option<&str>,
+    credentials: Option<&Signer>,
 ) {
     let Some(command) = command else {
         return;
@@ -148,15 +149,24 @@ fn command_needs(
             command.image
         ),
     ));
-    let secret = Access::new(
-        "get",
-        "secrets",
-        "its command gets the repository's credentials in its environment".into(),
-    );
+    let because = "its command gets the repository's credentials in its environment";
     needed.push(match credentials {
-        Some(name) => secret.named(name),
-        None => secret,
+        Some(signer) => signer_access(signer, because.into()),
+        None => Access::new("get", "secrets", because.into()),
     });
+}
+
+/// What reading with `signer` directly takes: `get` on its Secret, or `create` on its
+/// ServiceAccount's `token` (custody would present that ServiceAccount's tokens to the STS).
+pub fn signer_access(signer: &Signer, because: String) -> Access {
+    match signer {
+        Signer::Secret(name) => Access::new("get", "secrets", because).named(name),
+        Signer::WebIdentity(identity) => Access {
+            subresource: Some("token"),
+            ..Access::new("create", "serviceaccounts", because)
+        }
+        .named(&identity.service_account_name),
+    }
 }
 
 /// Whose data a Restore writes into its Cluster's volumes.
@@ -165,10 +175,10 @@ pub enum Source<'a> {
     /// A Backup of the Restore's own Cluster: its data is the Cluster's already.
     OwnCluster,
     /// A Backup of Cluster `cluster`, another: the writer must be able to read that data
-    /// directly, that is to open its repository with these Secrets (credentials, passwords).
+    /// directly, that is to open its repository with these (credentials, passwords).
     OtherCluster {
         cluster: &'a str,
-        secrets: &'a [String],
+        secrets: &'a [Signer],
     },
     /// A Backup that does not exist yet, or whose repository cannot be found: whose data it
     /// holds is unknown, which asks for every Secret of the namespace.
@@ -243,17 +253,13 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
             needed
         }
         Object::BackupRepository(spec) => {
-            let mut needed = vec![
-                Access::new(
-                    "get",
-                    "secrets",
-                    format!(
-                        "custody signs its requests to {} with these credentials",
-                        spec.endpoint
-                    ),
-                )
-                .named(&spec.credentials_secret_ref.name),
-            ];
+            let mut needed = vec![signer_access(
+                &Signer::of(spec),
+                format!(
+                    "custody signs its requests to {} with these credentials",
+                    spec.endpoint
+                ),
+            )];
             if let Some(encryption) = &spec.encryption {
                 needed.push(
                     Access::new(
@@ -274,14 +280,29 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
 pub const HOOKS_ROLE: &str = "custody-hooks";
 
 /// What custody itself needs in the object's namespace that only the namespace's admin grants
-/// it: `create pods/exec`, for hooks (ClusterRole [`HOOKS_ROLE`], bound in that namespace).
-/// Everything else custody does, its own ClusterRole grants everywhere.
+/// it: `create pods/exec`, for hooks (ClusterRole [`HOOKS_ROLE`]), and `create
+/// serviceaccounts/token` of a repository's web identity (ClusterRole
+/// [`custody_kube::sts::WEB_IDENTITY_ROLE`]), each bound in that namespace. Everything else
+/// custody does, its own ClusterRole grants everywhere.
 pub fn opted_in(object: Object<'_>) -> Vec<Access> {
     let consistency = match object {
         Object::Backup { spec, .. } => spec.consistency.as_ref(),
         Object::BackupPlan { spec, .. } => spec.consistency.as_ref(),
         Object::Cluster { spec, .. } => spec.consistency.as_ref(),
-        Object::Restore { .. } | Object::BackupRepository(_) => None,
+        Object::BackupRepository(spec) => {
+            return spec
+                .web_identity
+                .iter()
+                .map(|identity| {
+                    signer_access(
+                        &Signer::WebIdentity(identity.clone()),
+                        "custody's own calls to the repository present its tokens to the STS"
+                            .into(),
+                    )
+                })
+                .collect();
+        }
+        Object::Restore { .. } => None,
     };
     match consistency.map(|consistency| consistency.method) {
         Some(ConsistencyMethod::Hooks) => vec![Access {
@@ -323,8 +344,20 @@ pub fn opt_in_verdict(
     if missing.is_empty() {
         return None;
     }
+    let (what, role) = if needed
+        .iter()
+        .zip(allowed.iter().chain(std::iter::repeat(&false)))
+        .any(|(access, allowed)| !allowed && access.subresource == Some("token"))
+    {
+        (
+            "ask for tokens of a web identity's ServiceAccount",
+            custody_kube::sts::WEB_IDENTITY_ROLE,
+        )
+    } else {
+        ("run hooks", HOOKS_ROLE)
+    };
     Some(format!(
-        "namespace {namespace} has not let custody run hooks: custody would need {}, which it has only where a namespace's admin grants it: kubectl create rolebinding {HOOKS_ROLE} --namespace {namespace} --clusterrole {HOOKS_ROLE} {}",
+        "namespace {namespace} has not let custody {what}: custody would need {}, which it has only where a namespace's admin grants it: kubectl create rolebinding {role} --namespace {namespace} --clusterrole {role} {}",
         missing.join("; "),
         subject_flag(custody)
     ))
@@ -336,15 +369,13 @@ fn restore_source(source: Source<'_>) -> Vec<Access> {
         Source::OwnCluster => Vec::new(),
         Source::OtherCluster { cluster, secrets } => secrets
             .iter()
-            .map(|secret| {
-                Access::new(
-                    "get",
-                    "secrets",
+            .map(|signer| {
+                signer_access(
+                    signer,
                     format!(
-                        "it restores the data of Cluster {cluster}, read from the repository this Secret opens"
+                        "it restores the data of Cluster {cluster}, read from the repository these credentials open"
                     ),
                 )
-                .named(secret)
             })
             .collect(),
         Source::Unknown => vec![Access::new(

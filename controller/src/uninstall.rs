@@ -83,10 +83,9 @@ pub fn marked_secrets(
     }
     for repository in repositories {
         let namespace = repository.namespace().unwrap_or_default();
-        secrets.insert((
-            namespace.clone(),
-            repository.spec.credentials_secret_ref.name.clone(),
-        ));
+        if let Some(secret) = repository.spec.credentials_secret() {
+            secrets.insert((namespace.clone(), secret.to_string()));
+        }
         if let Some(encryption) = &repository.spec.encryption {
             secrets.insert((namespace, encryption.key_secret_ref.name.clone()));
         }

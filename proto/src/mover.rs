@@ -59,6 +59,15 @@ pub mod env {
     pub const ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
     /// The secret key, from the repository's credentials Secret.
     pub const SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+    /// The role a web identity assumes (the repository's `spec.webIdentity.roleArn`).
+    pub const ROLE_ARN: &str = "AWS_ROLE_ARN";
+    /// The file holding the ServiceAccount token a web identity presents (projected into
+    /// the mover's pod by the kubelet, which keeps it fresh).
+    pub const WEB_IDENTITY_TOKEN_FILE: &str = "AWS_WEB_IDENTITY_TOKEN_FILE";
+    /// The name of the session a web identity opens.
+    pub const ROLE_SESSION_NAME: &str = "AWS_ROLE_SESSION_NAME";
+    /// The STS endpoint a web identity asks (the repository's `spec.webIdentity.stsEndpoint`).
+    pub const STS_ENDPOINT: &str = "AWS_ENDPOINT_URL_STS";
     /// A repository password, from the repository's key Secret (format 2).
     pub const REPOSITORY_PASSWORD: &str = "CUSTODY_REPOSITORY_PASSWORD";
     /// The repository's master key (restic's JSON of it), from the Secret custody keeps for

@@ -593,9 +593,38 @@ async fn run_pod(
     // Volumes: claim -> host directory; mount path -> host directory.
     let mut mounts = Vec::new();
     let mut claims_mounted: Vec<(String, PathBuf)> = Vec::new();
-    // emptyDir mount path -> its directory under the kubelet root.
+    // emptyDir mount path -> its directory under the kubelet root (or a directory of its
+    // own without one); likewise a projected ServiceAccount token's.
     let mut empty_dirs: Vec<(String, PathBuf)> = Vec::new();
+    let projected_root = tempfile::tempdir().expect("projected volumes");
     for mount in container.volume_mounts.iter().flatten() {
+        // A projected token, as a kubelet makes it: asked for the pod's ServiceAccount, for
+        // the audience the volume names, bound to the pod.
+        let tokens: Vec<(String, String)> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|volume| volume.name == mount.name)
+            .filter_map(|volume| volume.projected.as_ref())
+            .flat_map(|projected| projected.sources.iter().flatten())
+            .filter_map(|source| source.service_account_token.as_ref())
+            .map(|token| {
+                (
+                    token.path.clone(),
+                    token.audience.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        if !tokens.is_empty() {
+            let directory = projected_root.path().join(&mount.name);
+            std::fs::create_dir_all(&directory).expect("a projected volume");
+            for (path, audience) in tokens {
+                let token = pod_token(&client, &pod, &audience).await;
+                std::fs::write(directory.join(path), token).expect("the projected token");
+            }
+            empty_dirs.push((mount.mount_path.clone(), directory));
+            continue;
+        }
         let empty_dir = spec
             .volumes
             .iter()

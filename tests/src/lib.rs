@@ -6,6 +6,7 @@ pub mod agent;
 pub mod databases;
 pub mod kubelet;
 pub mod node;
+pub mod oidc;
 pub mod pki;
 pub mod repository;
 pub mod s3;

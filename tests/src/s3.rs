@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use custody_kube::s3::{self, Endpoint, Secret};
+use custody_kube::s3::{self, Credentials, Endpoint, Secret};
 
 use crate::{ChildGuard, free_port, repo_root};
 
@@ -16,11 +16,11 @@ pub const ACCESS_KEY: &str = "custody";
 pub const SECRET_KEY: &str = "custody-secret-key";
 
 /// The credentials of the test servers.
-pub fn secret() -> Secret {
-    Secret {
+pub fn secret() -> Credentials {
+    Credentials::Keys(Secret {
         access_key_id: ACCESS_KEY.into(),
         secret_access_key: SECRET_KEY.into(),
-    }
+    })
 }
 
 /// Starts the shared S3 server once per test process; returns its endpoint URL.
@@ -170,21 +170,71 @@ pub struct PrivateS3 {
     data: tempfile::TempDir,
     /// Serving certificate and key, for HTTPS, and the CA that signed them.
     tls: Option<(tempfile::TempDir, PathBuf)>,
+    /// More of the server's environment (an OpenID Connect provider).
+    env: Vec<(String, String)>,
+    /// Where the server's output goes.
+    log: tempfile::NamedTempFile,
     process: Option<ChildGuard>,
 }
 
 impl PrivateS3 {
     pub fn start() -> PrivateS3 {
-        let port = free_port();
-        let mut server = PrivateS3 {
-            url: format!("http://127.0.0.1:{port}"),
-            port,
-            data: tempfile::tempdir().expect("data directory"),
-            tls: None,
-            process: None,
-        };
+        let mut server = PrivateS3::on(free_port(), None, Vec::new());
         server.resume();
         server
+    }
+
+    /// A server not started yet: on `port`, HTTPS with `tls`, with more environment `env`.
+    fn on(
+        port: u16,
+        tls: Option<(tempfile::TempDir, PathBuf)>,
+        env: Vec<(String, String)>,
+    ) -> PrivateS3 {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        PrivateS3 {
+            url: format!("{scheme}://127.0.0.1:{port}"),
+            port,
+            data: tempfile::tempdir().expect("data directory"),
+            tls,
+            env,
+            log: tempfile::NamedTempFile::new().expect("a log file"),
+            process: None,
+        }
+    }
+
+    /// A server whose STS trusts the tokens of the OpenID Connect provider whose discovery
+    /// document is at `config_url` for audience `client_id`, giving them MinIO's policy
+    /// `readwrite` (a role policy); with the role's ARN, as the server printed it.
+    pub fn start_federated(config_url: &str, client_id: &str) -> (PrivateS3, String) {
+        let mut server = PrivateS3::on(
+            free_port(),
+            None,
+            vec![
+                ("MINIO_IDENTITY_OPENID_CONFIG_URL".into(), config_url.into()),
+                ("MINIO_IDENTITY_OPENID_CLIENT_ID".into(), client_id.into()),
+                (
+                    "MINIO_IDENTITY_OPENID_ROLE_POLICY".into(),
+                    "readwrite".into(),
+                ),
+            ],
+        );
+        server.resume();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = std::fs::read_to_string(server.log.path()).unwrap_or_default();
+            if let Some(role) = log
+                .lines()
+                .find_map(|line| line.split("IAM Roles: ").nth(1))
+                .and_then(|roles| roles.split_whitespace().next())
+            {
+                return (server, role.to_string());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "MinIO printed no role ARN for its OpenID provider: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// A server on HTTPS with `pki`'s serving certificate (valid for 127.0.0.1); clients of
@@ -194,18 +244,11 @@ impl PrivateS3 {
         let certs = tempfile::tempdir().expect("certs directory");
         std::fs::copy(pki.cert(), certs.path().join("public.crt")).expect("certificate");
         std::fs::copy(pki.key(), certs.path().join("private.key")).expect("key");
-        let url = format!("https://127.0.0.1:{port}");
+        let mut server = PrivateS3::on(port, Some((certs, pki.ca())), Vec::new());
         trusted().lock().expect("CAs").insert(
-            url.clone(),
+            server.url.clone(),
             std::fs::read(pki.ca()).expect("CA certificate"),
         );
-        let mut server = PrivateS3 {
-            url,
-            port,
-            data: tempfile::tempdir().expect("data directory"),
-            tls: Some((certs, pki.ca())),
-            process: None,
-        };
         server.resume();
         server
     }
@@ -243,8 +286,9 @@ impl PrivateS3 {
             .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
             .env("MINIO_BROWSER", "off")
             .env("MINIO_UPDATE", "off")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
+            .stdout(self.log.reopen().expect("the log file"))
+            .stderr(self.log.reopen().expect("the log file"))
             .spawn()
             .expect("starting MinIO");
         self.process = Some(ChildGuard(Some(child)));

@@ -293,6 +293,38 @@ async fn invalid_objects_are_refused_with_the_field_named() {
         .await,
         "spec.endpoint",
     );
+    // Keys or a web identity: exactly one.
+    for signer in [
+        json!({}),
+        json!({ "credentialsSecretRef": { "name": "s" },
+                "webIdentity": { "serviceAccountName": "backups", "roleArn": "arn:r" } }),
+    ] {
+        let mut spec = json!({ "endpoint": "https://s3.example.com", "bucket": "backups" });
+        spec.as_object_mut()
+            .unwrap()
+            .extend(signer.as_object().unwrap().clone());
+        let message = assert_refused(
+            create(
+                &repositories,
+                json!({ "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+                        "metadata": { "name": "x" }, "spec": spec }),
+            )
+            .await,
+            "set exactly one of credentialsSecretRef (keys in a Secret) and webIdentity",
+        );
+        assert!(message.contains("spec"), "{message}");
+    }
+    assert_refused(
+        create(
+            &repositories,
+            json!({ "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository", "metadata": { "name": "x" },
+                    "spec": { "endpoint": "https://s3.example.com", "bucket": "backups",
+                              "webIdentity": { "serviceAccountName": "backups", "roleArn": "arn:r",
+                                               "stsEndpoint": "sts.example.com" } } }),
+        )
+        .await,
+        "spec.webIdentity.stsEndpoint",
+    );
 
     // Cluster.spec.restore is immutable once set, and cannot be added later.
     let restored = json!({ "apiVersion": "custody.io/v1alpha1", "kind": "Cluster", "metadata": { "name": "restored" },

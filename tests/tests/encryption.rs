@@ -1066,3 +1066,203 @@ async fn backups_and_restores_show_how_far_they_came_and_a_copy_that_stands_stil
     );
     setup.finish().await;
 }
+
+/// The Ready condition's (status, reason, message) of `repository`.
+fn ready_said(repository: &BackupRepository) -> Option<(String, String, String)> {
+    repository
+        .conditions()
+        .iter()
+        .find(|condition| condition.type_ == "Ready")
+        .map(|condition| {
+            (
+                condition.status.clone(),
+                condition.reason.clone(),
+                condition.message.clone(),
+            )
+        })
+}
+
+/// Issue 24 item 5: a repository that signs with a web identity. The S3 server (MinIO) trusts
+/// the cluster's ServiceAccount issuer; the BackupRepository names a ServiceAccount and a
+/// role, and no Secret of keys exists anywhere. The controller (as deployed, with exactly the
+/// RBAC of `deploy/`) may not ask for the ServiceAccount's tokens until the namespace binds
+/// `custody-web-identity` (Ready=False WebIdentityNotAllowed naming the command), then opens
+/// the repository with a token exchanged at the STS; the backup and restore movers run as the
+/// ServiceAccount with only a token for the STS's audience (projected as a kubelet does) and
+/// sign with the role's temporary credentials; the restore is verified; deleting the Backup
+/// forgets its snapshot through the controller's own exchange; a token of another audience is
+/// refused by the STS, and the condition says so.
+#[tokio::test]
+async fn a_repository_with_a_web_identity_backs_up_and_restores_with_no_keys_anywhere() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    const AUDIENCE: &str = "custody-test";
+    let setup = custody_tests::scenario::setup_as_deployed("web-identity").await;
+    let namespace = &setup.namespace;
+    let ns = namespace.name.clone();
+    let issuer = custody_tests::oidc::PublishedIssuer::start(&namespace.client).await;
+    let (federated, role_arn) = s3::PrivateS3::start_federated(&issuer.config_url, AUDIENCE);
+    let url = federated.url.clone();
+    let bucket = s3::bucket(&url, "federated").await;
+    create::<ServiceAccount>(&namespace.api(), json!({"metadata": {"name": "backups"}})).await;
+    create::<Secret>(
+        &namespace.api(),
+        json!({"metadata": {"name": "federated-keys"}, "stringData": {"password": PASSWORD}}),
+    )
+    .await;
+    create::<BackupRepository>(
+        &namespace.api(),
+        json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "federated"},
+            "spec": {"endpoint": url, "bucket": bucket, "prefix": "custody", "forcePathStyle": true,
+                     "webIdentity": {"serviceAccountName": "backups", "roleArn": role_arn,
+                                     "audience": AUDIENCE, "stsEndpoint": url},
+                     "encryption": {"keySecretRef": {"name": "federated-keys"}}},
+        }),
+    )
+    .await;
+
+    // Not yet: the namespace has not let custody ask for the ServiceAccount's tokens.
+    let refused = await_condition(
+        &namespace.api::<BackupRepository>(),
+        "federated",
+        "Ready=False WebIdentityNotAllowed",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready_said(repository).is_some_and(|(status, reason, _)| {
+                status == "False" && reason == "WebIdentityNotAllowed"
+            })
+        },
+    )
+    .await;
+    let (_, _, message) = ready_said(&refused).unwrap();
+    assert!(
+        message.contains(&format!("ServiceAccount {ns}/backups"))
+            && message.contains(&format!(
+                "kubectl create rolebinding custody-web-identity --namespace {ns} --clusterrole custody-web-identity"
+            )),
+        "{message}"
+    );
+    assert!(
+        refused
+            .status
+            .as_ref()
+            .and_then(|status| status.repository.as_ref())
+            .is_none(),
+        "nothing was opened"
+    );
+
+    // The namespace's admin lets it: the repository opens with the role's credentials.
+    create::<RoleBinding>(
+        &namespace.api(),
+        json!({
+            "metadata": {"name": "custody-web-identity"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "custody-web-identity"},
+            "subjects": [{"kind": "ServiceAccount", "name": "custody-controller", "namespace": "custody-system"}],
+        }),
+    )
+    .await;
+    let opened = repository_ready(namespace, "federated").await;
+    let (_, reason, _) = ready_said(&opened).unwrap();
+    assert_eq!(reason, "Available");
+    assert_eq!(
+        s3::keys(&url, &bucket, &format!("{REPOSITORY}/config")).await,
+        [format!("{REPOSITORY}/config")],
+        "the repository was created in the federated bucket"
+    );
+
+    // A Backup into it, by a mover that runs as the ServiceAccount with only the STS's token.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "federated-1"},
+               "spec": {"clusterRef": {"name": "orders"}, "repositoryRef": {"name": "federated"}}}),
+    )
+    .await;
+    let backup = completed(namespace, "federated-1").await;
+    let artifact = backup.status.unwrap().artifact.unwrap();
+    assert_eq!(artifact.credentials_secret, None);
+    assert_eq!(
+        artifact
+            .web_identity
+            .as_ref()
+            .map(|identity| identity.service_account_name.as_str()),
+        Some("backups"),
+        "recorded, to delete it once the repository is gone"
+    );
+    let snapshot = artifact.snapshot.unwrap().id.unwrap();
+    assert_eq!(
+        snapshots(&url, &bucket).await,
+        [format!("{REPOSITORY}/snapshots/{snapshot}")]
+    );
+    let jobs: Api<Job> = namespace.api();
+    let job = jobs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|job| job.name_any().starts_with("federated-1-backup-"))
+        .expect("the backup's Job");
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("backups"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let env: Vec<String> = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|variable| variable.name.clone())
+        .collect();
+    assert!(
+        env.contains(&"AWS_ROLE_ARN".to_string())
+            && !env.contains(&"AWS_ACCESS_KEY_ID".to_string()),
+        "{env:?}"
+    );
+
+    // Restored from it (the prepareData mover signs the same way), verified.
+    let target = LoopVolume::new(64);
+    restore_into_from(&setup, target.path(), "federated-1").await;
+    let (_workloads, restored) = restore_completed(&setup, target.path()).await;
+    assert_eq!(restored, tree(setup.source.path()));
+
+    // Deleting the Backup forgets its snapshot: the controller's own exchange.
+    namespace
+        .api::<Backup>()
+        .delete("federated-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&namespace.api::<Backup>(), "federated-1").await;
+    assert_eq!(snapshots(&url, &bucket).await, Vec::<String>::new());
+
+    // A token of another audience: the STS refuses it, and the condition says why.
+    namespace
+        .api::<BackupRepository>()
+        .patch(
+            "federated",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"webIdentity": {"audience": "another"}}})),
+        )
+        .await
+        .unwrap();
+    let refused = await_condition(
+        &namespace.api::<BackupRepository>(),
+        "federated",
+        "Ready=False WebIdentityRefused",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready_said(repository).is_some_and(|(status, reason, _)| {
+                status == "False" && reason == "WebIdentityRefused"
+            })
+        },
+    )
+    .await;
+    let (_, _, message) = ready_said(&refused).unwrap();
+    assert!(
+        message.contains(&format!("the STS at {url} refused the token"))
+            && message.contains("InvalidParameterValue"),
+        "{message}"
+    );
+    drop(federated);
+    drop(issuer);
+    setup.finish().await;
+}

@@ -178,6 +178,15 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
                          "encryption": {"keySecretRef": {"name": "production-keys"}}}})).await,
             vec!["get secrets production-s3", "get secrets production-keys", "https://attacker.example"],
         ),
+        (
+            "a repository signing with the tokens of a ServiceAccount it may not ask for",
+            refusal::<BackupRepository>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository", "metadata": {"name": "borrowed"},
+                "spec": {"endpoint": "https://attacker.example", "bucket": "loot",
+                         "webIdentity": {"serviceAccountName": "production-backups",
+                                         "roleArn": "arn:aws:iam::1:role/production"}}})).await,
+            vec!["create serviceaccounts/token production-backups (custody signs its requests to https://attacker.example"],
+        ),
     ];
     for (case, refused, expected) in cases {
         let message = refused.unwrap_or_else(|| panic!("{case}: admitted"));
@@ -541,6 +550,18 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         )
         .await
         .expect("the namespace's consent to hooks");
+    Api::<RoleBinding>::namespaced(consenting.client.clone(), &consenting.name)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "custody-web-identity"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "custody-web-identity"},
+                "subjects": [{"kind": "ServiceAccount", "name": "custody-controller", "namespace": "custody-system"}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's consent to web identities");
     // `NS`: a user's namespace; `HOOKS`: one that consented to hooks.
     let (ns, hooks) = (namespace.name.clone(), consenting.name.clone());
     const NS: Option<&str> = Some("NS");
@@ -610,6 +631,14 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         ),
         ("create", "", "pods/exec", HOOKS, None),
         ("get", "", "pods/exec", HOOKS, None),
+        // A web identity's tokens, where the namespace bound custody-web-identity.
+        (
+            "create",
+            "",
+            "serviceaccounts/token",
+            HOOKS,
+            Some("backups"),
+        ),
         // `custody-controller uninstall`, run as the controller's account by the Helm hook.
         (
             "delete",
@@ -698,6 +727,8 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
             Some("another-deployment"),
         ),
         ("create", "", "serviceaccounts/token", KUBE, None),
+        // A web identity's tokens only where a namespace bound custody-web-identity.
+        ("create", "", "serviceaccounts/token", NS, None),
         (
             "patch",
             "admissionregistration.k8s.io",

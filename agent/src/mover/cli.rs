@@ -6,7 +6,7 @@ use custody_proto::reasons::MoverFailure;
 
 use custody_repository::snapshot::{ObjectRef, SnapshotMeta, VolumeMeta};
 
-use super::{MoverError, RestoreRequest, backup, header, restore, secret_from_env};
+use super::{MoverError, RestoreRequest, backup, credentials_from_env, header, restore};
 use crate::cli::{MoverCommand, MoverOptions, SnapshotFlags};
 
 fn endpoint(options: &MoverOptions) -> Result<Endpoint, MoverError> {
@@ -78,7 +78,7 @@ pub async fn run(
     }
     let outcome = async {
         let endpoint = endpoint(options)?;
-        let secret = secret_from_env()?;
+        let secret = credentials_from_env(&endpoint.region)?;
         match &options.command {
             MoverCommand::Backup {
                 source,
@@ -265,7 +265,7 @@ pub async fn run(
 fn maintained(
     options: &MoverOptions,
     endpoint: &Endpoint,
-    secret: &custody_kube::s3::Secret,
+    secret: &custody_kube::s3::Credentials,
 ) -> Result<super::snapshot::Repo, MoverError> {
     let Some(prefix) = &options.repository_prefix else {
         return Err(MoverError::Local(
@@ -280,7 +280,7 @@ fn maintained(
 fn repository(
     options: &MoverOptions,
     endpoint: &Endpoint,
-    secret: &custody_kube::s3::Secret,
+    secret: &custody_kube::s3::Credentials,
     prefix: &str,
 ) -> Result<super::snapshot::Repo, MoverError> {
     let read = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());

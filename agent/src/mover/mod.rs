@@ -23,7 +23,7 @@ pub mod usage;
 use std::io::{BufReader, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use custody_kube::s3::{self, Endpoint, Secret};
+use custody_kube::s3::{self, Credentials, Endpoint};
 use custody_proto::manifest::{self, Header, ManifestReader};
 use tokio::sync::mpsc;
 
@@ -139,18 +139,11 @@ pub(crate) fn local(what: &str) -> impl Fn(std::io::Error) -> MoverError + '_ {
     move |error| MoverError::Local(format!("{what}: {error}"))
 }
 
-/// Credentials from the environment (the Job maps the repository's Secret there).
-pub fn secret_from_env() -> Result<Secret, MoverError> {
-    let read = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|value| !value.is_empty())
-            .ok_or_else(|| MoverError::Credentials(format!("${name} is not set")))
-    };
-    Ok(Secret {
-        access_key_id: read(custody_proto::mover::env::ACCESS_KEY_ID)?,
-        secret_access_key: read(custody_proto::mover::env::SECRET_ACCESS_KEY)?,
-    })
+/// Credentials from the environment: the repository's Secret the Job maps there, or its web
+/// identity (a role and the token the kubelet projects into the pod).
+pub fn credentials_from_env(region: &str) -> Result<Credentials, MoverError> {
+    custody_kube::sts::from_env(|name| std::env::var(name).ok(), region)
+        .map_err(MoverError::Credentials)
 }
 
 /// Backs `source` up under `prefix` in `endpoint`'s bucket. With `held`, the volume's
@@ -158,7 +151,7 @@ pub fn secret_from_env() -> Result<Secret, MoverError> {
 /// the upload is aborted and the backup fails.
 pub async fn backup(
     endpoint: &Endpoint,
-    secret: &Secret,
+    secret: &Credentials,
     source: &Path,
     prefix: &str,
     header: Header,
@@ -423,7 +416,7 @@ pub(crate) fn seal_target(
 /// Restores an artifact (format 1) into a volume.
 pub async fn restore(
     endpoint: &Endpoint,
-    secret: &Secret,
+    secret: &Credentials,
     request: RestoreRequest<'_>,
 ) -> Result<RestoreResult, MoverError> {
     let target = request.target.to_path_buf();

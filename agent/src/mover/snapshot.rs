@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use custody_kube::s3::{self, Endpoint, Secret};
+use custody_kube::s3::{self, Credentials, Endpoint};
 use custody_proto::manifest::{self, Header};
 use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
 use custody_repository::backend::{Location, S3Backend};
@@ -63,7 +63,7 @@ impl Repo {
     /// The repository under `prefix` in the endpoint's bucket, opened with `key`.
     pub fn new(
         endpoint: &Endpoint,
-        secret: &Secret,
+        secret: &Credentials,
         prefix: &str,
         key: Key,
         expected_id: Option<String>,

@@ -86,7 +86,44 @@ fn deletes_go_to_the_current_endpoint_while_the_repository_exists() {
         );
         assert_eq!(endpoint.region, "eu-1", "{row}");
         assert!(endpoint.path_style, "{row}");
-        assert_eq!(secret_name, secret, "{row}");
+        assert_eq!(secret_name, Signer::Secret(secret.into()), "{row}");
+    }
+}
+
+#[test]
+fn a_web_identity_is_recorded_and_signs_deletes_once_the_repository_is_gone() {
+    let identity = serde_json::json!({"serviceAccountName": "backups", "roleArn": "arn:r", "stsEndpoint": "http://sts"});
+    let with_identity = BackupRepository::new(
+        "store",
+        serde_json::from_value(serde_json::json!({
+            "endpoint": "https://s3", "bucket": "b", "webIdentity": identity,
+        }))
+        .unwrap(),
+    );
+    let recorded = Artifact {
+        prefix: "p/1".into(),
+        ..Artifact::located_in(&with_identity)
+    };
+    assert_eq!(recorded.credentials_secret, None);
+    let recorded_identity: custody_kube::api::RepositoryWebIdentity =
+        serde_json::from_value(identity).unwrap();
+    assert_eq!(recorded.web_identity.as_ref(), Some(&recorded_identity));
+    let with_keys = BackupRepository::new(
+        "store",
+        serde_json::from_value(serde_json::json!({
+            "endpoint": "https://s3", "bucket": "b", "credentialsSecretRef": {"name": "keys"},
+        }))
+        .unwrap(),
+    );
+    for (now, signer) in [
+        (
+            Some(&with_identity),
+            Signer::WebIdentity(recorded_identity.clone()),
+        ),
+        (Some(&with_keys), Signer::Secret("keys".into())),
+        (None, Signer::WebIdentity(recorded_identity.clone())),
+    ] {
+        assert_eq!(delete_endpoint(&recorded, now).1, signer, "{now:?}");
     }
 }
 

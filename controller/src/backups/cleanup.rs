@@ -430,16 +430,20 @@ async fn delete(
                 artifact.repository
             ))(source))
         })?;
-    let (endpoint, secret_name) = artifacts::delete_endpoint(artifact, repository.as_ref());
-    let credentials = match custody_kube::s3::credentials(client, namespace, &secret_name).await {
-        Ok(credentials) => credentials,
-        Err(custody_kube::s3::CredentialsError::Read { source, .. }) => {
-            return Err(Failure::Retry(Error::read(format!(
-                "Secret {namespace}/{secret_name}"
-            ))(source)));
-        }
-        Err(error) => return Err(Failure::Failed(error.to_string())),
-    };
+    let (endpoint, signer) = artifacts::delete_endpoint(artifact, repository.as_ref());
+    let who = format!("custody-{namespace}-{}", artifact.repository);
+    let credentials =
+        match custody_kube::s3::credentials_for(client, namespace, &signer, &endpoint.region, &who)
+            .await
+        {
+            Ok(credentials) => credentials,
+            Err(custody_kube::s3::CredentialsError::Read { source, name }) => {
+                return Err(Failure::Retry(Error::read(format!(
+                    "Secret {namespace}/{name}"
+                ))(source)));
+            }
+            Err(error) => return Err(Failure::Failed(error.to_string())),
+        };
     let s3 = custody_kube::s3::client(&endpoint, &credentials)
         .map_err(|error| Failure::Failed(error.to_string()))?;
     let mut absent = Vec::new();

@@ -471,7 +471,7 @@ pub fn destination(
             repository.spec.prefix.as_deref().unwrap_or_default(),
             command_prefix_of_backup,
         ),
-        credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+        credentials_secret: repository.spec.credentials_secret().map(str::to_string),
     }
 }
 

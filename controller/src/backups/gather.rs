@@ -358,13 +358,10 @@ async fn listing(
         repository.spec.prefix.as_deref().unwrap_or_default(),
         command_prefix,
     );
-    let secret_name = &repository.spec.credentials_secret_ref.name;
-    let credentials = match custody_kube::s3::credentials(client, &namespace, secret_name).await {
+    let credentials = match custody_kube::s3::credentials_of(client, repository).await {
         Ok(credentials) => credentials,
-        Err(custody_kube::s3::CredentialsError::Read { source, .. }) => {
-            return Err(Error::read(format!("Secret {namespace}/{secret_name}"))(
-                source,
-            ));
+        Err(custody_kube::s3::CredentialsError::Read { source, name }) => {
+            return Err(Error::read(format!("Secret {namespace}/{name}"))(source));
         }
         Err(error) => return Ok(Err(("CredentialsMissing", error.to_string()))),
     };

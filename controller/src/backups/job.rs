@@ -482,7 +482,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             ]);
         }
     }
-    job
+    crate::mover_job::with_web_identity(job, &inputs.repository.spec)
 }
 
 #[cfg(test)]

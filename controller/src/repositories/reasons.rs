@@ -14,6 +14,8 @@ pub const KEY_SECRET_EMPTY: &str = "KeySecretEmpty";
 pub const KEY_REJECTED: &str = "KeyRejected";
 pub const REPOSITORY_UNREADABLE: &str = "RepositoryUnreadable";
 pub const MASTER_KEY_SECRET_TAKEN: &str = "MasterKeySecretTaken";
+pub const WEB_IDENTITY_NOT_ALLOWED: &str = "WebIdentityNotAllowed";
+pub const WEB_IDENTITY_REFUSED: &str = "WebIdentityRefused";
 
 /// Whether a `Ready` reason says the bucket answered (only the encrypted repository is not
 /// usable): a command backup, which writes its own dump, may go on.

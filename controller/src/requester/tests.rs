@@ -53,7 +53,24 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
     let (plain_cluster, hooked_cluster) = (cluster(None), cluster(Some(HOOKS)));
     let (hooked_plan, tool_plan) = (plan(HOOKS), plan(TOOL));
     let (plain_repository, encrypted_repository) = (repository(false), repository(true));
-    let other_secrets = ["s3".to_string(), "keys".to_string()];
+    let other_secrets = [
+        Signer::Secret("s3".to_string()),
+        Signer::Secret("keys".to_string()),
+    ];
+    let identity: custody_kube::api::RepositoryWebIdentity =
+        serde_json::from_value(json!({"serviceAccountName": "backups", "roleArn": "arn:r"}))
+            .unwrap();
+    let with_identity = Signer::WebIdentity(identity.clone());
+    let other_with_identity = [with_identity.clone(), Signer::Secret("keys".to_string())];
+    let identity_repository = serde_json::from_value::<BackupRepositorySpec>(json!({
+        "endpoint": "https://s3.example", "bucket": "bkp",
+        "webIdentity": {"serviceAccountName": "backups", "roleArn": "arn:r"},
+        "encryption": {"keySecretRef": {"name": "keys"}}}))
+    .unwrap();
+    let (s3, mine_s3) = (
+        Signer::Secret("s3".to_string()),
+        Signer::Secret("mine-s3".to_string()),
+    );
     let backup_of = |spec| Object::Backup {
         spec,
         command_credentials: None,
@@ -99,7 +116,7 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             "a command, its repository known",
             Object::Backup {
                 spec: &command,
-                command_credentials: Some("s3"),
+                command_credentials: Some(&s3),
                 cluster_repository: ClusterRepository::Named("main"),
             },
             vec!["create pods", "get secrets s3"],
@@ -147,7 +164,7 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             "a command into another repository: create pods once",
             Object::Backup {
                 spec: &command_to_mine,
-                command_credentials: Some("mine-s3"),
+                command_credentials: Some(&mine_s3),
                 cluster_repository: ClusterRepository::Named("main"),
             },
             vec!["create pods", "get secrets mine-s3"],
@@ -228,9 +245,38 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             ],
         ),
         (
+            "a command, its repository signing with a web identity: the ServiceAccount's tokens",
+            Object::Backup {
+                spec: &command,
+                command_credentials: Some(&with_identity),
+                cluster_repository: ClusterRepository::Named("main"),
+            },
+            vec!["create pods", "create serviceaccounts/token backups"],
+        ),
+        (
+            "a Restore from another Cluster's Backup in a repository with a web identity",
+            Object::Restore {
+                stateful_set: Some("db"),
+                source: Source::OtherCluster {
+                    cluster: "payroll",
+                    secrets: &other_with_identity,
+                },
+            },
+            vec![
+                "update statefulsets.apps db",
+                "create serviceaccounts/token backups",
+                "get secrets keys",
+            ],
+        ),
+        (
             "a repository",
             Object::BackupRepository(&plain_repository),
             vec!["get secrets s3"],
+        ),
+        (
+            "a repository with a web identity: its ServiceAccount's tokens",
+            Object::BackupRepository(&identity_repository),
+            vec!["create serviceaccounts/token backups", "get secrets keys"],
         ),
         (
             "an encrypted repository",
@@ -300,6 +346,10 @@ fn only_hooks_need_the_namespaces_consent() {
     let repository = serde_json::from_value::<BackupRepositorySpec>(json!({
         "endpoint": "https://s3.example", "bucket": "bkp", "credentialsSecretRef": {"name": "s3"}}))
     .unwrap();
+    let identity_repository = serde_json::from_value::<BackupRepositorySpec>(json!({
+        "endpoint": "https://s3.example", "bucket": "bkp",
+        "webIdentity": {"serviceAccountName": "backups", "roleArn": "arn:r"}}))
+    .unwrap();
     let (hooked, tool, frozen, plain) = (
         of_backup(Some(HOOKS)),
         of_backup(Some(TOOL)),
@@ -348,6 +398,11 @@ fn only_hooks_need_the_namespaces_consent() {
             Object::BackupRepository(&repository),
             vec![],
         ),
+        (
+            "BackupRepository with a web identity: custody asks for its tokens",
+            Object::BackupRepository(&identity_repository),
+            vec!["create serviceaccounts/token backups".to_string()],
+        ),
     ];
     for (case, object, expected) in cases {
         assert_eq!(permissions(&opted_in(object)), expected, "{case}");
@@ -374,6 +429,30 @@ fn hooks_in_a_namespace_that_did_not_consent_are_refused_naming_the_rolebinding(
                 && refused.contains("create pods/exec (its hooks run commands")
                 && refused.ends_with(
                     "kubectl create rolebinding custody-hooks --namespace shop --clusterrole custody-hooks --serviceaccount custody-system:custody-controller"
+                ),
+            "{refused}"
+        );
+    }
+}
+
+/// A web identity's repository in a namespace that did not let custody ask for its tokens is
+/// refused naming that ClusterRole, not the hooks'.
+#[test]
+fn a_web_identity_in_a_namespace_that_did_not_consent_is_refused_naming_its_rolebinding() {
+    let repository = serde_json::from_value::<BackupRepositorySpec>(json!({
+        "endpoint": "https://s3.example", "bucket": "bkp",
+        "webIdentity": {"serviceAccountName": "backups", "roleArn": "arn:r"}}))
+    .unwrap();
+    let needed = opted_in(Object::BackupRepository(&repository));
+    let custody = "system:serviceaccount:custody-system:custody-controller";
+    assert_eq!(opt_in_verdict(custody, "shop", &needed, &[true]), None);
+    for answers in [&[false][..], &[][..]] {
+        let refused = opt_in_verdict(custody, "shop", &needed, answers).expect("refused");
+        assert!(
+            refused.contains("namespace shop has not let custody ask for tokens of a web identity's ServiceAccount")
+                && refused.contains("create serviceaccounts/token backups (custody's own calls")
+                && refused.ends_with(
+                    "kubectl create rolebinding custody-web-identity --namespace shop --clusterrole custody-web-identity --serviceaccount custody-system:custody-controller"
                 ),
             "{refused}"
         );

@@ -96,7 +96,7 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         // Writes files of every owner, with their owners and modes.
         "securityContext": crate::mover_job::security_context(crate::mover_job::RESTORE_CAPABILITIES),
     });
-    inputs.mover.job(
+    let job = inputs.mover.job(
         &inputs.create.name,
         inputs.restore,
         &labels,
@@ -107,7 +107,8 @@ pub fn spec(inputs: &JobInputs<'_>) -> Job {
         }),
         inputs.mover.restore_retries,
         container,
-    )
+    );
+    crate::mover_job::with_web_identity(job, &repository)
 }
 
 #[cfg(test)]
@@ -136,22 +137,7 @@ mod tests {
             manifest_key: "p/manifest.jsonl".into(),
             ..Artifact::default()
         };
-        let job = spec(&JobInputs {
-            restore: &restore,
-            cluster_uid: "c-uid",
-            create: &decide::CreateJob {
-                claim: "data-db-0".into(),
-                node: "node-a".into(),
-                name: "j".into(),
-                attempt: 1,
-            },
-            artifact: &artifact,
-            volume: "data",
-            manifest_hash: "h",
-            backup_uid: "b-uid",
-            repository: &repository,
-            mover: &crate::mover_job::MoverJob::new("mover:1"),
-        });
+        let job = spec_of(&restore, &artifact, &repository);
         let env = job.spec.unwrap().template.spec.unwrap().containers[0]
             .env
             .clone()
@@ -164,5 +150,120 @@ mod tests {
         use custody_proto::mover::env;
         assert_eq!(value(env::BUCKET).as_deref(), Some("then"));
         assert_eq!(value(env::ENDPOINT).as_deref(), Some("http://moved"));
+    }
+
+    /// A repository with a web identity: the pod runs as its ServiceAccount, the mover signs
+    /// with the role and the token projected for the STS's audience (no key Secret, no API
+    /// token); with keys, none of that.
+    #[test]
+    fn a_web_identity_runs_the_mover_as_its_service_account_with_only_the_sts_token() {
+        let restore: Restore = serde_json::from_value(json!({
+            "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "r-uid"},
+            "spec": {"clusterRef": {"name": "c"}, "backupRef": {"name": "b"}},
+        }))
+        .unwrap();
+        let artifact = Artifact {
+            bucket: "b".into(),
+            key: "p/data.tar.zst".into(),
+            manifest_key: "p/manifest.jsonl".into(),
+            ..Artifact::default()
+        };
+        let job_of = |signer: serde_json::Value| {
+            let mut spec = json!({"endpoint": "http://minio:9000", "bucket": "b"});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(signer.as_object().unwrap().clone());
+            let repository: BackupRepository = serde_json::from_value(json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupRepository",
+                "metadata": {"name": "store", "namespace": "ns"}, "spec": spec,
+            }))
+            .unwrap();
+            let job = spec_of(&restore, &artifact, &repository);
+            job.spec.unwrap().template.spec.unwrap()
+        };
+        let pod = job_of(json!({"webIdentity": {"serviceAccountName": "backups",
+            "roleArn": "arn:minio:iam:::role/x", "audience": "minio", "stsEndpoint": "http://minio:9000"}}));
+        assert_eq!(pod.service_account_name.as_deref(), Some("backups"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|volume| volume.name == custody_kube::s3::WEB_IDENTITY_VOLUME)
+            .expect("the token's volume");
+        let sources = volume.projected.as_ref().unwrap().sources.as_ref().unwrap();
+        assert_eq!(sources.len(), 1);
+        let token = sources[0].service_account_token.as_ref().unwrap();
+        assert_eq!(token.audience.as_deref(), Some("minio"));
+        assert_eq!(token.path, custody_kube::sts::TOKEN_FILE);
+        let mover = &pod.containers[0];
+        let mount = mover
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|mount| mount.name == custody_kube::s3::WEB_IDENTITY_VOLUME)
+            .expect("mounted");
+        assert_eq!(mount.mount_path, custody_kube::sts::TOKEN_DIRECTORY);
+        let env: std::collections::BTreeMap<String, Option<String>> = mover
+            .env
+            .iter()
+            .flatten()
+            .map(|variable| (variable.name.clone(), variable.value.clone()))
+            .collect();
+        use custody_proto::mover::env;
+        assert_eq!(
+            env.get(env::ROLE_ARN),
+            Some(&Some("arn:minio:iam:::role/x".into()))
+        );
+        assert_eq!(
+            env.get(env::WEB_IDENTITY_TOKEN_FILE),
+            Some(&Some(format!(
+                "{}/{}",
+                custody_kube::sts::TOKEN_DIRECTORY,
+                custody_kube::sts::TOKEN_FILE
+            )))
+        );
+        assert_eq!(
+            env.get(env::STS_ENDPOINT),
+            Some(&Some("http://minio:9000".into()))
+        );
+        assert!(!env.contains_key(env::ACCESS_KEY_ID), "{env:?}");
+
+        let pod = job_of(json!({"credentialsSecretRef": {"name": "s3"}}));
+        assert_eq!(pod.service_account_name, None);
+        assert!(
+            pod.volumes
+                .iter()
+                .flatten()
+                .all(|volume| volume.name != custody_kube::s3::WEB_IDENTITY_VOLUME)
+        );
+        let names: Vec<String> = pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|variable| variable.name.clone())
+            .collect();
+        assert!(names.contains(&env::ACCESS_KEY_ID.to_string()), "{names:?}");
+        assert!(!names.contains(&env::ROLE_ARN.to_string()), "{names:?}");
+    }
+
+    fn spec_of(restore: &Restore, artifact: &Artifact, repository: &BackupRepository) -> Job {
+        spec(&JobInputs {
+            restore,
+            cluster_uid: "c-uid",
+            create: &decide::CreateJob {
+                claim: "data-db-0".into(),
+                node: "node-a".into(),
+                name: "j".into(),
+                attempt: 1,
+            },
+            artifact,
+            volume: "data",
+            manifest_hash: "h",
+            backup_uid: "b-uid",
+            repository,
+            mover: &crate::mover_job::MoverJob::new("mover:1"),
+        })
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use custody_kube::api::{Backup, BackupPlan, BackupRepository, Cluster, Restore};
+use custody_kube::s3::Signer;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -91,7 +92,7 @@ enum RestoreSource {
     OwnCluster,
     OtherCluster {
         cluster: String,
-        secrets: Vec<String>,
+        secrets: Vec<Signer>,
     },
     Unknown,
 }
@@ -144,9 +145,9 @@ async fn restore_source(
     let Some(repository) = repository else {
         return Ok(RestoreSource::Unknown);
     };
-    let mut secrets = vec![repository.spec.credentials_secret_ref.name.clone()];
+    let mut secrets = vec![Signer::of(&repository.spec)];
     if let Some(encryption) = &repository.spec.encryption {
-        secrets.push(encryption.key_secret_ref.name.clone());
+        secrets.push(Signer::Secret(encryption.key_secret_ref.name.clone()));
     }
     Ok(RestoreSource::OtherCluster { cluster, secrets })
 }
@@ -264,12 +265,12 @@ async fn decide(
             let credentials = match &backup.spec.command {
                 Some(_) => repository_of(context, &namespace, &backup, cluster.as_deref())
                     .await?
-                    .map(|repository| repository.spec.credentials_secret_ref.name),
+                    .map(|repository| Signer::of(&repository.spec)),
                 None => None,
             };
             both(Object::Backup {
                 spec: &backup.spec,
-                command_credentials: credentials.as_deref(),
+                command_credentials: credentials.as_ref(),
                 cluster_repository: named(&cluster),
             })
         }

@@ -14,6 +14,7 @@ pub mod grpc;
 pub mod http;
 pub mod process;
 pub mod s3;
+pub mod sts;
 pub mod tls;
 
 pub use error::{Error, Result};

@@ -1,7 +1,7 @@
 //! S3 clients for a BackupRepository: the controller checks repositories and deletes
 //! artifacts with them, the mover uploads and downloads.
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials as SdkCredentials, Region};
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
 
 /// Where a repository is and how to reach it.
@@ -91,20 +91,80 @@ pub enum ClientError {
     CaBundle(String),
 }
 
-/// An S3 client for `endpoint` with `secret`.
-pub fn client(endpoint: &Endpoint, secret: &Secret) -> Result<aws_sdk_s3::Client, ClientError> {
+/// How custody signs its calls to a repository.
+#[derive(Clone, Debug)]
+pub enum Credentials {
+    /// Keys (a credentials Secret).
+    Keys(Secret),
+    /// Temporary credentials for a ServiceAccount's token, from the STS (asked again as
+    /// they near their end).
+    WebIdentity(crate::sts::WebIdentity),
+    /// Temporary credentials already had (one check's calls).
+    Session(crate::sts::Temporary),
+}
+
+impl From<Secret> for Credentials {
+    fn from(secret: Secret) -> Credentials {
+        Credentials::Keys(secret)
+    }
+}
+
+fn tls_context(endpoint: &Endpoint) -> Result<TlsContext, ClientError> {
     let mut trust = TrustStore::default();
     if let Some(pem) = &endpoint.ca_bundle {
         trust = trust.with_pem_certificate(pem.clone());
     }
-    let context = TlsContext::builder()
+    TlsContext::builder()
         .with_trust_store(trust)
         .build()
-        .map_err(|error| ClientError::CaBundle(error.to_string()))?;
+        .map_err(|error| ClientError::CaBundle(error.to_string()))
+}
+
+/// A plain HTTP(S) connector trusting what `endpoint` trusts (the STS's calls).
+pub(crate) fn connector(
+    endpoint: &Endpoint,
+) -> Result<aws_smithy_http_client::Connector, ClientError> {
+    Ok(aws_smithy_http_client::Connector::builder()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .tls_context(tls_context(endpoint)?)
+        .build())
+}
+
+/// An S3 client for `endpoint` signing with `credentials`.
+pub fn client(
+    endpoint: &Endpoint,
+    credentials: &Credentials,
+) -> Result<aws_sdk_s3::Client, ClientError> {
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-        .tls_context(context)
+        .tls_context(tls_context(endpoint)?)
         .build_https();
+    let provider = match credentials {
+        Credentials::Keys(secret) => {
+            aws_sdk_s3::config::SharedCredentialsProvider::new(SdkCredentials::new(
+                &secret.access_key_id,
+                &secret.secret_access_key,
+                None,
+                None,
+                "custody",
+            ))
+        }
+        Credentials::Session(session) => {
+            aws_sdk_s3::config::SharedCredentialsProvider::new(SdkCredentials::new(
+                &session.access_key_id,
+                &session.secret_access_key,
+                Some(session.session_token.clone()),
+                Some(session.expires),
+                "custody-web-identity",
+            ))
+        }
+        Credentials::WebIdentity(identity) => {
+            aws_sdk_s3::config::SharedCredentialsProvider::new(crate::sts::Provider {
+                identity: identity.clone(),
+                endpoint: endpoint.clone(),
+            })
+        }
+    };
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(&endpoint.url)
@@ -113,13 +173,7 @@ pub fn client(endpoint: &Endpoint, secret: &Secret) -> Result<aws_sdk_s3::Client
         } else {
             endpoint.region.clone()
         }))
-        .credentials_provider(Credentials::new(
-            &secret.access_key_id,
-            &secret.secret_access_key,
-            None,
-            None,
-            "custody",
-        ))
+        .credentials_provider(provider)
         .force_path_style(endpoint.path_style)
         // Integrity is custody's own (BLAKE3 of the artifact and its manifest); the extra
         // CRC trailers of newer SDKs are not understood by every S3-compatible server.
@@ -185,15 +239,28 @@ where
 /// copied into the Job).
 pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_json::Value> {
     use custody_proto::mover::env;
-    let secret = &repository.credentials_secret_ref.name;
     let mut variables = vec![
         serde_json::json!({"name": env::ENDPOINT, "value": repository.endpoint}),
         serde_json::json!({"name": env::BUCKET, "value": repository.bucket}),
         serde_json::json!({"name": env::REGION, "value": repository.region.clone().unwrap_or_else(|| "us-east-1".into())}),
         serde_json::json!({"name": env::PATH_STYLE, "value": repository.force_path_style.to_string()}),
-        serde_json::json!({"name": ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": ACCESS_KEY_ID}}}),
-        serde_json::json!({"name": SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_ACCESS_KEY}}}),
     ];
+    if let Some(secret) = repository.credentials_secret() {
+        variables.extend([
+            serde_json::json!({"name": ACCESS_KEY_ID, "valueFrom": {"secretKeyRef": {"name": secret, "key": ACCESS_KEY_ID}}}),
+            serde_json::json!({"name": SECRET_ACCESS_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_ACCESS_KEY}}}),
+        ]);
+    }
+    if let Some(identity) = &repository.web_identity {
+        variables.extend([
+            serde_json::json!({"name": env::ROLE_ARN, "value": identity.role_arn}),
+            serde_json::json!({"name": env::WEB_IDENTITY_TOKEN_FILE, "value": format!("{}/{}", crate::sts::TOKEN_DIRECTORY, crate::sts::TOKEN_FILE)}),
+            serde_json::json!({"name": env::ROLE_SESSION_NAME, "value": "custody-mover"}),
+        ]);
+        if let Some(sts) = &identity.sts_endpoint {
+            variables.push(serde_json::json!({"name": env::STS_ENDPOINT, "value": sts}));
+        }
+    }
     if let Some(ca) = &repository.ca_bundle {
         variables.push(serde_json::json!({"name": env::CA_BUNDLE, "value": ca}));
     }
@@ -224,6 +291,100 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
         }
     }
     variables
+}
+
+/// The volume a mover's pod has its web identity token in (`None` for a repository that signs
+/// with keys): projected by the kubelet for the repository's audience only, so no container
+/// of the pod has a token the Kubernetes API accepts.
+pub fn web_identity_volume(
+    repository: &crate::api::BackupRepositorySpec,
+) -> Option<serde_json::Value> {
+    let identity = repository.web_identity.as_ref()?;
+    Some(serde_json::json!({
+        "name": WEB_IDENTITY_VOLUME,
+        "projected": {"sources": [{"serviceAccountToken": {
+            "audience": identity.audience.as_deref().unwrap_or(crate::sts::DEFAULT_AUDIENCE),
+            "expirationSeconds": crate::sts::PROJECTED_TOKEN_SECONDS,
+            "path": crate::sts::TOKEN_FILE,
+        }}]},
+    }))
+}
+
+/// The name of [`web_identity_volume`] in a mover's pod.
+pub const WEB_IDENTITY_VOLUME: &str = "web-identity";
+
+/// What signs a repository's calls, as the repository (or a Backup's artifact) names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signer {
+    /// The keys in this Secret of the namespace.
+    Secret(String),
+    /// A token of a ServiceAccount of the namespace, exchanged at the STS.
+    WebIdentity(crate::api::RepositoryWebIdentity),
+}
+
+impl Signer {
+    /// What `repository` names (its schema allows exactly one).
+    pub fn of(repository: &crate::api::BackupRepositorySpec) -> Signer {
+        match (&repository.web_identity, repository.credentials_secret()) {
+            (Some(identity), _) => Signer::WebIdentity(identity.clone()),
+            (None, secret) => Signer::Secret(secret.unwrap_or_default().to_string()),
+        }
+    }
+}
+
+/// How custody's controller signs its own calls to `repository`: the keys of its Secret, or
+/// a token of its ServiceAccount exchanged at the STS.
+pub async fn credentials_of(
+    client: &kube::Client,
+    repository: &crate::api::BackupRepository,
+) -> Result<Credentials, CredentialsError> {
+    let namespace = repository.metadata.namespace.clone().unwrap_or_default();
+    let who = format!(
+        "custody-{namespace}-{}",
+        repository.metadata.name.as_deref().unwrap_or_default()
+    );
+    credentials_for(
+        client,
+        &namespace,
+        &Signer::of(&repository.spec),
+        repository.spec.region.as_deref().unwrap_or_default(),
+        &who,
+    )
+    .await
+}
+
+/// The credentials `signer` gives in `namespace` (a web identity's session named after `who`;
+/// its default STS that of `region`). A web identity's token and credentials are asked for
+/// at the first call, not here.
+pub async fn credentials_for(
+    client: &kube::Client,
+    namespace: &str,
+    signer: &Signer,
+    region: &str,
+    who: &str,
+) -> Result<Credentials, CredentialsError> {
+    match signer {
+        Signer::Secret(name) => credentials(client, namespace, name)
+            .await
+            .map(Credentials::Keys),
+        Signer::WebIdentity(identity) => Ok(Credentials::WebIdentity(crate::sts::WebIdentity {
+            role_arn: identity.role_arn.clone(),
+            sts_endpoint: identity
+                .sts_endpoint
+                .clone()
+                .unwrap_or_else(|| crate::sts::default_sts_endpoint(region)),
+            session_name: crate::sts::session_name(who),
+            token: crate::sts::TokenSource::Request {
+                client: client.clone(),
+                namespace: namespace.to_string(),
+                account: identity.service_account_name.clone(),
+                audience: identity
+                    .audience
+                    .clone()
+                    .unwrap_or_else(|| crate::sts::DEFAULT_AUDIENCE.to_string()),
+            },
+        })),
+    }
 }
 
 /// Why a repository's credentials could not be read.

@@ -33,10 +33,10 @@ async fn main() -> anyhow::Result<()> {
         limits: custody_kube::s3::Limits::default(),
         ..Default::default()
     };
-    let secret = custody_kube::s3::Secret {
+    let secret = custody_kube::s3::Credentials::Keys(custody_kube::s3::Secret {
         access_key_id: env("AWS_ACCESS_KEY_ID")?,
         secret_access_key: env("AWS_SECRET_ACCESS_KEY")?,
-    };
+    });
     custody_kube::s3::client(&endpoint, &secret)?
         .put_object()
         .bucket(bucket)

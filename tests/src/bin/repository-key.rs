@@ -28,10 +28,10 @@ fn main() -> anyhow::Result<()> {
             limits: custody_kube::s3::Limits::default(),
             ..Default::default()
         },
-        &custody_kube::s3::Secret {
+        &custody_kube::s3::Credentials::Keys(custody_kube::s3::Secret {
             access_key_id: env("AWS_ACCESS_KEY_ID")?,
             secret_access_key: env("AWS_SECRET_ACCESS_KEY")?,
-        },
+        }),
     )?;
     let runtime = tokio::runtime::Runtime::new()?;
     let backend = S3Backend::new(

@@ -34,7 +34,7 @@ pub(super) async fn repository_secret(
             .get_opt(&name)
             .await
             .map_err(Error::read(format!("BackupRepository {namespace}/{name}")))?
-            .map(|repository| repository.spec.credentials_secret_ref.name),
+            .and_then(|repository| repository.spec.credentials_secret().map(str::to_string)),
     )
 }
 

@@ -70,7 +70,7 @@ pub(super) fn start(
     };
     if status.start_time.is_none() {
         // The credentials must outlive the artifact's record, even in a namespace teardown.
-        plan.hold_secret = Some(repository.spec.credentials_secret_ref.name.clone());
+        plan.hold_secret = repository.spec.credentials_secret().map(str::to_string);
         status.node_name = node.clone();
         status.start_time = Some(Time(facts.now));
         // The freeze's bound, decided once: the agent reads it here, not from the mover.
@@ -81,7 +81,7 @@ pub(super) fn start(
             endpoint: repository.spec.endpoint.clone(),
             bucket: repository.spec.bucket.clone(),
             prefix: prefix.clone(),
-            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+            credentials_secret: repository.spec.credentials_secret().map(str::to_string),
         });
         if command.is_none() {
             status.artifact = Some(Artifact {

@@ -450,6 +450,11 @@ pub struct Artifact {
     /// `custody.io/artifact-credentials` finalizer while this Backup needs it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    /// The repository's web identity at the time of the backup (instead of a credentials
+    /// Secret), so the artifact can still be deleted after the repository is gone while the
+    /// ServiceAccount and custody's leave to ask for its tokens remain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_identity: Option<super::RepositoryWebIdentity>,
     /// The repository's PEM CA bundle at the time of the backup, so the artifact can still be
     /// deleted over TLS after the repository is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -582,7 +587,8 @@ impl Artifact {
             region: repository.spec.region.clone(),
             force_path_style: repository.spec.force_path_style,
             ca_bundle: repository.spec.ca_bundle.clone(),
-            credentials_secret: Some(repository.spec.credentials_secret_ref.name.clone()),
+            credentials_secret: repository.spec.credentials_secret().map(str::to_string),
+            web_identity: repository.spec.web_identity.clone(),
             bucket: repository.spec.bucket.clone(),
             ..Artifact::default()
         }

@@ -26,6 +26,7 @@ use super::{Condition, SecretReference, conditions_schema};
     printcolumn = r#"{"name":"Last Prune","type":"date","jsonPath":".status.maintenance.prune.completionTime","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = kube::core::Rule::new("has(self.credentialsSecretRef) != has(self.webIdentity)").message("set exactly one of credentialsSecretRef (keys in a Secret) and webIdentity (a ServiceAccount's token exchanged at the STS)"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.importSnapshots) || !self.importSnapshots || has(self.encryption)").message("importSnapshots lists the snapshots of an encrypted repository: set encryption.keySecretRef"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRepositorySpec {
@@ -50,8 +51,21 @@ pub struct BackupRepositorySpec {
     pub prefix: Option<String>,
 
     /// Secret in this namespace holding the access key under `AWS_ACCESS_KEY_ID` and the
-    /// secret key under `AWS_SECRET_ACCESS_KEY`.
-    pub credentials_secret_ref: SecretReference,
+    /// secret key under `AWS_SECRET_ACCESS_KEY`. Set this or `webIdentity`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretReference>,
+
+    /// Temporary credentials instead of keys in a Secret: a token of a ServiceAccount of this
+    /// namespace, exchanged at the STS (`AssumeRoleWithWebIdentity`, as IRSA and other OpenID
+    /// Connect federations do) for credentials of `roleArn`. Every mover Job of this
+    /// repository runs as that ServiceAccount with only a token for `audience` mounted (no
+    /// Kubernetes API token); the controller's own calls (opening the repository, imports,
+    /// deleting artifacts) ask the API server for such a token, which only this namespace's
+    /// admin lets it do: `kubectl create rolebinding custody-web-identity --namespace NS
+    /// --clusterrole custody-web-identity --serviceaccount custody-system:custody-controller`.
+    /// Set this or `credentialsSecretRef`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_identity: Option<RepositoryWebIdentity>,
 
     /// PEM-encoded CA certificates to trust for the endpoint, in addition to the system roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +118,44 @@ pub struct BackupRepositorySpec {
     /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<RepositoryBandwidth>,
+}
+
+/// A ServiceAccount's token exchanged for temporary S3 credentials.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryWebIdentity {
+    /// The ServiceAccount of this namespace whose tokens the STS trusts (its issuer is the
+    /// cluster's ServiceAccount issuer, registered with the STS as an OpenID Connect
+    /// provider).
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: String,
+
+    /// The role to assume: `arn:aws:iam::<account>:role/<name>` on AWS; on MinIO, the role
+    /// ARN it prints for its OpenID provider's role policy.
+    #[schemars(length(min = 1, max = 2048))]
+    pub role_arn: String,
+
+    /// The audience of the token, which the STS checks. Default `sts.amazonaws.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub audience: Option<String>,
+
+    /// URL of the STS. Default: `https://sts.<region>.amazonaws.com`
+    /// (`https://sts.amazonaws.com` without a region). MinIO answers STS calls at its S3
+    /// endpoint. Trusted with `caBundle` like the S3 endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("stsEndpoint must be an http:// or https:// URL"))]
+    #[schemars(length(min = 1, max = 2048))]
+    pub sts_endpoint: Option<String>,
+}
+
+impl BackupRepositorySpec {
+    /// The credentials Secret's name, when the repository signs with keys.
+    pub fn credentials_secret(&self) -> Option<&str> {
+        self.credentials_secret_ref
+            .as_ref()
+            .map(|reference| reference.name.as_str())
+    }
 }
 
 /// Bounds on a mover's transfer rate, in KiB per second.
