@@ -92,7 +92,8 @@ pub fn cleanup_of(backup: &Backup) -> custody_kube::api::CleanupStatus {
 
 /// Whether `other` still needs Secret `secret`: it holds the cleanup finalizer, its cleanup is
 /// not done, and it recorded that Secret — or it recorded nothing yet and is not finished (it
-/// may have held the Secret a moment before recording it).
+/// may have held the Secret a moment before recording it). A run that recorded a web identity
+/// needs none.
 pub fn needs_secret(other: &Backup, secret: &str) -> bool {
     use custody_kube::api::BackupPhase;
     let holds = other
@@ -108,6 +109,20 @@ pub fn needs_secret(other: &Backup, secret: &str) -> bool {
     let recorded = held_secrets(other, None);
     if !recorded.is_empty() {
         return recorded.iter().any(|name| name == secret);
+    }
+    // A run signed by a web identity recorded that, and holds no Secret.
+    let signs_without_secret = status.is_some_and(|status| {
+        status
+            .artifact
+            .as_ref()
+            .is_some_and(|artifact| artifact.web_identity.is_some())
+            || status
+                .destination
+                .as_ref()
+                .is_some_and(|destination| destination.service_account.is_some())
+    });
+    if signs_without_secret {
+        return false;
     }
     !matches!(
         status.and_then(|status| status.phase),

@@ -157,6 +157,7 @@ pub fn with_web_identity(
         read_only: Some(true),
         ..Default::default()
     };
+    let mut others = Vec::new();
     for container in pod
         .containers
         .iter_mut()
@@ -171,10 +172,28 @@ pub fn with_web_identity(
                 .volume_mounts
                 .get_or_insert_default()
                 .push(mount.clone());
+        } else {
+            others.push(container.name.clone());
         }
+    }
+    // EKS's pod identity webhook gives a pod's ServiceAccount role to every container it
+    // does not skip: a tool's container must not get the repository's credentials that way.
+    if !others.is_empty()
+        && let Some(template) = job
+            .spec
+            .as_mut()
+            .map(|spec| spec.template.metadata.get_or_insert_default())
+    {
+        template
+            .annotations
+            .get_or_insert_default()
+            .insert(EKS_SKIP_CONTAINERS.to_string(), others.join(","));
     }
     job
 }
+
+/// The annotation by which EKS's pod identity webhook leaves containers of a pod alone.
+pub const EKS_SKIP_CONTAINERS: &str = "eks.amazonaws.com/skip-containers";
 
 /// Which failures a retried Job gives up on at once, and which it does not count.
 fn retry_policy(container: &serde_json::Value) -> serde_json::Value {
@@ -362,6 +381,55 @@ mod tests {
             event("new style", None, Some("2026-12-01T11:00:00.000000Z")),
         ];
         assert_eq!(latest_message(events).as_deref(), Some("new style"));
+    }
+
+    /// Only the containers given the repository's environment get the token (a backup's
+    /// command does, a tool's container does not, and EKS's webhook is told to skip it); a
+    /// repository with keys changes nothing.
+    #[test]
+    fn a_web_identity_is_mounted_only_where_the_repository_signs() {
+        let repository = |signer: serde_json::Value| -> custody_kube::api::BackupRepositorySpec {
+            let mut spec = serde_json::json!({"endpoint": "https://s3", "bucket": "b"});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(signer.as_object().unwrap().clone());
+            serde_json::from_value(spec).unwrap()
+        };
+        let identity = repository(serde_json::json!({"webIdentity":
+            {"serviceAccountName": "backups", "roleArn": "arn:r"}}));
+        let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(serde_json::json!({
+            "spec": {"template": {"spec": {
+                "initContainers": [{"name": "tool", "env": [{"name": "PGUSER", "value": "x"}]}],
+                "containers": [{"name": "backup",
+                                "env": custody_kube::s3::mover_env(&identity)}],
+            }}},
+        }))
+        .unwrap();
+        let pod_of = |job: k8s_openapi::api::batch::v1::Job| job.spec.unwrap().template;
+        let template = pod_of(with_web_identity(job.clone(), &identity));
+        let pod = template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("backups"));
+        let mounted = |container: &k8s_openapi::api::core::v1::Container| {
+            container
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|mount| mount.name == custody_kube::s3::WEB_IDENTITY_VOLUME)
+        };
+        assert!(mounted(&pod.containers[0]));
+        assert!(!mounted(&pod.init_containers.unwrap()[0]));
+        assert_eq!(
+            template
+                .metadata
+                .unwrap()
+                .annotations
+                .unwrap()
+                .get(EKS_SKIP_CONTAINERS)
+                .map(String::as_str),
+            Some("tool")
+        );
+        let keys = repository(serde_json::json!({"credentialsSecretRef": {"name": "s3"}}));
+        assert_eq!(with_web_identity(job.clone(), &keys), job);
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub enum Probe {
     IdentityNotAllowed(String),
     /// A web identity: the STS refused the token (or answered no credentials).
     IdentityRefused(String),
+    /// A web identity: its ServiceAccount does not exist.
+    AccountMissing(String),
 }
 
 /// The `Ready` condition for what a check found.
@@ -163,6 +165,11 @@ pub fn readiness(probe: &Probe, bucket: &str) -> Desired {
             reasons::WEB_IDENTITY_NOT_ALLOWED,
             message.clone(),
         ),
+        Probe::AccountMissing(message) => (
+            Status::False,
+            reasons::SERVICE_ACCOUNT_NOT_FOUND,
+            message.clone(),
+        ),
         Probe::IdentityRefused(message) => (
             Status::False,
             reasons::WEB_IDENTITY_REFUSED,
@@ -196,7 +203,8 @@ pub fn recheck_after(probe: &Probe, key: Option<&EncryptionError>) -> Duration {
         (
             Probe::SecretMissing { .. }
             | Probe::SecretIncomplete { .. }
-            | Probe::IdentityNotAllowed(_),
+            | Probe::IdentityNotAllowed(_)
+            | Probe::AccountMissing(_),
             _,
         )
         | (_, Some(EncryptionError::SecretNotFound(_) | EncryptionError::SecretEmpty(_))) => {
@@ -252,6 +260,9 @@ pub async fn probe(
                 Ok(session) => s3::Credentials::Session(session),
                 Err(error @ custody_kube::sts::StsError::TokenForbidden { .. }) => {
                     return (Probe::IdentityNotAllowed(error.to_string()), None);
+                }
+                Err(error @ custody_kube::sts::StsError::AccountMissing { .. }) => {
+                    return (Probe::AccountMissing(error.to_string()), None);
                 }
                 Err(
                     error @ (custody_kube::sts::StsError::Refused { .. }

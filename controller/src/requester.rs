@@ -150,10 +150,17 @@ fn command_needs(
         ),
     ));
     let because = "its command gets the repository's credentials in its environment";
-    needed.push(match credentials {
-        Some(signer) => signer_access(signer, because.into()),
-        None => Access::new("get", "secrets", because.into()),
-    });
+    match credentials {
+        Some(signer) => needed.push(signer_access(signer, because.into())),
+        // Keys of any Secret, or a token of any ServiceAccount (a web identity's).
+        None => needed.extend([
+            Access::new("get", "secrets", because.into()),
+            Access {
+                subresource: Some("token"),
+                ..Access::new("create", "serviceaccounts", because.into())
+            },
+        ]),
+    }
 }
 
 /// What reading with `signer` directly takes: `get` on its Secret, or `create` on its

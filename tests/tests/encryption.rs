@@ -1262,7 +1262,48 @@ async fn a_repository_with_a_web_identity_backs_up_and_restores_with_no_keys_any
             && message.contains("InvalidParameterValue"),
         "{message}"
     );
+
+    // The namespace deleted after its ServiceAccount went first: nothing holds a
+    // ServiceAccount as a finalizer holds a Secret, so the Backup's artifact is kept (a
+    // Warning says so) instead of the namespace held forever.
+    namespace
+        .api::<BackupRepository>()
+        .patch(
+            "federated",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"webIdentity": {"audience": AUDIENCE}}})),
+        )
+        .await
+        .unwrap();
+    await_condition(
+        &namespace.api::<BackupRepository>(),
+        "federated",
+        "Ready again",
+        TIMEOUT,
+        |repository: &BackupRepository| {
+            ready_said(repository).is_some_and(|(status, _, _)| status == "True")
+        },
+    )
+    .await;
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "federated-2"},
+               "spec": {"clusterRef": {"name": "orders"}, "repositoryRef": {"name": "federated"}}}),
+    )
+    .await;
+    completed(namespace, "federated-2").await;
+    assert_eq!(snapshots(&url, &bucket).await.len(), 1);
+    namespace
+        .api::<ServiceAccount>()
+        .delete("backups", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup.finish().await;
+    assert_eq!(
+        snapshots(&url, &bucket).await.len(),
+        1,
+        "the snapshot is kept, the namespace gone"
+    );
     drop(federated);
     drop(issuer);
-    setup.finish().await;
 }

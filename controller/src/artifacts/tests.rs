@@ -669,6 +669,24 @@ fn another_backup_needs_the_secret_until_its_cleanup_is_done() {
     for (name, backup, expected) in rows {
         assert_eq!(needs_secret(&backup, "s3"), expected, "{name}");
     }
+    // A run signed by a web identity, recorded in its artifact or its destination, needs no
+    // Secret while it runs (else it would keep every Secret's finalizer on for its whole run).
+    let mut by_artifact = holder(true, Some("Running"), None, None, false);
+    by_artifact.status.as_mut().unwrap().artifact = Some(Artifact {
+        web_identity: Some(
+            serde_json::from_value(json!({"serviceAccountName": "backups", "roleArn": "arn:r"}))
+                .unwrap(),
+        ),
+        ..artifact("p/1")
+    });
+    let mut by_destination = holder(true, Some("Running"), None, None, false);
+    by_destination.status.as_mut().unwrap().destination = Some(custody_kube::api::Destination {
+        service_account: Some("backups".into()),
+        ..Default::default()
+    });
+    for (name, backup) in [("artifact", by_artifact), ("destination", by_destination)] {
+        assert!(!needs_secret(&backup, "s3"), "{name}");
+    }
 }
 
 fn snapshot_artifact(id: Option<&str>, origin: &str) -> Artifact {

@@ -295,6 +295,10 @@ pub async fn gather(backup: &Backup, context: &BackupContext) -> Result<Facts> {
             bucket: artifact.bucket.clone(),
             prefix: artifact.prefix.clone(),
             credentials_secret: artifact.credentials_secret.clone(),
+            service_account: artifact
+                .web_identity
+                .as_ref()
+                .map(|identity| identity.service_account_name.clone()),
         });
         let runs = super::decide::other_runs(&backups, &uid, &destination);
         artifacts::contest_attributed(artifact, &super::decide::run_of(&status, end), &runs)
@@ -337,6 +341,26 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 Ok(Deleted { endpoint, absent }) => Outcome::Deleted { endpoint, absent },
                 Err(Failure::Retry(error)) => return Err(error),
                 Err(Failure::Failed(message)) => Outcome::Failed(message),
+                Err(Failure::IdentityGone(message)) => {
+                    if namespace_terminating(&context.base.client, &namespace).await? {
+                        // The namespace's deletion took the ServiceAccount or the binding
+                        // first (nothing holds them as a finalizer holds a Secret): the
+                        // artifact is kept, which loses nothing, rather than the namespace
+                        // held forever.
+                        let note = Note {
+                            warning: true,
+                            reason: "ArtifactKept".to_string(),
+                            text: format!(
+                                "the artifact under {} in bucket {} is kept: {message}, and namespace {namespace} is being deleted",
+                                artifact.prefix, artifact.bucket
+                            ),
+                        };
+                        event(context, backup, &note).await?;
+                        release(context, backup).await?;
+                        return Ok(Action::await_change());
+                    }
+                    Outcome::Failed(message)
+                }
             };
             let after = after_delete(&facts, &artifact, &keys, &outcome);
             match &outcome {
@@ -402,6 +426,21 @@ enum Failure {
     Retry(Error),
     /// The delete itself failed: counted, backed off, warned about.
     Failed(String),
+    /// The web identity that signs it is gone (its ServiceAccount, or custody's leave to ask
+    /// for its tokens): in a namespace being deleted, nothing will bring it back.
+    IdentityGone(String),
+}
+
+/// Whether `namespace` is being deleted (custody lists namespaces; it may not get them).
+async fn namespace_terminating(client: &kube::Client, namespace: &str) -> Result<bool> {
+    let found = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .list(&kube::api::ListParams::default().fields(&format!("metadata.name={namespace}")))
+        .await
+        .map_err(Error::read(format!("Namespace {namespace}")))?;
+    Ok(found
+        .items
+        .iter()
+        .any(|found| found.metadata.deletion_timestamp.is_some()))
 }
 
 /// What a delete did.
@@ -436,6 +475,17 @@ async fn delete(
         match custody_kube::s3::credentials_for(client, namespace, &signer, &endpoint.region, &who)
             .await
         {
+            // A web identity is exchanged first, so that its being gone is told apart.
+            Ok(custody_kube::s3::Credentials::WebIdentity(identity)) => {
+                use custody_kube::sts::StsError;
+                match identity.assume(&endpoint).await {
+                    Ok(session) => custody_kube::s3::Credentials::Session(session),
+                    Err(
+                        error @ (StsError::TokenForbidden { .. } | StsError::AccountMissing { .. }),
+                    ) => return Err(Failure::IdentityGone(error.to_string())),
+                    Err(error) => return Err(Failure::Failed(error.to_string())),
+                }
+            }
             Ok(credentials) => credentials,
             Err(custody_kube::s3::CredentialsError::Read { source, name }) => {
                 return Err(Failure::Retry(Error::read(format!(

@@ -472,6 +472,11 @@ pub fn destination(
             command_prefix_of_backup,
         ),
         credentials_secret: repository.spec.credentials_secret().map(str::to_string),
+        service_account: repository
+            .spec
+            .web_identity
+            .as_ref()
+            .map(|identity| identity.service_account_name.clone()),
     }
 }
 

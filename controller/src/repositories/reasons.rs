@@ -16,6 +16,7 @@ pub const REPOSITORY_UNREADABLE: &str = "RepositoryUnreadable";
 pub const MASTER_KEY_SECRET_TAKEN: &str = "MasterKeySecretTaken";
 pub const WEB_IDENTITY_NOT_ALLOWED: &str = "WebIdentityNotAllowed";
 pub const WEB_IDENTITY_REFUSED: &str = "WebIdentityRefused";
+pub const SERVICE_ACCOUNT_NOT_FOUND: &str = "ServiceAccountNotFound";
 
 /// Whether a `Ready` reason says the bucket answered (only the encrypted repository is not
 /// usable): a command backup, which writes its own dump, may go on.

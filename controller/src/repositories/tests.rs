@@ -64,6 +64,21 @@ fn every_probe_outcome_has_its_own_reason() {
             Status::False,
             reasons::TLS_ERROR,
         ),
+        (
+            Probe::IdentityNotAllowed("custody may not ask".into()),
+            Status::False,
+            reasons::WEB_IDENTITY_NOT_ALLOWED,
+        ),
+        (
+            Probe::IdentityRefused("the STS refused".into()),
+            Status::False,
+            reasons::WEB_IDENTITY_REFUSED,
+        ),
+        (
+            Probe::AccountMissing("no such ServiceAccount".into()),
+            Status::False,
+            reasons::SERVICE_ACCOUNT_NOT_FOUND,
+        ),
     ];
     for (probe, status, reason) in rows {
         let desired = readiness(&probe, "backups");
@@ -95,9 +110,15 @@ fn a_repository_waiting_for_its_secret_is_checked_sooner() {
     };
     let taken = EncryptionError::MasterKeySecretTaken("key-master".into());
     let unreadable = EncryptionError::Unreadable("config".into());
-    let rows: [(&Probe, Option<&EncryptionError>, u64); 10] = [
+    let not_allowed = Probe::IdentityNotAllowed("no binding".into());
+    let no_account = Probe::AccountMissing("no account".into());
+    let refused = Probe::IdentityRefused("audience".into());
+    let rows: [(&Probe, Option<&EncryptionError>, u64); 13] = [
         (&missing, None, 5),
         (&incomplete, None, 5),
+        (&not_allowed, None, 5),
+        (&no_account, None, 5),
+        (&refused, None, 30),
         (&Probe::Reachable, Some(&key_missing), 5),
         (&Probe::Reachable, Some(&key_empty), 5),
         (&Probe::Reachable, None, 30),

@@ -122,9 +122,9 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
             vec!["create pods", "get secrets s3"],
         ),
         (
-            "a command, its repository not yet there: any Secret",
+            "a command, its repository not yet there: any Secret, any ServiceAccount's token",
             backup_of(&command),
-            vec!["create pods", "get secrets"],
+            vec!["create pods", "get secrets", "create serviceaccounts/token"],
         ),
         (
             "a plan with hooks",
@@ -134,7 +134,7 @@ fn an_object_needs_of_its_writer_every_permission_custody_would_use_for_it() {
         (
             "a plan whose runs dump with a command: any Secret (its runs use whichever repository is named when they run, and are not checked again)",
             plan_of(&command_plan),
-            vec!["create pods", "get secrets"],
+            vec!["create pods", "get secrets", "create serviceaccounts/token"],
         ),
         (
             "a plan with a tool",

@@ -257,9 +257,19 @@ pub fn mover_env(repository: &crate::api::BackupRepositorySpec) -> Vec<serde_jso
             serde_json::json!({"name": env::WEB_IDENTITY_TOKEN_FILE, "value": format!("{}/{}", crate::sts::TOKEN_DIRECTORY, crate::sts::TOKEN_FILE)}),
             serde_json::json!({"name": env::ROLE_SESSION_NAME, "value": "custody-mover"}),
         ]);
-        if let Some(sts) = &identity.sts_endpoint {
-            variables.push(serde_json::json!({"name": env::STS_ENDPOINT, "value": sts}));
-        }
+        // The STS the controller asks too (an SDK's default may differ), and the region a
+        // user's command's SDK needs.
+        let sts = identity.sts_endpoint.clone().unwrap_or_else(|| {
+            crate::sts::default_sts_endpoint(repository.region.as_deref().unwrap_or_default())
+        });
+        let region = repository
+            .region
+            .clone()
+            .unwrap_or_else(|| "us-east-1".into());
+        variables.extend([
+            serde_json::json!({"name": env::STS_ENDPOINT, "value": sts}),
+            serde_json::json!({"name": "AWS_REGION", "value": region}),
+        ]);
     }
     if let Some(ca) = &repository.ca_bundle {
         variables.push(serde_json::json!({"name": env::CA_BUNDLE, "value": ca}));

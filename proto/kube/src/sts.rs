@@ -20,6 +20,9 @@ pub const TOKEN_FILE: &str = "token";
 pub const TOKEN_SECONDS: i64 = 600;
 /// How long a token the kubelet projects into a mover's pod lives (it renews it at 80%).
 pub const PROJECTED_TOKEN_SECONDS: i64 = 3600;
+/// The longest STS answer read (a few KiB in practice; the endpoint is the repository
+/// writer's to choose, and the controller is every tenant's).
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 /// How long the temporary credentials live (the STS's minimum; asked again when they end).
 pub const SESSION_SECONDS: u32 = 3600;
 
@@ -67,10 +70,15 @@ pub enum StsError {
     /// The API server refused custody a token of the ServiceAccount (403): the namespace's
     /// admin has not let it.
     #[error(
-        "custody may not ask for tokens of ServiceAccount {namespace}/{account}: the namespace's admin lets it with kubectl create rolebinding {role} --namespace {namespace} --clusterrole {role} --serviceaccount <custody's namespace>:custody-controller",
+        "custody may not ask for tokens of ServiceAccount {namespace}/{account}: the namespace's admin lets it with kubectl create rolebinding {role} --namespace {namespace} --clusterrole {role} and custody's ServiceAccount as its subject (--serviceaccount custody-system:custody-controller as deploy/ installs it)",
         role = WEB_IDENTITY_ROLE
     )]
     TokenForbidden { namespace: String, account: String },
+    /// The ServiceAccount does not exist (404).
+    #[error(
+        "ServiceAccount {namespace}/{account} does not exist: create it, or fix spec.webIdentity.serviceAccountName"
+    )]
+    AccountMissing { namespace: String, account: String },
     /// The STS did not answer, or not in time.
     #[error("the STS at {endpoint} did not answer: {reason}")]
     Unreachable { endpoint: String, reason: String },
@@ -186,6 +194,13 @@ pub fn read_answer(endpoint: &str, status: u16, body: &str) -> Result<Temporary,
             (None, Some(message)) => format!("HTTP {status}: {message}"),
             (None, None) => format!("HTTP {status}"),
         };
+        // A server error or throttling says nothing of the token: try again later.
+        if status >= 500 || status == 429 {
+            return Err(StsError::Unreachable {
+                endpoint: endpoint.to_string(),
+                reason,
+            });
+        }
         return Err(StsError::Refused {
             endpoint: endpoint.to_string(),
             reason,
@@ -309,11 +324,16 @@ impl WebIdentity {
                 .await
                 .map_err(|error| crate::s3::error_chain(&error))?;
             let status = response.status().as_u16();
-            let body = aws_smithy_types::byte_stream::ByteStream::new(response.into_body())
-                .collect()
-                .await
-                .map_err(|error| crate::s3::error_chain(&error))?
-                .into_bytes();
+            let mut stream = aws_smithy_types::byte_stream::ByteStream::new(response.into_body());
+            let mut body = Vec::new();
+            while let Some(bytes) = stream.next().await {
+                body.extend_from_slice(&bytes.map_err(|error| crate::s3::error_chain(&error))?);
+                if body.len() > MAX_ANSWER_BYTES {
+                    return Err(format!(
+                        "its answer is longer than {MAX_ANSWER_BYTES} bytes"
+                    ));
+                }
+            }
             Ok::<_, String>((status, body))
         };
         let (status, body) = tokio::time::timeout(bound, call)
@@ -355,6 +375,10 @@ pub fn answered_token(
                 ))
             }),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(StsError::TokenForbidden {
+            namespace: namespace.to_string(),
+            account: account.to_string(),
+        }),
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(StsError::AccountMissing {
             namespace: namespace.to_string(),
             account: account.to_string(),
         }),

@@ -262,6 +262,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
                 bucket: bucket.into(),
                 prefix: prefix.into(),
                 credentials_secret: None,
+                service_account: None,
             }),
             artifact: artifact.map(|(bucket, prefix)| Artifact {
                 bucket: bucket.into(),
@@ -330,6 +331,7 @@ fn other_runs_come_from_every_namespace_by_bucket_and_prefix() {
         bucket: "b".into(),
         prefix: "custody/pg-dumps".into(),
         credentials_secret: None,
+        service_account: None,
     };
     let names: Vec<String> = other_runs(&backups, "u0", &destination)
         .into_iter()

@@ -82,6 +82,11 @@ pub(super) fn start(
             bucket: repository.spec.bucket.clone(),
             prefix: prefix.clone(),
             credentials_secret: repository.spec.credentials_secret().map(str::to_string),
+            service_account: repository
+                .spec
+                .web_identity
+                .as_ref()
+                .map(|identity| identity.service_account_name.clone()),
         });
         if command.is_none() {
             status.artifact = Some(Artifact {

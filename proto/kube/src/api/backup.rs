@@ -429,6 +429,9 @@ pub struct Destination {
     /// `custody.io/artifact-credentials` finalizer while this Backup may need it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    /// The ServiceAccount whose web identity signs the run instead (it holds no Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 /// The object-storage location of a Backup's data and manifest. Everything needed to delete

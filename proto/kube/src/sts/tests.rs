@@ -53,7 +53,22 @@ fn what_the_sts_answers_instead_of_credentials_is_said() {
         (
             503,
             "<html><body>busy</body></html>",
-            "the STS at http://sts refused the token: HTTP 503",
+            "the STS at http://sts did not answer: HTTP 503",
+        ),
+        (
+            429,
+            "<Error><Code>Throttling</Code></Error>",
+            "the STS at http://sts did not answer: HTTP 429 Throttling",
+        ),
+        (
+            499,
+            "<Error><Code>Odd</Code></Error>",
+            "the STS at http://sts refused the token: HTTP 499 Odd",
+        ),
+        (
+            500,
+            "<Error><Code>InternalError</Code></Error>",
+            "the STS at http://sts did not answer: HTTP 500 InternalError",
         ),
         (
             200,
@@ -303,6 +318,10 @@ fn a_token_requests_answer_is_the_token_or_why_not() {
         ),
         (
             Err(refusal(404)),
+            "ServiceAccount shop/backups does not exist",
+        ),
+        (
+            Err(refusal(500)),
             "asking for a token of ServiceAccount shop/backups:",
         ),
     ] {
@@ -400,4 +419,41 @@ async fn a_token_is_exchanged_at_the_sts_and_a_silent_sts_fails_in_time() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     drop(silent);
+}
+
+/// An STS answer longer than any credentials is not read whole (the endpoint is the
+/// repository writer's to choose; the controller serves every tenant).
+#[tokio::test]
+async fn an_endless_answer_is_cut_short() {
+    use std::io::{Read, Write};
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("token");
+    std::fs::write(&path, "t.o.k").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut connection, _) = listener.accept().unwrap();
+        let mut buffer = [0u8; 4096];
+        let _ = connection.read(&mut buffer);
+        let _ = connection.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/xml\r\n\r\n");
+        let chunk = vec![b'x'; 16 * 1024];
+        // Until the client hangs up.
+        while connection.write_all(&chunk).is_ok() {}
+    });
+    let identity = WebIdentity {
+        role_arn: "arn:r".into(),
+        sts_endpoint: format!("http://{address}/"),
+        session_name: "s".into(),
+        token: TokenSource::File(path),
+    };
+    let error = identity
+        .assume(&crate::s3::Endpoint::default())
+        .await
+        .expect_err("cut short");
+    assert!(
+        error.to_string().contains(&format!(
+            "its answer is longer than {MAX_ANSWER_BYTES} bytes"
+        )),
+        "{error}"
+    );
 }
