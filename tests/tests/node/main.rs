@@ -74,6 +74,7 @@ const INSTALLED: &[&str] = &[
     "clusterrole/custody-view",
     "clusterrole/custody-edit",
     "clusterrole/custody-hooks",
+    "clusterrole/custody-web-identity",
     "validatingadmissionpolicy/custody-controller-namespaces",
     "validatingadmissionpolicybinding/custody-controller-namespaces",
 ];

@@ -280,12 +280,15 @@ pub enum Capture {
 #[serde(rename_all = "camelCase")]
 pub struct CommandBackup {
     /// Image that runs the command, as the image's user, which must not be root (the pod
-    /// asks `runAsNonRoot`). It runs without capabilities and without a ServiceAccount token.
+    /// asks `runAsNonRoot`). It runs without capabilities and without a Kubernetes API token
+    /// (with a repository's `webIdentity`, with the token for its STS only).
     #[schemars(length(min = 1))]
     pub image: String,
     /// The command and its arguments. It finds the repository in `CUSTODY_S3_ENDPOINT`,
-    /// `CUSTODY_S3_BUCKET`, `CUSTODY_S3_PREFIX`, `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY`, and names its dump with a timestamp such as
+    /// `CUSTODY_S3_BUCKET`, `CUSTODY_S3_PREFIX`, and its credentials in `AWS_ACCESS_KEY_ID`
+    /// and `AWS_SECRET_ACCESS_KEY` (a repository's `webIdentity`: `AWS_ROLE_ARN`,
+    /// `AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ENDPOINT_URL_STS`, `AWS_REGION`, which the AWS
+    /// SDKs' and CLI's default chain reads), and names its dump with a timestamp such as
     /// `20261130T101500Z` or `2026-11-30T10:15:00Z`.
     #[schemars(length(min = 1))]
     pub command: Vec<String>,
@@ -335,8 +338,8 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<super::Transfer>,
 
-    /// How the data was captured, decided when the backup starts: `Stopped`, `Frozen` or
-    /// `CrashUnsafe`.
+    /// How the data was captured, decided when the backup starts: `Stopped`, `Frozen`,
+    /// `Tool`, `Hooks` or `CrashUnsafe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Capture>,
 

@@ -34,7 +34,8 @@ pub struct BackupPlanSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repository_ref: Option<LocalObjectReference>,
 
-    /// Cron schedule in UTC, five fields (`minute hour day-of-month month day-of-week`).
+    /// Cron schedule in UTC: five fields (`minute hour day-of-month month day-of-week`), or
+    /// six with seconds first (`second minute hour day-of-month month day-of-week`).
     #[schemars(length(min = 9, max = 128))]
     pub schedule: String,
 
