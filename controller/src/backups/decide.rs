@@ -464,20 +464,13 @@ pub fn destination(
     repository: &custody_kube::api::BackupRepository,
     command_prefix_of_backup: &str,
 ) -> custody_kube::api::Destination {
-    custody_kube::api::Destination {
-        endpoint: repository.spec.endpoint.clone(),
-        bucket: repository.spec.bucket.clone(),
-        prefix: command_prefix(
+    custody_kube::api::Destination::in_repository(
+        repository,
+        command_prefix(
             repository.spec.prefix.as_deref().unwrap_or_default(),
             command_prefix_of_backup,
         ),
-        credentials_secret: repository.spec.credentials_secret().map(str::to_string),
-        service_account: repository
-            .spec
-            .web_identity
-            .as_ref()
-            .map(|identity| identity.service_account_name.clone()),
-    }
+    )
 }
 
 /// Whether two runs' prefixes could hold the same keys: equal, or one under the other.

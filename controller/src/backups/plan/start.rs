@@ -77,17 +77,7 @@ pub(super) fn start(
         status.max_freeze_seconds = (status.consistency == Some(Capture::Frozen))
             .then(|| consistency::max_freeze_seconds(chosen) as i32);
         status.node_clock = facts.clock.clone();
-        status.destination = Some(Destination {
-            endpoint: repository.spec.endpoint.clone(),
-            bucket: repository.spec.bucket.clone(),
-            prefix: prefix.clone(),
-            credentials_secret: repository.spec.credentials_secret().map(str::to_string),
-            service_account: repository
-                .spec
-                .web_identity
-                .as_ref()
-                .map(|identity| identity.service_account_name.clone()),
-        });
+        status.destination = Some(Destination::in_repository(repository, prefix.clone()));
         if command.is_none() {
             status.artifact = Some(Artifact {
                 prefix: prefix.clone(),

@@ -582,6 +582,23 @@ pub struct CleanupStatus {
     pub last_attempt_time: Option<Time>,
 }
 
+impl Destination {
+    /// Where a run writes under `prefix` of `repository` as it is now, and what signs it.
+    pub fn in_repository(repository: &super::BackupRepository, prefix: String) -> Destination {
+        Destination {
+            endpoint: repository.spec.endpoint.clone(),
+            bucket: repository.spec.bucket.clone(),
+            prefix,
+            credentials_secret: repository.spec.credentials_secret().map(str::to_string),
+            service_account: repository
+                .spec
+                .web_identity
+                .as_ref()
+                .map(|identity| identity.service_account_name.clone()),
+        }
+    }
+}
+
 impl Artifact {
     /// An artifact in `repository` as it is now: where it is and how to reach it, recorded so
     /// that deleting it later does not depend on the repository surviving. Keys are the
