@@ -261,6 +261,8 @@ pub struct SnapshotFlags {
 }
 
 /// What the mover does.
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum MoverCommand {
     /// Backs a volume up. With `--repository-prefix`: one snapshot in the repository (format
@@ -293,6 +295,31 @@ pub enum MoverCommand {
         /// size): a larger source is refused before anything is read or written.
         #[arg(long = flags::SOURCE_LIMIT_BYTES)]
         source_limit_bytes: Option<u64>,
+        /// The (only) volume is read from the tar stream a tool writes into this directory
+        /// (see `stream-setup`), not from `--source`: its snapshot is sealed only if the tool
+        /// exited 0.
+        #[arg(long = flags::TAR_STREAM, requires = "repository_prefix")]
+        tar_stream: Option<PathBuf>,
+        /// Where the stream's entries lie in the volume (`pgdata`); default its root.
+        #[arg(long = flags::TAR_DATA_PATH, requires = "tar_stream")]
+        tar_data_path: Option<String>,
+    },
+    /// A stream tool's Job, in an init container: creates the FIFO the tool writes into, in
+    /// `--dir` (shared with the tool's and the mover's containers), and copies this program
+    /// there for the tool's container to run `stream-tool` with.
+    #[command(name = flags::STREAM_SETUP)]
+    StreamSetup {
+        #[arg(long = flags::DIR)]
+        dir: PathBuf,
+    },
+    /// In the tool's container: runs the command after `--` with its standard output on the
+    /// FIFO in `--dir`, and writes its exit code there once it exited; exits with it.
+    #[command(name = flags::STREAM_TOOL)]
+    StreamTool {
+        #[arg(long = flags::DIR)]
+        dir: PathBuf,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
     /// Streams an artifact into an empty volume, checked against its manifest while it
     /// writes, and leaves the manifest and the restore identity in `.custody/`.
@@ -518,6 +545,10 @@ mod tests {
                 max_seconds: 30,
             }),
             source_limit_bytes: Some(2 << 20),
+            tar_stream: Some(custody_proto::mover::TarStreamArgs {
+                dir: "/stream".into(),
+                data_path: "pgdata".into(),
+            }),
         });
         let parsed = MoverOptions::try_parse_from(
             std::iter::once("custody-mover".to_string()).chain(backup.args()),
@@ -536,9 +567,13 @@ mod tests {
                 freeze_claim,
                 max_freeze_seconds,
                 source_limit_bytes,
+                tar_stream,
+                tar_data_path,
                 ..
             } => {
                 assert_eq!(source_limit_bytes, Some(2 << 20));
+                assert_eq!(tar_stream, Some("/stream".into()));
+                assert_eq!(tar_data_path.as_deref(), Some("pgdata"));
                 assert_eq!(prefix, None);
                 assert_eq!(
                     source,

@@ -47,6 +47,9 @@ pub enum BuildError {
         #[source]
         source: io::Error,
     },
+    /// The tool writing the stream failed: what it wrote is not a backup.
+    #[error("{0}")]
+    ToolFailed(String),
 }
 
 /// Receives every entry of a walk, in manifest order, as the manifest is built: the backup

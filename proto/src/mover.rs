@@ -109,6 +109,33 @@ pub mod flags {
     pub const PRUNE: &str = "prune";
     pub const CHECK: &str = "check";
     pub const READ_DATA_PERCENT: &str = "read-data-percent";
+    pub const TAR_STREAM: &str = "tar-stream";
+    pub const TAR_DATA_PATH: &str = "tar-data-path";
+    pub const STREAM_SETUP: &str = "stream-setup";
+    pub const STREAM_TOOL: &str = "stream-tool";
+    pub const DIR: &str = "dir";
+}
+
+/// A tool that writes a tar stream instead of a tree: where the stream and its writer's
+/// outcome are, the files [`stream`] names in a directory the tool's and the mover's
+/// containers share.
+pub mod stream {
+    /// The FIFO the tool's standard output is connected to.
+    pub const FIFO: &str = "tar";
+    /// The tool's exit code, written once it exited (by `custody-mover stream-tool`).
+    pub const STATUS: &str = "status";
+    /// The copy of `custody-mover` the tool's container runs its command under.
+    pub const PROGRAM: &str = "custody-mover";
+}
+
+/// The first volume of a snapshot backup is read from a tar stream a tool writes, not from a
+/// directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TarStreamArgs {
+    /// The directory shared with the tool's container ([`stream`]'s files).
+    pub dir: String,
+    /// Where the stream's entries lie in the volume (`pgdata`); empty: its root.
+    pub data_path: String,
 }
 
 /// A frozen copy: the node agent freezes the filesystem of every claim in `claims` (all of
@@ -179,6 +206,8 @@ pub struct SnapshotBackupArgs {
     pub freeze: Option<FreezeArgs>,
     /// The most space the source may take on disk (a tool's scratch size): more is refused.
     pub source_limit_bytes: Option<u64>,
+    /// The (only) volume comes from a tool's tar stream.
+    pub tar_stream: Option<TarStreamArgs>,
 }
 
 /// What a Job asks the mover to do; [`Invocation::args`] is its command line.
@@ -283,6 +312,12 @@ impl Invocation {
                 }
                 if let Some(limit) = backup.source_limit_bytes {
                     args.extend(flag(flags::SOURCE_LIMIT_BYTES, &limit.to_string()));
+                }
+                if let Some(stream) = &backup.tar_stream {
+                    args.extend(flag(flags::TAR_STREAM, &stream.dir));
+                    if !stream.data_path.is_empty() {
+                        args.extend(flag(flags::TAR_DATA_PATH, &stream.data_path));
+                    }
                 }
                 args
             }

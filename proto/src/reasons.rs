@@ -123,6 +123,9 @@ reasons! {
 reasons! {
     /// Why `custody-mover` failed, from its result.
     pub enum MoverFailure {
+        /// The application's backup tool exited with an error while it wrote its stream: what
+        /// it wrote is not a backup.
+        ToolFailed,
         /// The repository's credentials are not in the environment.
         CredentialsMissing,
         /// The repository's settings (CA bundle, ...) cannot make a client.
@@ -221,6 +224,7 @@ impl MoverFailure {
             | MoverFailure::TargetTooSmall
             | MoverFailure::MoverFailed => true,
             MoverFailure::ReadVolumeFailed
+            | MoverFailure::ToolFailed
             | MoverFailure::UploadFailed
             | MoverFailure::LocalError
             | MoverFailure::DownloadFailed
@@ -247,6 +251,7 @@ mod tests {
         assert_eq!(
             again,
             [
+                "ToolFailed",
                 "ReadVolumeFailed",
                 "UploadFailed",
                 "LocalError",

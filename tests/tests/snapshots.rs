@@ -37,12 +37,13 @@ fn run(mut command: Command) -> Output {
 }
 
 /// A failed mover's reason and message, as it reports them (what its termination message
-/// carries).
+/// carries): its last line.
 fn failure(output: &Output) -> serde_json::Value {
     assert!(!output.status.success(), "the mover succeeded");
     let line = String::from_utf8_lossy(&output.stderr)
         .lines()
-        .find_map(|line| line.strip_prefix("custody-mover: ").map(str::to_string))
+        .filter_map(|line| line.strip_prefix("custody-mover: ").map(str::to_string))
+        .next_back()
         .expect("the mover says why it failed");
     let (reason, message) = line.split_once(": ").expect("reason: message");
     serde_json::json!({"reason": reason, "message": message})
@@ -922,4 +923,127 @@ async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothin
         ),
         1
     );
+}
+
+/// A backup by a stream tool: `custody-mover stream-setup` prepares the shared directory,
+/// `stream-tool` runs the tool with its standard output on the FIFO, and the mover reads the
+/// tar stream as it is written (`--tar-stream`, entries under `--tar-data-path`); its
+/// snapshot is sealed only if the tool exited 0. The mover's result or failure, and whether a
+/// snapshot was saved.
+async fn stream_backup(
+    (url, bucket, key): (&str, &str, &str),
+    tool: &[&str],
+    backup_uid: &str,
+) -> (Output, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().to_str().unwrap();
+    let setup = Command::new(binary("custody-mover"))
+        .args(["stream-setup", "--dir", stream])
+        .output()
+        .unwrap();
+    assert!(setup.status.success(), "{setup:?}");
+    let mut args = backup_args(dir.path(), backup_uid, None);
+    args.extend(["--tar-stream", stream, "--tar-data-path", "pgdata"]);
+    let backup = mover(url, bucket, key, &args).spawn().unwrap();
+    // The tool runs the copy setup left, as the tool's container does.
+    let tool = Command::new(dir.path().join("custody-mover"))
+        .args(["stream-tool", "--dir", stream, "--"])
+        .args(tool)
+        .status()
+        .unwrap();
+    let output = backup.wait_with_output().unwrap();
+    eprintln!("tool: {tool}\n{}", String::from_utf8_lossy(&output.stderr));
+    let snapshots = s3::keys(url, bucket, &format!("{PREFIX}/snapshots/")).await;
+    (output, !snapshots.is_empty())
+}
+
+/// Issue 24 item 2: a tool's tar stream is read as it is produced (nothing of it lands on
+/// disk), and restores verified into the tree it held, beneath `dataPath`: content, symlink,
+/// owners, modes, the stream's root as `dataPath`'s directory.
+#[tokio::test]
+async fn a_tools_tar_stream_is_backed_up_as_it_is_written_and_restores_the_tree_it_held() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "stream").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = tempfile::tempdir().unwrap();
+    fill(source.path());
+    std::fs::set_permissions(source.path(), std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::set_permissions(
+        source.path().join("base/000/00001"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let src = source.path().to_str().unwrap();
+    let (output, saved) = stream_backup(
+        (url, &bucket, &key),
+        &["tar", "-C", src, "-cf", "-", "."],
+        BACKUP_UID,
+    )
+    .await;
+    assert!(output.status.success(), "the stream backup failed");
+    assert!(saved);
+    let result: BackupResult = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result.files, 10_003);
+
+    let target = LoopVolume::new(256);
+    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
+    assert!(output.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            BACKUP_UID,
+            RESTORE_UID
+        ),
+        10_003
+    );
+    assert_eq!(tree(&target.path().join("pgdata")), tree(source.path()));
+    let restored = |path: &str| std::fs::symlink_metadata(target.path().join(path)).unwrap();
+    assert_eq!(restored("pgdata").permissions().mode() & 0o7777, 0o750);
+    assert_eq!(restored("pgdata/base/000/00001").uid(), 999);
+    assert_eq!(
+        restored("pgdata/base/000/00001").permissions().mode() & 0o7777,
+        0o600
+    );
+    assert!(restored("pgdata/current").file_type().is_symlink());
+}
+
+/// A stream is a backup only if its tool exited 0: a tool that fails after writing a whole
+/// tar, or whose stream breaks off mid-entry (even with exit 0), fails the mover and saves
+/// no snapshot, naming why.
+#[tokio::test]
+async fn a_stream_whose_tool_failed_or_broke_off_saves_no_snapshot() {
+    let url = s3::shared();
+    let source = tempfile::tempdir().unwrap();
+    fill(source.path());
+    let src = source.path().to_str().unwrap();
+    let whole_then_fail = format!("tar -C {src} -cf - . && exit 3");
+    let broken_off = format!("tar -C {src} -cf - . | head -c 1000000");
+    // Cut where an entry's header would start (the directory's header, then one file of
+    // under 512 bytes: its header and its block): only the missing end-of-archive block tells.
+    let broken_at_an_entry = format!("tar -C {src} -cf - base/000 | head -c 1536");
+    let rows = [
+        (whole_then_fail.as_str(), "ToolFailed", "code 3"),
+        (broken_off.as_str(), "ReadVolumeFailed", "pgdata/"),
+        (
+            broken_at_an_entry.as_str(),
+            "ReadVolumeFailed",
+            "without the end of a tar archive",
+        ),
+        ("exit 0", "ToolFailed", "wrote nothing"),
+    ];
+    for (index, (script, reason, said)) in rows.into_iter().enumerate() {
+        let bucket = s3::bucket(url, &format!("stream-fails-{index}")).await;
+        let (_, key) = repository::create(url, &bucket).await;
+        let (output, saved) =
+            stream_backup((url, &bucket, &key), &["sh", "-c", script], BACKUP_UID).await;
+        let failure = failure(&output);
+        assert_eq!(failure["reason"], reason, "{script}: {failure}");
+        assert!(
+            failure["message"].as_str().unwrap().contains(said),
+            "{script}: {failure}"
+        );
+        assert!(!saved, "{script}: a snapshot was saved");
+    }
 }

@@ -23,6 +23,30 @@ fn main() -> std::process::ExitCode {
         custody_agent::cli::MoverCommand::Backup { .. } => std::time::Duration::from_secs(20),
         _ => std::time::Duration::ZERO,
     };
+    match &options.command {
+        custody_agent::cli::MoverCommand::StreamSetup { dir } => {
+            return match mover::stream::setup(dir) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!(
+                        "custody-mover: preparing the tool's stream in {}: {error}",
+                        dir.display()
+                    );
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+        custody_agent::cli::MoverCommand::StreamTool { dir, command } => {
+            return match runtime.block_on(mover::stream::run_tool(dir, command)) {
+                Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                Err(error) => {
+                    eprintln!("custody-mover: running the tool: {error}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let outcome = runtime.block_on(async {
         tokio::select! {

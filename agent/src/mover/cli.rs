@@ -89,6 +89,8 @@ pub async fn run(
                 freeze_claim,
                 max_freeze_seconds,
                 source_limit_bytes,
+                tar_stream,
+                tar_data_path,
             } => {
                 // A tool's output larger than its scratch space is refused before it is read.
                 if let Some(limit) = source_limit_bytes {
@@ -104,13 +106,22 @@ pub async fn run(
                 let _progress = super::progress::Reporter::from_env("backup");
                 // Not beside a frozen read: the walk would compete with it for the disk while
                 // the application waits (its totals stay unknown).
-                if max_freeze_seconds.is_none() || freeze_claim.is_empty() {
+                if tar_stream.is_none() && (max_freeze_seconds.is_none() || freeze_claim.is_empty()) {
                     super::progress::count_when_reading(source.clone());
                 }
                 let created_at = k8s_openapi::jiff::Timestamp::now().to_string();
                 let header = header(backup_uid, cluster_uid, &created_at);
                 let request = match &options.repository_prefix {
-                    Some(_) => Some(snapshot_backup(source, snapshot, header.clone(), &created_at)?),
+                    Some(_) => Some(snapshot_backup(
+                        source,
+                        snapshot,
+                        header.clone(),
+                        &created_at,
+                        tar_stream.as_ref().map(|dir| super::stream::TarInput {
+                            dir: dir.clone(),
+                            data_path: tar_data_path.clone().unwrap_or_default(),
+                        }),
+                    )?),
                     None => None,
                 };
                 if request.is_none() && source.len() != 1 {
@@ -255,6 +266,11 @@ pub async fn run(
                 Ok(serde_json::to_string(&report).unwrap_or_default())
             }
             MoverCommand::Verify { .. } => unreachable!("handled above"),
+            MoverCommand::StreamSetup { .. } | MoverCommand::StreamTool { .. } => {
+                Err(MoverError::Local(
+                    "stream-setup and stream-tool run before the mover's runtime".into(),
+                ))
+            }
         }
     }
     .await;
@@ -307,7 +323,14 @@ fn snapshot_backup(
     flags: &SnapshotFlags,
     header: custody_proto::manifest::Header,
     started_at: &str,
+    tar: Option<super::stream::TarInput>,
 ) -> Result<super::snapshot::SnapshotBackup, MoverError> {
+    if tar.is_some() && sources.len() != 1 {
+        return Err(MoverError::Local(format!(
+            "a tool's stream is one volume, and {} were given",
+            sources.len()
+        )));
+    }
     let required = |value: &Option<String>, name: &str| {
         value
             .clone()
@@ -346,6 +369,7 @@ fn snapshot_backup(
                 .get(index)
                 .filter(|path| !path.is_empty())
                 .cloned(),
+            tar: tar.clone(),
         })
         .collect();
     if let Some(bad) = volumes.iter().find(|volume| {

@@ -17,6 +17,7 @@ pub mod progress;
 pub mod snapshot;
 pub mod snapshot_reader;
 pub mod snapshot_source;
+pub mod stream;
 pub mod upload;
 pub mod usage;
 
@@ -97,6 +98,9 @@ impl MoverError {
             MoverError::ReadVolume(manifest_builder::BuildError::SymlinkLeavesVolume {
                 ..
             }) => MoverFailure::SymlinkLeavesVolume,
+            MoverError::ReadVolume(manifest_builder::BuildError::ToolFailed(_)) => {
+                MoverFailure::ToolFailed
+            }
             MoverError::ReadVolume(_) => MoverFailure::ReadVolumeFailed,
             MoverError::Upload(upload::UploadError::Interrupted { .. }) => {
                 MoverFailure::Interrupted

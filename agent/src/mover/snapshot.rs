@@ -125,6 +125,8 @@ pub struct Volume {
     pub root: PathBuf,
     /// Where the application mounts it, if known.
     pub mount_path: Option<String>,
+    /// Read from a tool's tar stream instead of `root`.
+    pub tar: Option<super::stream::TarInput>,
 }
 
 /// The manifest header of each volume: the run's, and, where the application's mount paths
@@ -230,6 +232,7 @@ fn backup_into(
                 name: volume.name,
                 root: volume.root,
                 parent,
+                tar: volume.tar,
             },
             header,
         )?);

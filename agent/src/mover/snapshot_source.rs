@@ -29,6 +29,8 @@ use rustix::fs::{FileType, OFlags, Stat};
 use crate::manifest_builder::BuildError;
 use crate::tree::{self, Found, Metadata, OnDisk, Walk, WalkError};
 
+mod tar;
+
 /// One volume to read into the snapshot.
 pub struct VolumeToRead {
     /// The Cluster's volume claim template: `data/<name>` in the snapshot.
@@ -37,6 +39,8 @@ pub struct VolumeToRead {
     pub root: PathBuf,
     /// The same volume in the parent snapshot: its tree and its manifest.
     pub parent: Option<(TreeId, File)>,
+    /// Read from a tool's tar stream instead of `root`.
+    pub tar: Option<super::stream::TarInput>,
 }
 
 /// A volume read into the snapshot.
@@ -446,6 +450,12 @@ impl<'a> Archiver<'a> {
         volume: VolumeToRead,
         header: &Header,
     ) -> Result<ReadVolume, BuildError> {
+        if let Some(input) = &volume.tar {
+            let read = input.open(self.stop).and_then(|mut stream| {
+                self.tar_volume(&volume.name, &mut stream, &input.data_path, header)
+            });
+            return input.outcome(read, self.stop);
+        }
         let root = tree::open_root(&volume.root)?;
         let root_stat = rustix::fs::fstat(&root)
             .map_err(|errno| read_error(&volume.root.display().to_string(), errno.into()))?;

@@ -62,6 +62,32 @@ pub fn several_volumes(templates: &[String], encrypted: bool) -> Option<String> 
     ))
 }
 
+/// Why a tool writing a tar stream cannot back this Cluster up, if it cannot: its stream is
+/// one tree, so one volume claim template, read into a snapshot of an encrypted repository
+/// (an archive of format 1 is read from a directory).
+pub fn stream_layout(
+    tool: Option<&custody_kube::api::BackupTool>,
+    templates: &[String],
+    encrypted: bool,
+) -> Option<String> {
+    if !tool.is_some_and(super::job::streams) {
+        return None;
+    }
+    if templates.len() > 1 {
+        return Some(format!(
+            "the tool writes a tar stream (output: TarStream), which is one tree, and Cluster lists {} volume claim templates ({}): write a directory per volume instead (output: Directory, $CUSTODY_OUTPUT_<TEMPLATE>)",
+            templates.len(),
+            templates.join(", ")
+        ));
+    }
+    if !encrypted {
+        return Some(
+            "the tool writes a tar stream (output: TarStream), which is read into a snapshot of an encrypted repository; this BackupRepository writes archives (set its spec.encryption, or use output: Directory)".into(),
+        );
+    }
+    None
+}
+
 /// Where the StatefulSet's pods mount each of `templates`, as every container (init
 /// containers too) that mounts the template's volume whole agrees: a template mounted at two
 /// paths, at a path with `.` or `..`, or by no container is left out (a link into it then
@@ -348,7 +374,8 @@ pub const TOOL_FAILED: &str = "ToolFailed";
 pub use super::consistency::HOOKS_MISSING;
 pub use super::consistency::TOOL_MISSING;
 
-/// Why the application's backup tool (the Job pod's init container `tool`) failed: its exit
+/// Why the application's backup tool (the Job pod's container `tool`: an init container, or
+/// beside the mover when it streams) failed: its exit
 /// code and the end of its output, and the kubelet's reason when it evicted the pod. `None`
 /// while it did not fail.
 pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
@@ -358,6 +385,7 @@ pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> 
             .init_container_statuses
             .iter()
             .flatten()
+            .chain(status.container_statuses.iter().flatten())
             .filter(|container| container.name == "tool")
             .find_map(|container| {
                 let terminated = container.state.as_ref()?.terminated.as_ref()?;
@@ -430,7 +458,13 @@ pub fn tool_clock(
         pods.iter().flat_map(|pod| {
             pod.status
                 .iter()
-                .flat_map(|status| status.init_container_statuses.iter().flatten())
+                .flat_map(|status| {
+                    status
+                        .init_container_statuses
+                        .iter()
+                        .flatten()
+                        .chain(status.container_statuses.iter().flatten())
+                })
                 .filter(|container| container.name == "tool")
                 .filter_map(|container| container.state.as_ref())
                 .map(move |state| (pod, state))

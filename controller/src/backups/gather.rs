@@ -334,6 +334,8 @@ pub(crate) fn report(pods: &[Pod]) -> Option<String> {
     pods.iter()
         .flat_map(|pod| pod.status.iter())
         .flat_map(|status| status.container_statuses.iter().flatten())
+        // A stream tool runs beside the mover; its message is its log, not a report.
+        .filter(|container| container.name != "tool")
         .filter_map(|container| {
             container
                 .state

@@ -113,6 +113,78 @@ pub struct ToolRun<'a> {
 pub const TOOL_VOLUME: &str = "tool-output";
 pub const TOOL_MOUNT: &str = "/output";
 pub const TOOL_TREE: &str = TOOL_MOUNT;
+/// A stream tool's Job: the directory its tool's and mover's containers share (the FIFO, a
+/// copy of `custody-mover`, the tool's exit code), its volume, and that volume's bound (it
+/// holds the program, a few MiB).
+pub const STREAM_MOUNT: &str = "/custody-stream";
+pub const STREAM_VOLUME: &str = "tool-stream";
+const STREAM_VOLUME_SIZE: &str = "256Mi";
+
+/// Whether the tool writes a tar stream (read as it is produced) rather than a tree.
+pub fn streams(tool: &BackupTool) -> bool {
+    tool.output == Some(custody_kube::api::ToolOutput::TarStream)
+}
+
+/// A stream tool's containers: the init container that prepares the shared directory (the
+/// mover's image) and the tool's, running beside the mover with its standard output on the
+/// FIFO; the shared volume.
+fn stream_containers(
+    run: ToolRun<'_>,
+    mover: &crate::mover_job::MoverJob,
+) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    use custody_proto::mover::{flags, stream};
+    let tool = run.tool;
+    let mount = serde_json::json!({"name": STREAM_VOLUME, "mountPath": STREAM_MOUNT});
+    let setup = serde_json::json!({
+        "name": "stream-setup",
+        "image": mover.image,
+        "command": ["custody-mover", flags::STREAM_SETUP, format!("--{}", flags::DIR), STREAM_MOUNT],
+        "volumeMounts": [mount],
+        "resources": mover.resources(),
+        // Root only to make the directory its own (the tool's user writes its exit code
+        // there); no capability.
+        "securityContext": unprivileged(Some(0)),
+    });
+    let env: Vec<serde_json::Value> = [
+        (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
+        (tool_env::POD_IP, run.pod.and_then(|pod| pod.ip.clone())),
+    ]
+    .into_iter()
+    .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()}))
+    .collect();
+    let claim_path = tool.mount_path.as_deref().unwrap_or(SOURCE_PATH);
+    let command: Vec<String> = [
+        format!("{STREAM_MOUNT}/{}", stream::PROGRAM),
+        flags::STREAM_TOOL.to_string(),
+        format!("--{}", flags::DIR),
+        STREAM_MOUNT.to_string(),
+        "--".to_string(),
+    ]
+    .into_iter()
+    .chain(tool.command.iter().cloned())
+    .collect();
+    let mut container = serde_json::json!({
+        "name": "tool",
+        "image": tool.image,
+        "command": command,
+        "env": env,
+        "volumeMounts": [
+            {"name": "data", "mountPath": claim_path, "readOnly": true},
+            mount,
+        ],
+        "resources": mover.resources(),
+        // The end of its output explains a failure in the Backup's condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": unprivileged(tool.run_as_user),
+    });
+    if let Some(secret) = &tool.credentials_secret_ref {
+        container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
+    }
+    let volume =
+        serde_json::json!({"name": STREAM_VOLUME, "emptyDir": {"sizeLimit": STREAM_VOLUME_SIZE}});
+    (setup, container, volume)
+}
+
 /// The tool's scratch space when the Backup does not say.
 pub const DEFAULT_TOOL_SCRATCH: &str = "10Gi";
 
@@ -329,15 +401,17 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
     // A tool's tree is backed up as the volume, and refused if it overfilled its scratch
     // space; else the volumes themselves.
     let mounts = source_mounts(inputs.volumes);
-    let source = match &inputs.tool {
-        Some(_) => TOOL_TREE,
-        None => SOURCE_PATH,
+    let stream = inputs.tool.filter(|run| streams(run.tool));
+    let source = match (&inputs.tool, stream) {
+        (_, Some(_)) => STREAM_MOUNT,
+        (Some(_), None) => TOOL_TREE,
+        (None, None) => SOURCE_PATH,
     };
     let volume_mounts: Vec<serde_json::Value> = mounts
         .iter()
         .map(|(name, path)| serde_json::json!({"name": name, "mountPath": path, "readOnly": true}))
         .collect();
-    let source_limit_bytes = inputs.tool.and_then(|run| {
+    let source_limit_bytes = inputs.tool.filter(|_| stream.is_none()).and_then(|run| {
         crate::quantity::bytes(
             run.tool
                 .scratch_size
@@ -378,6 +452,16 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                 parent: snapshot.parent.map(str::to_string),
                 freeze: inputs.freeze.clone(),
                 source_limit_bytes,
+                tar_stream: stream.map(|run| custody_proto::mover::TarStreamArgs {
+                    dir: STREAM_MOUNT.to_string(),
+                    data_path: run
+                        .tool
+                        .data_path
+                        .as_deref()
+                        .unwrap_or_default()
+                        .trim_matches('/')
+                        .to_string(),
+                }),
             })
         }
         None => Invocation::Backup {
@@ -420,7 +504,19 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         }
         None => (container, Vec::new()),
     };
+    let mut beside = None;
     let init = inputs.tool.map(|run| {
+        if stream.is_some() {
+            let (setup, tool, volume) = stream_containers(run, inputs.mover);
+            crate::mover_job::append(
+                &mut container,
+                "volumeMounts",
+                [serde_json::json!({"name": STREAM_VOLUME, "mountPath": STREAM_MOUNT, "readOnly": true})],
+            );
+            extra_volumes.push(volume);
+            beside = Some(tool);
+            return setup;
+        }
         let (tool, volumes) = tool_container(run, inputs.mover, inputs.volumes);
         let trees: Vec<serde_json::Value> = if inputs.volumes.len() > 1 {
             inputs
@@ -480,6 +576,10 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             pod.init_containers = Some(vec![
                 serde_json::from_value(init).expect("a valid container"),
             ]);
+        }
+        if let Some(tool) = beside {
+            pod.containers
+                .push(serde_json::from_value(tool).expect("a valid container"));
         }
     }
     crate::mover_job::with_web_identity(job, &inputs.repository.spec)

@@ -717,9 +717,10 @@ where
 
 /// Issue 14, method Tool, the acceptance bar on a real PostgreSQL: while four pgbench clients
 /// write and a CHECKPOINT runs every second, the Backup's Job runs PostgreSQL's own
-/// `pg_basebackup -X stream` (the image and command named in the Cluster's
+/// `pg_basebackup -F tar -D - -X fetch` (the image and command named in the Cluster's
 /// `spec.consistency.tool`, the password from the Secret it names) against the running pod,
-/// and custody backs up the tree it wrote as the volume, under `pgdata`. Restored through the
+/// and custody reads the tar stream it writes (issue 24 item 2: no scratch copy) as the
+/// volume, under `pgdata`. Restored through the
 /// gate like any volume backup, PostgreSQL starts on it without a manual step, every account
 /// is there, pgbench's sums agree, pg_amcheck and (after a clean shutdown) pg_checksums are
 /// clean. No write stall: pgbench never waited on a frozen filesystem.
@@ -751,16 +752,20 @@ async fn on_a_real_node_postgresql_backed_up_by_pg_basebackup_while_pgbench_writ
             "method": "Tool",
             "tool": {
                 "image": "localhost/custody/postgres:15",
-                "command": ["pg_basebackup", "--host=$(CUSTODY_POD_IP)", "--pgdata=$(CUSTODY_OUTPUT)",
-                            "--wal-method=stream", "--checkpoint=fast", "--no-password"],
+                "command": ["pg_basebackup", "--host=$(CUSTODY_POD_IP)", "--pgdata=-", "--format=tar",
+                            "--wal-method=fetch", "--checkpoint=fast", "--no-password"],
+                "output": "TarStream",
                 "credentialsSecretRef": {"name": "orders-credentials"},
                 "dataPath": "pgdata",
-                "scratchSize": "1Gi",
             },
         })),
         scale,
     )
     .await;
+    // `--wal-method=fetch` (a tar on standard output cannot take streamed WAL) needs the
+    // server to keep the WAL written during the copy, through the checkpoints below.
+    sql(&ns, "orders-0", "alter system set wal_keep_size = '512MB'").await;
+    sql(&ns, "orders-0", "select pg_reload_conf()").await;
 
     let load = Load::start(&ns, 40);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -783,6 +788,55 @@ async fn on_a_real_node_postgresql_backed_up_by_pg_basebackup_while_pgbench_writ
         status.conditions
     );
     assert_eq!(status.frozen_millis, None, "no write stall");
+    // Streamed: the Job had no scratch volume for the data.
+    let jobs = kube::Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let job = jobs
+        .items
+        .iter()
+        .find(|job| {
+            job.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| name.contains("nightly"))
+        })
+        .expect("the nightly Backup's Job");
+    let volumes: Vec<String> = job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .map(|volume| volume.name.clone())
+        .collect();
+    assert!(volumes.contains(&"tool-stream".to_string()), "{volumes:?}");
+    assert!(
+        !volumes.iter().any(|name| name.starts_with("tool-output")),
+        "{volumes:?}"
+    );
+
+    // A stream tool that fails fails the Backup, saying how it ended, and seals nothing.
+    create::<Backup>(
+        &namespace.api(),
+        json!({"apiVersion": "custody.io/v1alpha1", "kind": "Backup", "metadata": {"name": "broken-stream"},
+               "spec": {"clusterRef": {"name": "orders"}, "consistency": {"method": "Tool", "tool": {
+                   "image": "localhost/custody/postgres:15", "output": "TarStream",
+                   "command": ["sh", "-c", "echo cannot reach the database >&2; exit 3"]}}}}),
+    )
+    .await;
+    let (reason, message) = backup_fails(&namespace, "broken-stream").await;
+    assert_eq!(reason, "ToolFailed", "{message}");
+    assert!(
+        message.contains("code 3") && message.contains("cannot reach the database"),
+        "{message}"
+    );
 
     // A tool that fails fails the Backup, saying how it ended.
     create::<Backup>(

@@ -462,6 +462,39 @@ fn a_failed_tool_is_named_with_its_exit_and_output() {
         assert_eq!(tool_failure(&[pod]).as_deref(), want);
     }
     assert_eq!(tool_failure(&[]), None);
+    // A stream tool runs beside the mover: the same, from the pod's containers; the mover's
+    // own exit is not the tool's.
+    let beside = |name: &str, exit: i32| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job-pod"},
+            "status": {"containerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "message": "broken pipe"}},
+            }]},
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        tool_failure(&[beside("tool", 1)]).as_deref(),
+        Some("the backup tool exited with code 1: broken pipe")
+    );
+    assert_eq!(tool_failure(&[beside("mover", 1)]), None);
+    let running = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "job-pod"},
+        "status": {"containerStatuses": [{
+            "name": "tool", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "state": {"running": {"startedAt": "2026-12-03T10:00:00Z"}},
+        }]},
+    }))
+    .unwrap();
+    assert_eq!(
+        tool_clock(
+            &[running],
+            Some(60),
+            "2026-12-03T10:00:20Z".parse().unwrap()
+        ),
+        ToolClock::Left(40)
+    );
     // Evicted: the kubelet's reason first, then the exit it caused.
     let mut evicted = pod("tool", 137, None);
     let status = evicted.status.as_mut().unwrap();

@@ -34,6 +34,21 @@ pub(super) fn finished(
 ) -> Result<Artifact, (&'static str, String)> {
     let recorded = recorded.cloned().unwrap_or_default();
     match (state, &facts.report) {
+        // A stream tool's failure, as the mover saw it: the tool's own exit code and output
+        // say more.
+        (JobState::Failed { .. }, Some(report))
+            if facts.tool_failure.is_some()
+                && matches!(
+                    custody_proto::mover::read_report::<serde_json::Value>(report),
+                    custody_proto::mover::Report::Failed(ref failure)
+                        if failure.reason == custody_proto::reasons::MoverFailure::ToolFailed
+                ) =>
+        {
+            Err((
+                decide::TOOL_FAILED,
+                facts.tool_failure.clone().unwrap_or_default(),
+            ))
+        }
         (_, Some(report)) => {
             decide::completion(&recorded, &custody_proto::mover::read_report(report))
         }

@@ -306,6 +306,20 @@ fn place<'a>(
             )));
         }
     }
+    let tool = chosen
+        .filter(|chosen| chosen.method == custody_kube::api::ConsistencyMethod::Tool)
+        .and_then(|chosen| chosen.tool.as_ref());
+    if command.is_none()
+        && status.start_time.is_none()
+        && let Some(refusal) =
+            decide::stream_layout(tool, templates, repository.spec.encryption.is_some())
+    {
+        return Err(Box::new(conclude(
+            facts,
+            status.clone(),
+            Err((reasons::UNSUPPORTED_VOLUME_LAYOUT, refusal)),
+        )));
+    }
     // Where the copy runs, and what it will be: decided once, when it starts.
     let node = if status.start_time.is_some() {
         status.node_name.clone()

@@ -1202,6 +1202,7 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
                 scratch_size: Some("2Gi".into()),
                 run_as_user: None,
                 timeout_seconds: None,
+                output: None,
             }),
             hooks: None,
         });
@@ -1662,6 +1663,185 @@ fn two_volume_facts() -> Facts {
         ]
         .into(),
         ..facts()
+    }
+}
+
+/// A Cluster whose tool writes a tar stream of PostgreSQL's data under `pgdata`.
+fn stream_cluster() -> Cluster {
+    let mut cluster = cluster(true);
+    cluster.spec.consistency = Some(custody_kube::api::Consistency {
+        method: custody_kube::api::ConsistencyMethod::Tool,
+        max_freeze_seconds: None,
+        tool: Some(custody_kube::api::BackupTool {
+            image: "postgres:15".into(),
+            command: ["pg_basebackup", "-D", "-", "-F", "tar", "-X", "fetch"]
+                .map(str::to_string)
+                .to_vec(),
+            credentials_secret_ref: None,
+            data_path: Some("pgdata".into()),
+            mount_path: None,
+            scratch_size: None,
+            run_as_user: Some(999),
+            timeout_seconds: Some(600),
+            output: Some(custody_kube::api::ToolOutput::TarStream),
+        }),
+        hooks: None,
+    });
+    cluster
+}
+
+/// Issue 24 item 2: a tool that writes a tar stream runs beside the mover (not before it),
+/// its standard output on the FIFO an init container of the mover's image prepared, with no
+/// scratch space; the mover reads the stream into the volume beneath `dataPath`. A stream
+/// tool that failed fails the Backup naming its exit and output; a Cluster of two templates,
+/// or a repository of archives, is refused before anything runs.
+#[test]
+fn a_stream_tool_runs_beside_the_mover_which_reads_its_stream() {
+    let start = plan(&Facts {
+        cluster: Some(stream_cluster()),
+        ..facts()
+    });
+    let status = start.status.unwrap();
+    assert_eq!(status.consistency, Some(custody_kube::api::Capture::Tool));
+    let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
+    let init: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|container| container.name.as_str())
+        .collect();
+    assert_eq!(init, ["stream-setup"]);
+    let setup = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(setup.image, pod.containers[0].image);
+    assert_eq!(
+        setup.command.as_ref().unwrap()[..2],
+        ["custody-mover".to_string(), "stream-setup".to_string()]
+    );
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["mover", "tool"]);
+    let tool = &pod.containers[1];
+    assert_eq!(
+        tool.command.clone().unwrap()[..6],
+        [
+            "/custody-stream/custody-mover",
+            "stream-tool",
+            "--dir",
+            "/custody-stream",
+            "--",
+            "pg_basebackup"
+        ]
+        .map(str::to_string)
+    );
+    assert_eq!(
+        tool.security_context.as_ref().unwrap().run_as_user,
+        Some(999)
+    );
+    let env: Vec<&str> = tool
+        .env
+        .iter()
+        .flatten()
+        .map(|env| env.name.as_str())
+        .collect();
+    assert_eq!(env, ["CUSTODY_POD_NAME", "CUSTODY_POD_IP"]);
+    // No scratch space: nothing of the data lands on the node.
+    let resources = tool.resources.clone().unwrap();
+    assert!(
+        !resources
+            .requests
+            .unwrap_or_default()
+            .contains_key("ephemeral-storage")
+    );
+    assert!(
+        !pod.volumes
+            .iter()
+            .flatten()
+            .any(|volume| volume.name.starts_with(crate::backups::job::TOOL_VOLUME))
+    );
+    let stream = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == crate::backups::job::STREAM_VOLUME)
+        .expect("the shared directory");
+    assert!(stream.empty_dir.is_some());
+    let args = pod.containers[0].args.clone().unwrap();
+    for pair in [
+        ["--source", "/custody-stream"],
+        ["--tar-stream", "/custody-stream"],
+        ["--tar-data-path", "pgdata"],
+    ] {
+        assert!(
+            args.windows(2).any(|window| window == pair),
+            "{pair:?} in {args:?}"
+        );
+    }
+    assert!(
+        !args.contains(&"--source-limit-bytes".to_string()),
+        "{args:?}"
+    );
+
+    // The tool failed: the mover said so, the tool's exit and output are the reason's message.
+    let mut failed = started(
+        Facts {
+            cluster: Some(stream_cluster()),
+            ..facts()
+        },
+        JobState::Failed {
+            message: "BackoffLimitExceeded".into(),
+        },
+    );
+    failed.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Tool);
+    failed.tool_failure = Some("the backup tool exited with code 1: could not connect".into());
+    failed.report = Some(custody_proto::mover::failure_text(
+        custody_proto::reasons::MoverFailure::ToolFailed,
+        "the tool exited with code 1 while it wrote its stream".into(),
+    ));
+    let status = plan(&failed).status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "ToolFailed");
+    assert!(status.conditions[0].message.contains("could not connect"));
+    // The mover failed first (the tool's end of the FIFO then broke): the mover's reason.
+    failed.report = Some(custody_proto::mover::failure_text(
+        custody_proto::reasons::MoverFailure::UploadFailed,
+        "the server went away".into(),
+    ));
+    let status = plan(&failed).status.unwrap();
+    assert_eq!(status.conditions[0].reason, "UploadFailed");
+
+    // Refused before anything runs: two templates, or archives.
+    let mut two = stream_cluster();
+    two.spec.volume_claim_templates = vec!["data".into(), "wal".into()];
+    let mut archives = facts();
+    let repository = archives.repository.as_mut().unwrap();
+    repository.spec.encryption = None;
+    repository.status.as_mut().unwrap().repository = None;
+    for (facts, said) in [
+        (
+            Facts {
+                cluster: Some(two),
+                ..two_volume_facts()
+            },
+            "2 volume claim templates",
+        ),
+        (
+            Facts {
+                cluster: Some(stream_cluster()),
+                ..archives
+            },
+            "spec.encryption",
+        ),
+    ] {
+        let refused = plan(&facts);
+        assert!(refused.job.is_none());
+        let status = refused.status.unwrap();
+        assert_eq!(status.phase, Some(BackupPhase::Failed));
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.reason, reasons::UNSUPPORTED_VOLUME_LAYOUT);
+        assert!(ready.message.contains(said), "{}", ready.message);
     }
 }
 

@@ -201,8 +201,9 @@ pub struct BackupTool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub run_as_user: Option<i64>,
-    /// The command and its arguments. It writes the application's data, ready to start
-    /// from, into the directory `$CUSTODY_OUTPUT` (absent, or empty when `dataPath` is; its
+    /// The command and its arguments. With `output: TarStream` it writes the data as a tar
+    /// stream to its standard output (see `output`). Otherwise it writes the application's
+    /// data, ready to start from, into the directory `$CUSTODY_OUTPUT` (absent, or empty when `dataPath` is; its
     /// parent exists unless `dataPath` has several segments), and exits 0; any
     /// other exit fails the Backup (`ToolFailed`, with the end of its output). It reaches the
     /// application at `$CUSTODY_POD_IP` (the running pod `$CUSTODY_POD_NAME`) and sees the
@@ -236,6 +237,20 @@ pub struct BackupTool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("scratchSize is a positive quantity such as 10Gi"))]
     pub scratch_size: Option<String>,
+    /// What the tool writes. `Directory` (the default): the data's tree at `$CUSTODY_OUTPUT`,
+    /// in scratch space on the node (`scratchSize`) until the mover has read it; the space
+    /// needed is the whole copy (`mariadb-backup --backup` then `--prepare` needs this).
+    /// `TarStream`: a tar stream (ustar, GNU or pax) on its standard output, which the mover
+    /// reads, deduplicates, encrypts and uploads as it is produced: no copy of the data on the
+    /// node and no `scratchSize`; its standard error is its log. For example `pg_basebackup
+    /// -h $(CUSTODY_POD_IP) -D - -F tar -X fetch -c fast` (PostgreSQL cannot stream its WAL
+    /// into a tar on standard output: `-X fetch` needs the server to keep the WAL written
+    /// during the copy, `wal_keep_size` at least that much). The stream's entries are the
+    /// volume's files beneath `dataPath`; directories it does not list are made `0700`. Only
+    /// for a Cluster of one volume claim template; the snapshot is sealed only if the tool
+    /// exits 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<ToolOutput>,
     /// The longest the tool may run, in seconds, from its start: past it the Job's pod is
     /// stopped and the Backup fails (`ToolFailed`, naming the bound), which gives the Cluster
     /// back to other Backups and Restores. Without it only the controller's Job deadline
@@ -243,6 +258,16 @@ pub struct BackupTool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 604800))]
     pub timeout_seconds: Option<i64>,
+}
+
+/// What a backup tool writes.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+pub enum ToolOutput {
+    /// A directory tree in scratch space.
+    #[default]
+    Directory,
+    /// A tar stream on its standard output, read as it is produced.
+    TarStream,
 }
 
 /// The ways custody makes a copy of a running application's volume.

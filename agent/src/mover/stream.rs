@@ -1,0 +1,261 @@
+//! A tool that writes its backup as a tar stream (`pg_basebackup -F tar -D -`), read by the
+//! mover as it is produced: no scratch copy of the database on the node.
+//!
+//! The Job's pod shares one small directory between three containers:
+//!
+//! - `custody-mover stream-setup` (an init container of the mover's image) creates the FIFO
+//!   [`stream::FIFO`] there and copies this program into it ([`stream::PROGRAM`], a static
+//!   binary that runs in any image);
+//! - the tool's container runs `custody-mover stream-tool -- <the tool's command>`: the
+//!   command's standard output is the FIFO, its standard error the container's log; once it
+//!   exited, its exit code is written to [`stream::STATUS`] (atomically, by a rename);
+//! - the mover reads the FIFO ([`TarInput::open`]) and, once the stream ended, seals the
+//!   snapshot only if the tool exited 0 ([`TarInput::outcome`]). A tool that failed halfway
+//!   may have written what reads as a whole tar: only its exit code says it is a backup.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use custody_proto::mover::stream;
+
+use crate::manifest_builder::BuildError;
+
+/// How often a wait for the tool says what it waits for.
+const SAY_EVERY: Duration = Duration::from_secs(30);
+/// How long the mover waits for the tool's exit code once its stream ended: a tool exits as it
+/// closes its output, so this bounds a wrapper that died without writing it.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(120);
+
+/// The init container's step: the FIFO and the program, readable and writable by whatever
+/// user the tool's image runs as.
+pub fn setup(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let fifo = dir.join(stream::FIFO);
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .map_err(|errno| io::Error::other(format!("creating {}: {errno}", fifo.display())))?;
+    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666))?;
+    let program = dir.join(stream::PROGRAM);
+    std::fs::copy(std::env::current_exe()?, &program)?;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))?;
+    // The tool writes its exit code here, as its own user.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
+    Ok(())
+}
+
+/// The tool container's step: runs `command` with its standard output on the FIFO, forwards
+/// SIGTERM to it, records its exit code; that exit code (128 + the signal's number when a
+/// signal ended it).
+pub async fn run_tool(dir: &Path, command: &[String]) -> io::Result<i32> {
+    let Some((program, args)) = command.split_first() else {
+        return Err(io::Error::other("stream-tool: no command after --"));
+    };
+    // Blocks until the mover opened its end (it does so at once).
+    let fifo = dir.join(stream::FIFO);
+    let output =
+        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&fifo))
+            .await
+            .map_err(io::Error::other)??;
+    let spawned = tokio::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::from(output))
+        .spawn();
+    let code = match spawned {
+        Err(error) => {
+            eprintln!("custody-mover: starting {program}: {error}");
+            127
+        }
+        Ok(mut child) => {
+            let status = tokio::select! {
+                status = child.wait() => status?,
+                _ = custody_kube::process::wait_for_signal() => {
+                    if let Some(pid) = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                    child.wait().await?
+                }
+            };
+            exit_code(status)
+        }
+    };
+    write_status(dir, code)?;
+    Ok(code)
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(1)
+}
+
+fn write_status(dir: &Path, code: i32) -> io::Result<()> {
+    let partial = dir.join(format!(".{}.partial", stream::STATUS));
+    std::fs::write(&partial, format!("{code}\n"))?;
+    std::fs::rename(&partial, dir.join(stream::STATUS))
+}
+
+/// The tool's exit code, once it wrote it.
+fn read_status(dir: &Path) -> Result<Option<i32>, BuildError> {
+    match std::fs::read_to_string(dir.join(stream::STATUS)) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            BuildError::ToolFailed(format!(
+                "the tool's exit code {:?} is not a number",
+                text.trim()
+            ))
+        }),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(read_error(dir, error)),
+    }
+}
+
+fn read_error(dir: &Path, source: io::Error) -> BuildError {
+    BuildError::Read {
+        path: dir.display().to_string(),
+        source,
+    }
+}
+
+/// What the tool said of itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolExit {
+    Succeeded,
+    Failed(i32),
+}
+
+/// Whether a tool that exited `code` wrote a backup.
+pub fn tool_exit(code: i32) -> ToolExit {
+    if code == 0 {
+        ToolExit::Succeeded
+    } else {
+        ToolExit::Failed(code)
+    }
+}
+
+/// The stream of a tool, in the directory it shares with the mover.
+#[derive(Clone, Debug)]
+pub struct TarInput {
+    pub dir: PathBuf,
+    /// Where the stream's entries lie in the volume; empty: its root.
+    pub data_path: String,
+}
+
+impl TarInput {
+    /// The stream, once the tool connected to it: waits (saying so every 30 s) until it
+    /// wrote something or exited. `stop` (SIGTERM) ends the wait.
+    pub fn open(&self, stop: &AtomicBool) -> Result<Box<dyn Read + Send>, BuildError> {
+        let fifo_path = self.dir.join(stream::FIFO);
+        let fifo = rustix::fs::open(
+            &fifo_path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|errno| read_error(&fifo_path, errno.into()))?;
+        let started = Instant::now();
+        let mut said = started;
+        let mut first = vec![0u8; 64 << 10];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(BuildError::Archive {
+                    path: fifo_path.display().to_string(),
+                    source: io::Error::other("stopped"),
+                });
+            }
+            match rustix::io::read(&fifo, &mut first) {
+                // Data: the tool is writing.
+                Ok(read) if read > 0 => {
+                    first.truncate(read);
+                    break;
+                }
+                // No writer yet, or it came and went without a byte: its exit code says which.
+                Ok(_) => {
+                    if let Some(code) = read_status(&self.dir)? {
+                        return Err(BuildError::ToolFailed(match tool_exit(code) {
+                            ToolExit::Succeeded => {
+                                "the tool wrote nothing to its standard output: a stream tool writes its backup there as a tar archive (pg_basebackup -F tar -D -)".to_string()
+                            }
+                            ToolExit::Failed(code) => {
+                                format!("the tool exited with code {code} before it wrote its stream")
+                            }
+                        }));
+                    }
+                    if said.elapsed() >= SAY_EVERY {
+                        eprintln!(
+                            "custody-mover: waiting {} s for the tool to write its stream into {}",
+                            started.elapsed().as_secs(),
+                            fifo_path.display()
+                        );
+                        said = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                // A writer, nothing written yet.
+                Err(rustix::io::Errno::AGAIN) => {
+                    first.clear();
+                    break;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => return Err(read_error(&fifo_path, errno.into())),
+            }
+        }
+        let flags =
+            rustix::fs::fcntl_getfl(&fifo).map_err(|errno| read_error(&fifo_path, errno.into()))?;
+        rustix::fs::fcntl_setfl(&fifo, flags - rustix::fs::OFlags::NONBLOCK)
+            .map_err(|errno| read_error(&fifo_path, errno.into()))?;
+        eprintln!("custody-mover: reading the tool's tar stream");
+        Ok(Box::new(io::Cursor::new(first).chain(File::from(fifo))))
+    }
+
+    /// Once the stream was read (`read`: its outcome): the tool's exit code, waited for. A
+    /// stream the tool did not finish with 0 is not a backup, whatever it held; a failed
+    /// read is said as the tool's failure when the tool failed (its end of the FIFO broke
+    /// the stream).
+    pub fn outcome<T>(
+        &self,
+        read: Result<T, BuildError>,
+        stop: &AtomicBool,
+    ) -> Result<T, BuildError> {
+        let started = Instant::now();
+        let mut said = started;
+        let code = loop {
+            if let Some(code) = read_status(&self.dir)? {
+                break code;
+            }
+            if stop.load(Ordering::Relaxed) || started.elapsed() >= EXIT_AFTER_EOF {
+                // The read's own failure explains more than a missing exit code.
+                read?;
+                return Err(BuildError::ToolFailed(format!(
+                    "the tool's stream ended but its exit code was not written within {} s: the stream is not known to be whole",
+                    EXIT_AFTER_EOF.as_secs()
+                )));
+            }
+            if said.elapsed() >= SAY_EVERY {
+                eprintln!(
+                    "custody-mover: the stream ended {} s ago; waiting for the tool to exit",
+                    started.elapsed().as_secs()
+                );
+                said = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        match (tool_exit(code), read) {
+            (ToolExit::Succeeded, read) => read,
+            (ToolExit::Failed(code), Ok(_)) => Err(BuildError::ToolFailed(format!(
+                "the tool exited with code {code} after it wrote its stream: what it wrote is not a backup"
+            ))),
+            (ToolExit::Failed(code), Err(error)) => Err(BuildError::ToolFailed(format!(
+                "the tool exited with code {code} while it wrote its stream ({error})"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

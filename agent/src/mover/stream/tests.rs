@@ -1,0 +1,89 @@
+use std::sync::atomic::AtomicBool;
+
+use super::{TarInput, ToolExit, setup, tool_exit, write_status};
+use crate::manifest_builder::BuildError;
+
+#[test]
+fn only_a_tool_that_exited_0_wrote_a_backup() {
+    let rows = [
+        (0, ToolExit::Succeeded),
+        (1, ToolExit::Failed(1)),
+        (143, ToolExit::Failed(143)),
+        (-1, ToolExit::Failed(-1)),
+    ];
+    for (code, expected) in rows {
+        assert_eq!(tool_exit(code), expected, "{code}");
+    }
+}
+
+fn input(dir: &std::path::Path) -> TarInput {
+    TarInput {
+        dir: dir.to_path_buf(),
+        data_path: String::new(),
+    }
+}
+
+/// Whatever was read, the tool's exit code decides; a failed read is said as the tool's
+/// failure when the tool failed.
+#[test]
+fn the_outcome_of_a_stream_is_the_tools_exit_code() {
+    let stop = AtomicBool::new(false);
+    let read_failed = || -> Result<u8, BuildError> {
+        Err(BuildError::Archive {
+            path: "the stream".into(),
+            source: std::io::Error::other("unexpected end of file"),
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_status(dir.path(), 0).unwrap();
+    assert_eq!(input(dir.path()).outcome(Ok(7u8), &stop).unwrap(), 7);
+    assert!(matches!(
+        input(dir.path()).outcome(read_failed(), &stop),
+        Err(BuildError::Archive { .. })
+    ));
+    write_status(dir.path(), 3).unwrap();
+    let failed = input(dir.path()).outcome(Ok(7u8), &stop).unwrap_err();
+    assert!(
+        matches!(&failed, BuildError::ToolFailed(message) if message.contains("code 3")),
+        "{failed}"
+    );
+    let failed = input(dir.path()).outcome(read_failed(), &stop).unwrap_err();
+    assert!(
+        matches!(&failed, BuildError::ToolFailed(message) if message.contains("code 3") && message.contains("unexpected end of file")),
+        "{failed}"
+    );
+    // Stopped while the exit code is missing: the read's own error, else the tool's.
+    let empty = tempfile::tempdir().unwrap();
+    let stopped = AtomicBool::new(true);
+    assert!(matches!(
+        input(empty.path()).outcome(read_failed(), &stopped),
+        Err(BuildError::Archive { .. })
+    ));
+    assert!(matches!(
+        input(empty.path()).outcome(Ok(7u8), &stopped),
+        Err(BuildError::ToolFailed(_))
+    ));
+}
+
+/// Setup makes a FIFO anyone may write and a program anyone may run; a tool that exits
+/// without writing is told apart by its exit code.
+#[test]
+fn a_tool_that_wrote_nothing_is_refused_by_its_exit_code() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path()).unwrap();
+    let fifo = std::fs::metadata(dir.path().join("tar")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.permissions().mode() & 0o777, 0o666);
+    let program = std::fs::metadata(dir.path().join("custody-mover")).unwrap();
+    assert_eq!(program.permissions().mode() & 0o777, 0o755);
+    let stop = AtomicBool::new(false);
+    for (code, said) in [(0, "wrote nothing"), (2, "code 2 before")] {
+        write_status(dir.path(), code).unwrap();
+        let refused = input(dir.path()).open(&stop).err().expect("refused");
+        assert!(
+            matches!(&refused, BuildError::ToolFailed(message) if message.contains(said)),
+            "{code}: {refused}"
+        );
+    }
+}
