@@ -312,6 +312,22 @@ pub enum MoverCommand {
         #[arg(long = flags::DIR)]
         dir: PathBuf,
     },
+    /// Before a tool writes a tree into scratch space: refuses (exit 1, the reason on
+    /// standard error) when a claim's data takes more on disk than `--limit-bytes` (the
+    /// tool's scratchSize), or all of them more than the free space where `--scratch` is.
+    #[command(name = flags::SCRATCH_CHECK)]
+    ScratchCheck {
+        /// The claim's name, once per `--source`.
+        #[arg(long = flags::CLAIM, required = true)]
+        claim: Vec<String>,
+        /// Where the claim is mounted, once per `--claim`.
+        #[arg(long = flags::SOURCE, required = true)]
+        source: Vec<PathBuf>,
+        #[arg(long = flags::SCRATCH)]
+        scratch: PathBuf,
+        #[arg(long = flags::LIMIT_BYTES)]
+        limit_bytes: u64,
+    },
     /// In the tool's container: runs the command after `--` with its standard output on the
     /// FIFO in `--dir`, and writes its exit code there once it exited; exits with it.
     #[command(name = flags::STREAM_TOOL)]

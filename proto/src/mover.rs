@@ -113,6 +113,9 @@ pub mod flags {
     pub const TAR_DATA_PATH: &str = "tar-data-path";
     pub const STREAM_SETUP: &str = "stream-setup";
     pub const STREAM_TOOL: &str = "stream-tool";
+    pub const SCRATCH_CHECK: &str = "scratch-check";
+    pub const SCRATCH: &str = "scratch";
+    pub const LIMIT_BYTES: &str = "limit-bytes";
     pub const DIR: &str = "dir";
 }
 

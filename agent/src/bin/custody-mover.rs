@@ -36,6 +36,26 @@ fn main() -> std::process::ExitCode {
                 }
             };
         }
+        custody_agent::cli::MoverCommand::ScratchCheck {
+            claim,
+            source,
+            scratch,
+            limit_bytes,
+        } => {
+            if claim.len() != source.len() {
+                eprintln!("custody-mover: --claim and --source are given in pairs");
+                return std::process::ExitCode::FAILURE;
+            }
+            let claims: Vec<(String, std::path::PathBuf)> =
+                claim.iter().cloned().zip(source.iter().cloned()).collect();
+            return match mover::usage::check_scratch(&claims, scratch, *limit_bytes) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(refusal) => {
+                    eprintln!("{refusal}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         custody_agent::cli::MoverCommand::StreamTool { dir, command } => {
             return match runtime.block_on(mover::stream::run_tool(dir, command)) {
                 Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -266,7 +266,9 @@ pub async fn run(
                 Ok(serde_json::to_string(&report).unwrap_or_default())
             }
             MoverCommand::Verify { .. } => unreachable!("handled above"),
-            MoverCommand::StreamSetup { .. } | MoverCommand::StreamTool { .. } => {
+            MoverCommand::StreamSetup { .. }
+            | MoverCommand::StreamTool { .. }
+            | MoverCommand::ScratchCheck { .. } => {
                 Err(MoverError::Local(
                     "stream-setup and stream-tool run before the mover's runtime".into(),
                 ))

@@ -127,9 +127,95 @@ pub fn has_room(
     }
 }
 
+/// Why a tool's copy of the claims cannot fit its scratch space, if it cannot: the copy of a
+/// volume takes what its data takes on disk (`needed`: each claim's name and bytes), each into
+/// a scratch volume of at most `limit` bytes (`scratchSize`), all of them on the node's disk
+/// with `free` bytes free. A tool that must write the whole copy before it is read
+/// (`mariadb-backup --backup` then `--prepare`) would otherwise fail, or fill the node's disk,
+/// after minutes.
+pub fn scratch_refusal(needed: &[(String, u64)], limit: u64, free: u64) -> Option<String> {
+    let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+    if let Some((claim, bytes)) = needed.iter().find(|(_, bytes)| *bytes > limit) {
+        return Some(format!(
+            "claim {claim} holds {bytes} bytes ({:.2} GiB) on disk and the tool's scratch space takes at most {limit} bytes ({:.2} GiB, its scratchSize): a copy would not fit, the tool was not run. Raise scratchSize to at least the data's size, or have the tool stream (output: TarStream)",
+            gib(*bytes),
+            gib(limit)
+        ));
+    }
+    let total = needed.iter().map(|(_, bytes)| *bytes).sum::<u64>();
+    (total > free).then(|| {
+        format!(
+            "the copy needs {total} bytes ({:.2} GiB) of scratch space and the node's disk has {free} bytes ({:.2} GiB) free: a copy would not fit, the tool was not run. Free the node's disk, or have the tool stream (output: TarStream)",
+            gib(total),
+            gib(free)
+        )
+    })
+}
+
+/// The scratch check of a tool's Job, before the tool runs: `claims` (name, where mounted)
+/// measured as `du` does, against `limit` and the free space where `scratch` is.
+pub fn check_scratch(
+    claims: &[(String, std::path::PathBuf)],
+    scratch: &Path,
+    limit: u64,
+) -> Result<(), String> {
+    let mut needed = Vec::new();
+    for (claim, path) in claims {
+        let bytes = disk_usage(path)
+            .map_err(|error| format!("measuring claim {claim} at {}: {error}", path.display()))?;
+        needed.push((claim.clone(), bytes));
+    }
+    let free = room(scratch)
+        .map_err(|error| format!("the free space of {}: {error}", scratch.display()))?
+        .bytes;
+    match scratch_refusal(&needed, limit, free) {
+        Some(refusal) => Err(refusal),
+        None => {
+            eprintln!(
+                "custody-mover: the tool's copy needs about {} bytes of scratch space: at most {limit} per volume, {free} free on the node",
+                needed.iter().map(|(_, bytes)| *bytes).sum::<u64>()
+            );
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_is_refused_only_when_a_claim_exceeds_the_scratch_size_or_all_exceed_the_free_disk() {
+        let claims = |sizes: &[u64]| -> Vec<(String, u64)> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(index, size)| (format!("claim-{index}"), *size))
+                .collect()
+        };
+        // (claims' sizes, limit, free, refused, said)
+        let rows: [(&[u64], u64, u64, bool, &str); 7] = [
+            (&[100], 100, 100, false, ""),
+            (&[101], 100, 1000, true, "claim claim-0 holds 101 bytes"),
+            (&[100], 100, 99, true, "needs 100 bytes"),
+            (&[60, 60], 100, 120, false, ""),
+            (&[60, 60], 100, 119, true, "has 119 bytes (0.00 GiB) free"),
+            (&[10, 101], 100, 1000, true, "claim claim-1"),
+            (&[], 0, 0, false, ""),
+        ];
+        for (sizes, limit, free, refused, said) in rows {
+            let refusal = scratch_refusal(&claims(sizes), limit, free);
+            assert_eq!(
+                refusal.is_some(),
+                refused,
+                "{sizes:?} {limit} {free}: {refusal:?}"
+            );
+            if let Some(refusal) = refusal {
+                assert!(refusal.contains(said), "{refusal}");
+                assert!(refusal.contains("the tool was not run"), "{refusal}");
+            }
+        }
+    }
 
     /// Files count by their allocated blocks, a hard-linked file once, a sparse file by what
     /// it allocates; over the limit is refused, at the limit is not.

@@ -418,6 +418,32 @@ pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> 
     })
 }
 
+/// The tool's scratch space cannot hold a copy of the claims' data: the tool was not run.
+pub const SCRATCH_TOO_SMALL: &str = "ScratchTooSmall";
+
+/// Why the scratch check before the tool refused the copy (its output: the claim's size and
+/// the scratch space's), if it did.
+pub fn scratch_refusal(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    pods.iter()
+        .filter_map(|pod| pod.status.as_ref())
+        .flat_map(|status| status.init_container_statuses.iter().flatten())
+        .filter(|container| container.name == super::job::SCRATCH_CHECK)
+        .find_map(|container| {
+            let terminated = container.state.as_ref()?.terminated.as_ref()?;
+            (terminated.exit_code != 0).then(|| {
+                let said = terminated.message.as_deref().unwrap_or_default().trim();
+                if said.is_empty() {
+                    format!(
+                        "the scratch check before the tool exited with code {}",
+                        terminated.exit_code
+                    )
+                } else {
+                    crate::events::cut(said, 1024)
+                }
+            })
+        })
+}
+
 /// Annotation on a Job custody stopped before its end: why (a tool past its time bound).
 pub const ANNOTATION_STOPPED: &str = "custody.io/stopped";
 

@@ -38,6 +38,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         clock: None,
         report: None,
         tool_failure: None,
+        scratch_refusal: None,
         listing: None,
         job_pod_problem: None,
         tool_clock: decide::ToolClock::Unbounded,
@@ -181,6 +182,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                         .as_ref()
                         .and_then(decide::stopped)
                         .or_else(|| decide::tool_failure(&pods));
+                    facts.scratch_refusal = decide::scratch_refusal(&pods);
                     let status = facts.backup.status.as_ref();
                     if status.and_then(|status| status.consistency) == Some(Capture::Hooks) {
                         // The post hook runs in the pod that mounts the claim now.

@@ -338,6 +338,58 @@ fn tool_container(
     (container, scratch_volumes)
 }
 
+/// The init container that runs before a tool writing trees: `custody-mover scratch-check`
+/// (the mover's image and rights, which read every file's size), which refuses the copy when
+/// a claim's data takes more on disk than the tool's scratchSize, or all of them more than
+/// the node's free disk, naming both sizes: before the tool runs for minutes and fails.
+fn scratch_check_container(
+    mover: &crate::mover_job::MoverJob,
+    volumes: &[VolumeToCopy],
+    mounts: &[(String, String)],
+    tool: &BackupTool,
+) -> serde_json::Value {
+    use custody_proto::mover::flags;
+    let scratch = tool.scratch_size.as_deref().unwrap_or(DEFAULT_TOOL_SCRATCH);
+    let limit = crate::quantity::bytes(scratch).unwrap_or(u64::MAX);
+    let (scratch_volume, scratch_path) = if volumes.len() > 1 {
+        (tool_volume(0), tool_tree(&volumes[0].template))
+    } else {
+        (TOOL_VOLUME.to_string(), TOOL_MOUNT.to_string())
+    };
+    let mut command = vec![
+        "custody-mover".to_string(),
+        flags::SCRATCH_CHECK.to_string(),
+        format!("--{}", flags::SCRATCH),
+        scratch_path.clone(),
+        format!("--{}", flags::LIMIT_BYTES),
+        limit.to_string(),
+    ];
+    let mut volume_mounts = vec![
+        serde_json::json!({"name": scratch_volume, "mountPath": scratch_path, "readOnly": true}),
+    ];
+    for (volume, (name, path)) in volumes.iter().zip(mounts) {
+        command.extend([
+            format!("--{}", flags::CLAIM),
+            volume.claim.clone(),
+            format!("--{}", flags::SOURCE),
+            path.clone(),
+        ]);
+        volume_mounts.push(serde_json::json!({"name": name, "mountPath": path, "readOnly": true}));
+    }
+    serde_json::json!({
+        "name": SCRATCH_CHECK,
+        "image": mover.image,
+        "command": command,
+        "volumeMounts": volume_mounts,
+        "resources": mover.resources(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": crate::mover_job::security_context(crate::mover_job::BACKUP_CAPABILITIES),
+    })
+}
+
+/// The init container that checks a tool's scratch space before it runs.
+pub const SCRATCH_CHECK: &str = "scratch-check";
+
 /// The scratch volume of the tree of the `index`th volume, when a tool writes several.
 fn tool_volume(index: usize) -> String {
     format!("{TOOL_VOLUME}-{index}")
@@ -505,6 +557,7 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
         None => (container, Vec::new()),
     };
     let mut beside = None;
+    let mut scratch_check = None;
     let init = inputs.tool.map(|run| {
         if stream.is_some() {
             let (setup, tool, volume) = stream_containers(run, inputs.mover);
@@ -518,6 +571,12 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
             return setup;
         }
         let (tool, volumes) = tool_container(run, inputs.mover, inputs.volumes);
+        scratch_check = Some(scratch_check_container(
+            inputs.mover,
+            inputs.volumes,
+            &mounts,
+            run.tool,
+        ));
         let trees: Vec<serde_json::Value> = if inputs.volumes.len() > 1 {
             inputs
                 .volumes
@@ -573,9 +632,13 @@ pub fn spec(inputs: JobInputs<'_>) -> Job {
                 .map(|volume| serde_json::from_value(volume).expect("a valid volume")),
         );
         if let Some(init) = init {
-            pod.init_containers = Some(vec![
-                serde_json::from_value(init).expect("a valid container"),
-            ]);
+            pod.init_containers = Some(
+                scratch_check
+                    .into_iter()
+                    .chain([init])
+                    .map(|container| serde_json::from_value(container).expect("a valid container"))
+                    .collect(),
+            );
         }
         if let Some(tool) = beside {
             pod.containers

@@ -37,6 +37,40 @@ pub(crate) async fn timed_backup(
     (backup, started.elapsed())
 }
 
+/// How long each container of Backup `backup`'s Job pod ran (started to finished, seconds),
+/// by name: where a backup's time goes besides the Job's start.
+pub(crate) async fn container_seconds(
+    namespace: &TestNamespace,
+    backup: &str,
+) -> Vec<(String, f64)> {
+    let pods: Api<Pod> = namespace.api();
+    let listed = pods.list(&Default::default()).await.unwrap();
+    let Some(pod) = listed.items.into_iter().find(|pod| {
+        pod.metadata
+            .name
+            .as_deref()
+            .is_some_and(|name| name.starts_with(&format!("{backup}-")))
+    }) else {
+        return Vec::new();
+    };
+    let status = pod.status.unwrap_or_default();
+    status
+        .init_container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.container_statuses.into_iter().flatten())
+        .filter_map(|container| {
+            let ended = container.state?.terminated?;
+            let took = ended
+                .finished_at?
+                .0
+                .duration_since(ended.started_at?.0)
+                .as_secs_f64();
+            Some((container.name, took))
+        })
+        .collect()
+}
+
 /// Issue 14's benchmark, at ≥ 1 GiB (`CUSTODY_BENCH_SCALE`, default 70 pgbench scale units,
 /// about 1.1 GB): PostgreSQL on the real node, each figure against a baseline measured in
 /// the same run. Backup by the Tool method (pg_basebackup's tar stream read by the mover as it
@@ -128,6 +162,7 @@ async fn on_a_real_node_bench_postgresql_consistency() {
     let (tool_backup, tool_took) = timed_backup(&namespace, "tool", None).await;
     let (tool_count, tool_latency) = load.finish().await;
 
+    let streamed_containers = container_seconds(&namespace, "tool").await;
     let (directory_backup, directory_took) =
         timed_backup(&namespace, "directory", Some(directory)).await;
 
@@ -139,6 +174,7 @@ async fn on_a_real_node_bench_postgresql_consistency() {
     )
     .await;
     let (frozen_count, frozen_latency) = load.finish().await;
+    let directory_containers = container_seconds(&namespace, "directory").await;
     let frozen = frozen_backup.status.unwrap();
 
     // Restore to a running database vs copying the same tree.
@@ -187,6 +223,25 @@ async fn on_a_real_node_bench_postgresql_consistency() {
         directory_took.as_secs_f64(),
         speed(directory_took),
         ratio(tool_took, directory_took)
+    );
+    let said = |containers: &[(String, f64)]| {
+        containers
+            .iter()
+            .map(|(name, took)| format!("{name} {took:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ran = |containers: &[(String, f64)], name: &str| {
+        containers
+            .iter()
+            .find(|(found, _)| found == name)
+            .map_or(0.0, |(_, took)| *took)
+    };
+    println!(
+        "  in the Job's pod (whole seconds, as the kubelet records them): streamed: {}; into scratch space: {}. The streamed tool (pg_basebackup writing into the mover) ran x{:.2} the baseline's time",
+        said(&streamed_containers),
+        said(&directory_containers),
+        ran(&streamed_containers, "tool") / local.as_secs_f64().max(1e-3)
     );
     println!(
         "  backup, method Freeze ({:.0} MB): {:.1} s, filesystem frozen {} ms",

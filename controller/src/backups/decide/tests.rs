@@ -479,6 +479,33 @@ fn a_failed_tool_is_named_with_its_exit_and_output() {
         Some("the backup tool exited with code 1: broken pipe")
     );
     assert_eq!(tool_failure(&[beside("mover", 1)]), None);
+    // The scratch check before the tool: its refusal is its output; it passing, or another
+    // container failing, is no refusal.
+    let check = |name: &str, exit: i32, message: &str| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job-pod"},
+            "status": {"initContainerStatuses": [{
+                "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "message": message}},
+            }]},
+        }))
+        .unwrap()
+    };
+    let rows = [
+        (
+            check("scratch-check", 1, "claim c holds 9 bytes\n"),
+            Some("claim c holds 9 bytes"),
+        ),
+        (
+            check("scratch-check", 2, ""),
+            Some("the scratch check before the tool exited with code 2"),
+        ),
+        (check("scratch-check", 0, "fits"), None),
+        (check("tool", 1, "x"), None),
+    ];
+    for (pod, want) in rows {
+        assert_eq!(super::scratch_refusal(&[pod]).as_deref(), want);
+    }
     let running = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "job-pod"},
         "status": {"containerStatuses": [{

@@ -52,6 +52,10 @@ pub(super) fn finished(
         (_, Some(report)) => {
             decide::completion(&recorded, &custody_proto::mover::read_report(report))
         }
+        (JobState::Failed { .. }, None) if facts.scratch_refusal.is_some() => Err((
+            decide::SCRATCH_TOO_SMALL,
+            facts.scratch_refusal.clone().unwrap_or_default(),
+        )),
         (JobState::Failed { .. }, None) if facts.tool_failure.is_some() => Err((
             decide::TOOL_FAILED,
             facts.tool_failure.clone().unwrap_or_default(),

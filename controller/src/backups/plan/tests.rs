@@ -99,6 +99,7 @@ fn facts() -> Facts {
         clock: None,
         report: None,
         tool_failure: None,
+        scratch_refusal: None,
         listing: None,
         job_pod_problem: None,
         tool_clock: super::decide::ToolClock::Unbounded,
@@ -1217,7 +1218,12 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
     assert_eq!(status.consistency, Some(custody_kube::api::Capture::Tool));
     assert_eq!(status.node_name.as_deref(), Some(NODE));
     let pod = start.job.unwrap().spec.unwrap().template.spec.unwrap();
-    let tool = &pod.init_containers.as_ref().expect("the tool runs first")[0];
+    let tool = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tool")
+        .expect("the tool runs first");
     assert_eq!(tool.image.as_deref(), Some("postgres:15"));
     let mounts: Vec<(&str, &str, Option<bool>)> = tool
         .volume_mounts
@@ -1313,8 +1319,67 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         ..facts()
     });
     let pod = root.job.unwrap().spec.unwrap().template.spec.unwrap();
-    let env = pod.init_containers.unwrap()[0].env.clone().unwrap();
+    let env = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tool")
+        .unwrap()
+        .env
+        .clone()
+        .unwrap();
     assert_eq!(env[0].value.as_deref(), Some("/output"));
+
+    // Issue 24 item 2: before the tool, the scratch check (the mover's image and rights)
+    // measures the claim against the scratch size.
+    let pod = plan(&Facts {
+        cluster: Some(with_tool(Some("pgdata"))),
+        ..facts()
+    })
+    .job
+    .unwrap()
+    .spec
+    .unwrap()
+    .template
+    .spec
+    .unwrap();
+    let init: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|container| container.name.as_str())
+        .collect();
+    assert_eq!(init, ["scratch-check", "tool"]);
+    let check = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(check.image, pod.containers[0].image);
+    let command = check.command.clone().unwrap();
+    for pair in [
+        ["--limit-bytes", "2147483648"],
+        ["--scratch", "/output"],
+        ["--claim", "data-db-0"],
+        ["--source", "/data"],
+    ] {
+        assert!(
+            command.windows(2).any(|window| window == pair),
+            "{pair:?} in {command:?}"
+        );
+    }
+    // Refused: the Backup fails ScratchTooSmall with both sizes, the tool never ran.
+    let mut refused = started(
+        Facts {
+            cluster: Some(with_tool(Some("pgdata"))),
+            ..facts()
+        },
+        JobState::Failed {
+            message: "BackoffLimitExceeded".into(),
+        },
+    );
+    refused.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Tool);
+    refused.scratch_refusal = Some("claim data-orders-0 holds 3000000000 bytes (2.79 GiB) on disk and the tool's scratch space takes at most 2147483648 bytes".into());
+    let status = plan(&refused).status.unwrap();
+    assert_eq!(status.phase, Some(BackupPhase::Failed));
+    assert_eq!(status.conditions[0].reason, "ScratchTooSmall");
+    assert!(status.conditions[0].message.contains("3000000000 bytes"));
 
     // The tool failed: the Backup fails with its exit and output.
     let mut failed = started(
@@ -2043,7 +2108,12 @@ fn a_tool_writes_one_tree_per_volume_and_each_is_backed_up_as_it() {
         .template
         .spec
         .unwrap();
-    let tool = &pod.init_containers.as_ref().unwrap()[0];
+    let tool = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tool")
+        .unwrap();
     let env: Vec<(String, String)> = tool
         .env
         .iter()

@@ -239,7 +239,9 @@ pub struct BackupTool {
     pub scratch_size: Option<String>,
     /// What the tool writes. `Directory` (the default): the data's tree at `$CUSTODY_OUTPUT`,
     /// in scratch space on the node (`scratchSize`) until the mover has read it; the space
-    /// needed is the whole copy (`mariadb-backup --backup` then `--prepare` needs this).
+    /// needed is the whole copy (`mariadb-backup --backup` then `--prepare` needs this), and a
+    /// claim whose data takes more than `scratchSize` (or than the node's free disk) fails the
+    /// Backup `ScratchTooSmall`, naming both sizes, before the tool runs.
     /// `TarStream`: a tar stream (ustar, GNU or pax) on its standard output, which the mover
     /// reads, deduplicates, encrypts and uploads as it is produced: no copy of the data on the
     /// node and no `scratchSize`; its standard error is its log. For example `pg_basebackup
