@@ -23,6 +23,8 @@ use custody_proto::mover::stream;
 
 use crate::manifest_builder::BuildError;
 
+/// The stream's pipe buffer (Linux's default `pipe-max-size`).
+const PIPE_SIZE: usize = 1 << 20;
 /// How often a wait for the tool says what it waits for.
 const SAY_EVERY: Duration = Duration::from_secs(30);
 /// How long the mover waits for the tool's exit code once its stream ended: a tool exits as it
@@ -158,6 +160,11 @@ impl TarInput {
             rustix::fs::Mode::empty(),
         )
         .map_err(|errno| read_error(&fifo_path, errno.into()))?;
+        // A larger pipe: the tool writes and the mover reads in bigger runs, with fewer
+        // switches between them (64 KiB by default; a refusal leaves it so).
+        if let Err(errno) = rustix::pipe::fcntl_setpipe_size(&fifo, PIPE_SIZE) {
+            eprintln!("custody-mover: the stream's pipe stays at its default size: {errno}");
+        }
         let started = Instant::now();
         let mut said = started;
         let mut first = vec![0u8; 64 << 10];
