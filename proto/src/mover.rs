@@ -119,6 +119,10 @@ pub mod flags {
     pub const DIR: &str = "dir";
 }
 
+/// `custody-mover scratch-check`'s exit code when it refused the copy (any other failure is
+/// its own).
+pub const SCRATCH_REFUSED_EXIT: i32 = 3;
+
 /// A tool that writes a tar stream instead of a tree: where the stream and its writer's
 /// outcome are, the files [`stream`] names in a directory the tool's and the mover's
 /// containers share.

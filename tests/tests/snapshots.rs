@@ -945,12 +945,24 @@ async fn stream_backup(
     let mut args = backup_args(dir.path(), backup_uid, None);
     args.extend(["--tar-stream", stream, "--tar-data-path", "pgdata"]);
     let backup = mover(url, bucket, key, &args).spawn().unwrap();
-    // The tool runs the copy setup left, as the tool's container does.
-    let tool = Command::new(dir.path().join("custody-mover"))
+    // The tool runs the copy setup left, as the tool's container does; it must end by itself
+    // (its mover gone, its writes fail) within two minutes.
+    let mut tool = Command::new(dir.path().join("custody-mover"))
         .args(["stream-tool", "--dir", stream, "--"])
         .args(tool)
-        .status()
+        .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let tool = loop {
+        if let Some(status) = tool.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = tool.kill();
+            panic!("the tool was still running two minutes on");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     let output = backup.wait_with_output().unwrap();
     eprintln!("tool: {tool}\n{}", String::from_utf8_lossy(&output.stderr));
     let snapshots = s3::keys(url, bucket, &format!("{PREFIX}/snapshots/")).await;
@@ -1046,4 +1058,28 @@ async fn a_stream_whose_tool_failed_or_broke_off_saves_no_snapshot() {
         );
         assert!(!saved, "{script}: a snapshot was saved");
     }
+}
+
+/// A mover that fails before it reads (a key the repository refuses) does not leave its tool
+/// waiting for a reader: it opened its end of the FIFO first thing, so the tool's writes fail
+/// once it is gone, and the tool ends.
+#[tokio::test]
+async fn a_mover_that_fails_before_reading_leaves_no_tool_waiting() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "stream-early").await;
+    repository::create(url, &bucket).await;
+    let other = s3::bucket(url, "stream-other").await;
+    let (_, other_key) = repository::create(url, &other).await;
+    let source = tempfile::tempdir().unwrap();
+    fill(source.path());
+    let src = source.path().to_str().unwrap();
+    let (output, saved) = stream_backup(
+        (url, &bucket, &other_key),
+        &["tar", "-C", src, "-cf", "-", "."],
+        BACKUP_UID,
+    )
+    .await;
+    let failure = failure(&output);
+    assert_eq!(failure["reason"], "RepositoryKeyRejected", "{failure}");
+    assert!(!saved);
 }

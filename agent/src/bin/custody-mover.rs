@@ -50,8 +50,12 @@ fn main() -> std::process::ExitCode {
                 claim.iter().cloned().zip(source.iter().cloned()).collect();
             return match mover::usage::check_scratch(&claims, scratch, *limit_bytes) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
-                Err(refusal) => {
+                Err(mover::usage::ScratchError::Refused(refusal)) => {
                     eprintln!("{refusal}");
+                    std::process::ExitCode::from(custody_proto::mover::SCRATCH_REFUSED_EXIT as u8)
+                }
+                Err(mover::usage::ScratchError::Failed(error)) => {
+                    eprintln!("custody-mover: {error}");
                     std::process::ExitCode::FAILURE
                 }
             };

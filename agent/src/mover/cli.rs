@@ -117,10 +117,15 @@ pub async fn run(
                         snapshot,
                         header.clone(),
                         &created_at,
-                        tar_stream.as_ref().map(|dir| super::stream::TarInput {
-                            dir: dir.clone(),
-                            data_path: tar_data_path.clone().unwrap_or_default(),
-                        }),
+                        tar_stream
+                            .as_ref()
+                            .map(|dir| {
+                                super::stream::TarInput::connect(
+                                    dir.clone(),
+                                    tar_data_path.clone().unwrap_or_default(),
+                                )
+                            })
+                            .transpose()?,
                     )?),
                     None => None,
                 };

@@ -174,6 +174,10 @@ pub fn backup(
 ) -> Result<BackupResult, MoverError> {
     let failures = repo.backend.failures();
     backup_into(repo, request, stop, on_read).map_err(|error| match error {
+        // A tool's failure is the tool's, whatever the server did meanwhile.
+        MoverError::ReadVolume(error @ crate::manifest_builder::BuildError::ToolFailed(_)) => {
+            MoverError::ReadVolume(error)
+        }
         MoverError::ReadVolume(error) if repo.backend.failures() > failures => {
             MoverError::RepositoryWrite(error.to_string())
         }

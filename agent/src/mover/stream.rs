@@ -52,43 +52,72 @@ pub fn setup(dir: &Path) -> io::Result<()> {
 }
 
 /// The tool container's step: runs `command` with its standard output on the FIFO, forwards
-/// SIGTERM to it, records its exit code; that exit code (128 + the signal's number when a
-/// signal ended it).
+/// SIGTERM to it, records its exit code (also when it could not start, or was stopped before:
+/// the mover waits for it); that exit code (128 + the signal's number when a signal ended it).
 pub async fn run_tool(dir: &Path, command: &[String]) -> io::Result<i32> {
-    let Some((program, args)) = command.split_first() else {
-        return Err(io::Error::other("stream-tool: no command after --"));
-    };
-    // Blocks until the mover opened its end (it does so at once).
-    let fifo = dir.join(stream::FIFO);
-    let output =
-        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(&fifo))
-            .await
-            .map_err(io::Error::other)??;
-    let spawned = tokio::process::Command::new(program)
-        .args(args)
-        .stdout(std::process::Stdio::from(output))
-        .spawn();
-    let code = match spawned {
-        Err(error) => {
-            eprintln!("custody-mover: starting {program}: {error}");
-            127
+    // Listening from the start: as PID 1 of its container, a signal without a handler would be
+    // ignored (the pod would wait out its grace period).
+    let signal = custody_kube::process::wait_for_signal();
+    tokio::pin!(signal);
+    let code = match command.split_first() {
+        None => {
+            eprintln!("custody-mover: stream-tool: no command after --");
+            1
         }
-        Ok(mut child) => {
-            let status = tokio::select! {
-                status = child.wait() => status?,
-                _ = custody_kube::process::wait_for_signal() => {
-                    if let Some(pid) = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    }
-                    child.wait().await?
-                }
+        Some((program, args)) => {
+            // The mover opens its end first thing: this returns at once.
+            let fifo = dir.join(stream::FIFO);
+            let opened = tokio::select! {
+                opened = tokio::task::spawn_blocking(move || {
+                    std::fs::OpenOptions::new().write(true).open(&fifo)
+                }) => Some(opened.map_err(io::Error::other).and_then(|opened| opened)),
+                _ = &mut signal => None,
             };
-            exit_code(status)
+            match opened {
+                None => SIGTERM_EXIT,
+                Some(Err(error)) => {
+                    eprintln!("custody-mover: opening the stream: {error}");
+                    1
+                }
+                Some(Ok(output)) => {
+                    let spawned = tokio::process::Command::new(program)
+                        .args(args)
+                        .stdout(std::process::Stdio::from(output))
+                        .spawn();
+                    match spawned {
+                        Err(error) => {
+                            eprintln!("custody-mover: starting {program}: {error}");
+                            127
+                        }
+                        Ok(mut child) => {
+                            let status = tokio::select! {
+                                status = child.wait() => status,
+                                _ = &mut signal => {
+                                    if let Some(pid) = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)) {
+                                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                                    }
+                                    child.wait().await
+                                }
+                            };
+                            match status {
+                                Ok(status) => exit_code(status),
+                                Err(error) => {
+                                    eprintln!("custody-mover: waiting for {program}: {error}");
+                                    1
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     };
     write_status(dir, code)?;
     Ok(code)
 }
+
+/// The exit code of a tool stopped by SIGTERM.
+const SIGTERM_EXIT: i32 = 128 + 15;
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -125,6 +154,18 @@ fn read_error(dir: &Path, source: io::Error) -> BuildError {
     }
 }
 
+/// Whether a read failed because the stream broke (cut short, malformed, an entry shorter
+/// than its header said): the tool's doing when it also failed. Anything else (an entry the
+/// mover refuses, a failed write) is the mover's own reason.
+pub fn broken_stream(error: &BuildError) -> bool {
+    match error {
+        BuildError::Read { .. } | BuildError::Changed { .. } | BuildError::ToolFailed(_) => true,
+        // The stream's own errors name the stream or an entry; the writer's name nothing.
+        BuildError::Archive { path, .. } => !path.is_empty(),
+        _ => false,
+    }
+}
+
 /// What the tool said of itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolExit {
@@ -147,19 +188,44 @@ pub struct TarInput {
     pub dir: PathBuf,
     /// Where the stream's entries lie in the volume; empty: its root.
     pub data_path: String,
+    /// The FIFO's read end, opened by [`TarInput::connect`] when the mover starts: the tool's
+    /// wrapper opens its end at once, and if the mover then fails (before reading, such as
+    /// with the repository unreachable) the tool's writes fail instead of waiting for a
+    /// reader that never comes.
+    pub fifo: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+}
+
+/// Opens the FIFO's read end without waiting for a writer.
+fn open_fifo(path: &Path) -> Result<std::os::fd::OwnedFd, BuildError> {
+    rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|errno| read_error(path, errno.into()))
 }
 
 impl TarInput {
+    /// The stream in `dir`, its read end open from now on.
+    pub fn connect(dir: PathBuf, data_path: String) -> Result<TarInput, BuildError> {
+        let fifo = open_fifo(&dir.join(stream::FIFO))?;
+        Ok(TarInput {
+            dir,
+            data_path,
+            fifo: Some(std::sync::Arc::new(fifo)),
+        })
+    }
+
     /// The stream, once the tool connected to it: waits (saying so every 30 s) until it
     /// wrote something or exited. `stop` (SIGTERM) ends the wait.
     pub fn open(&self, stop: &AtomicBool) -> Result<Box<dyn Read + Send>, BuildError> {
         let fifo_path = self.dir.join(stream::FIFO);
-        let fifo = rustix::fs::open(
-            &fifo_path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|errno| read_error(&fifo_path, errno.into()))?;
+        let fifo = match &self.fifo {
+            Some(fifo) => fifo
+                .try_clone()
+                .map_err(|error| read_error(&fifo_path, error))?,
+            None => open_fifo(&fifo_path)?,
+        };
         // A larger pipe: the tool writes and the mover reads in bigger runs, with fewer
         // switches between them (64 KiB by default; a refusal leaves it so).
         if let Err(errno) = rustix::pipe::fcntl_setpipe_size(&fifo, PIPE_SIZE) {
@@ -257,6 +323,9 @@ impl TarInput {
             (ToolExit::Failed(code), Ok(_)) => Err(BuildError::ToolFailed(format!(
                 "the tool exited with code {code} after it wrote its stream: what it wrote is not a backup"
             ))),
+            // The mover refused what the stream held, or could not store it: its reason, not
+            // the tool's (whose writes then failed: a broken pipe).
+            (ToolExit::Failed(_), Err(error)) if !broken_stream(&error) => Err(error),
             (ToolExit::Failed(code), Err(error)) => Err(BuildError::ToolFailed(format!(
                 "the tool exited with code {code} while it wrote its stream ({error})"
             ))),

@@ -143,6 +143,19 @@ pub fn scratch_refusal(needed: &[(String, u64)], limit: u64, free: u64) -> Optio
         ));
     }
     let total = needed.iter().map(|(_, bytes)| *bytes).sum::<u64>();
+    // Several trees count against the tool's one ephemeral-storage limit together.
+    if total > limit {
+        return Some(format!(
+            "claims {} hold {total} bytes ({:.2} GiB) on disk together and the tool's scratch space takes at most {limit} bytes ({:.2} GiB, its scratchSize): a copy would not fit, the tool was not run. Raise scratchSize to at least the data's size, or have the tool stream (output: TarStream)",
+            needed
+                .iter()
+                .map(|(claim, _)| claim.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            gib(total),
+            gib(limit)
+        ));
+    }
     (total > free).then(|| {
         format!(
             "the copy needs {total} bytes ({:.2} GiB) of scratch space and the node's disk has {free} bytes ({:.2} GiB) free: a copy would not fit, the tool was not run. Free the node's disk, or have the tool stream (output: TarStream)",
@@ -152,24 +165,39 @@ pub fn scratch_refusal(needed: &[(String, u64)], limit: u64, free: u64) -> Optio
     })
 }
 
+/// Why the scratch check did not pass.
+#[derive(Debug)]
+pub enum ScratchError {
+    /// The copy would not fit: both sizes.
+    Refused(String),
+    /// The check itself failed (a claim it could not measure).
+    Failed(String),
+}
+
 /// The scratch check of a tool's Job, before the tool runs: `claims` (name, where mounted)
 /// measured as `du` does, against `limit` and the free space where `scratch` is.
 pub fn check_scratch(
     claims: &[(String, std::path::PathBuf)],
     scratch: &Path,
     limit: u64,
-) -> Result<(), String> {
+) -> Result<(), ScratchError> {
     let mut needed = Vec::new();
     for (claim, path) in claims {
-        let bytes = disk_usage(path)
-            .map_err(|error| format!("measuring claim {claim} at {}: {error}", path.display()))?;
+        let bytes = disk_usage(path).map_err(|error| {
+            ScratchError::Failed(format!(
+                "measuring claim {claim} at {}: {error}",
+                path.display()
+            ))
+        })?;
         needed.push((claim.clone(), bytes));
     }
     let free = room(scratch)
-        .map_err(|error| format!("the free space of {}: {error}", scratch.display()))?
+        .map_err(|error| {
+            ScratchError::Failed(format!("the free space of {}: {error}", scratch.display()))
+        })?
         .bytes;
     match scratch_refusal(&needed, limit, free) {
-        Some(refusal) => Err(refusal),
+        Some(refusal) => Err(ScratchError::Refused(refusal)),
         None => {
             eprintln!(
                 "custody-mover: the tool's copy needs about {} bytes of scratch space: at most {limit} per volume, {free} free on the node",
@@ -194,12 +222,19 @@ mod tests {
                 .collect()
         };
         // (claims' sizes, limit, free, refused, said)
-        let rows: [(&[u64], u64, u64, bool, &str); 7] = [
+        let rows: [(&[u64], u64, u64, bool, &str); 8] = [
             (&[100], 100, 100, false, ""),
             (&[101], 100, 1000, true, "claim claim-0 holds 101 bytes"),
             (&[100], 100, 99, true, "needs 100 bytes"),
-            (&[60, 60], 100, 120, false, ""),
-            (&[60, 60], 100, 119, true, "has 119 bytes (0.00 GiB) free"),
+            (&[60, 60], 120, 120, false, ""),
+            (
+                &[60, 60],
+                100,
+                1000,
+                true,
+                "claims claim-0, claim-1 hold 120 bytes",
+            ),
+            (&[60, 60], 120, 119, true, "has 119 bytes (0.00 GiB) free"),
             (&[10, 101], 100, 1000, true, "claim claim-1"),
             (&[], 0, 0, false, ""),
         ];

@@ -421,26 +421,41 @@ pub fn tool_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> 
 /// The tool's scratch space cannot hold a copy of the claims' data: the tool was not run.
 pub const SCRATCH_TOO_SMALL: &str = "ScratchTooSmall";
 
-/// Why the scratch check before the tool refused the copy (its output: the claim's size and
-/// the scratch space's), if it did.
-pub fn scratch_refusal(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+/// How the scratch check before the tool ended, when it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScratchCheck {
+    /// It refused the copy: its output names the claim's size and the scratch space's.
+    Refused(String),
+    /// It failed otherwise (it could not measure, it was killed): its exit and output.
+    Failed(String),
+}
+
+/// How the scratch check before the tool failed, if it did.
+pub fn scratch_check(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<ScratchCheck> {
     pods.iter()
         .filter_map(|pod| pod.status.as_ref())
         .flat_map(|status| status.init_container_statuses.iter().flatten())
         .filter(|container| container.name == super::job::SCRATCH_CHECK)
         .find_map(|container| {
             let terminated = container.state.as_ref()?.terminated.as_ref()?;
-            (terminated.exit_code != 0).then(|| {
-                let said = terminated.message.as_deref().unwrap_or_default().trim();
-                if said.is_empty() {
-                    format!(
-                        "the scratch check before the tool exited with code {}",
-                        terminated.exit_code
-                    )
-                } else {
-                    crate::events::cut(said, 1024)
+            let said = crate::events::cut(
+                terminated.message.as_deref().unwrap_or_default().trim(),
+                1024,
+            );
+            match terminated.exit_code {
+                0 => None,
+                custody_proto::mover::SCRATCH_REFUSED_EXIT if !said.is_empty() => {
+                    Some(ScratchCheck::Refused(said))
                 }
-            })
+                code => Some(ScratchCheck::Failed(format!(
+                    "the scratch check before the tool exited with code {code}{}",
+                    if said.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {said}")
+                    }
+                ))),
+            }
         })
 }
 
@@ -454,6 +469,29 @@ pub fn stopped(job: &Job) -> Option<String> {
         .as_ref()?
         .get(ANNOTATION_STOPPED)
         .cloned()
+}
+
+/// Why a stream tool's Job must be stopped, if it must: its mover ended while the tool (beside
+/// it, writing into the mover's FIFO) still runs or has yet to start. Nothing reads the stream any more; a tool
+/// whose end of the FIFO never opened would wait for a reader until the Job's deadline.
+pub fn orphaned_tool(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    pods.iter().find_map(|pod| {
+        let containers = pod.status.as_ref()?.container_statuses.as_ref()?;
+        let state = |name: &str| {
+            containers
+                .iter()
+                .find(|container| container.name == name)
+                .and_then(|container| container.state.as_ref())
+        };
+        let mover = state("mover")?.terminated.as_ref()?;
+        // Running, or yet to start (it would then wait for a reader): either way, stopped.
+        state("tool")?.terminated.is_none().then_some(())?;
+        Some(format!(
+            "the mover in pod {} ended (exit code {}) while the backup tool beside it still ran: custody stopped its Job",
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            mover.exit_code
+        ))
+    })
 }
 
 /// Where the tool of a running Job stands against its `timeoutSeconds`.

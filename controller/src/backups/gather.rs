@@ -38,7 +38,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
         clock: None,
         report: None,
         tool_failure: None,
-        scratch_refusal: None,
+        scratch_check: None,
         listing: None,
         job_pod_problem: None,
         tool_clock: decide::ToolClock::Unbounded,
@@ -182,7 +182,7 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
                         .as_ref()
                         .and_then(decide::stopped)
                         .or_else(|| decide::tool_failure(&pods));
-                    facts.scratch_refusal = decide::scratch_refusal(&pods);
+                    facts.scratch_check = decide::scratch_check(&pods);
                     let status = facts.backup.status.as_ref();
                     if status.and_then(|status| status.consistency) == Some(Capture::Hooks) {
                         // The post hook runs in the pod that mounts the claim now.
@@ -218,7 +218,10 @@ pub async fn facts(backup: Backup, context: &BackupContext) -> Result<Facts> {
             )
             .and_then(|chosen| chosen.tool.as_ref())
             .and_then(|tool| tool.timeout_seconds);
-            facts.tool_clock = decide::tool_clock(&pods, timeout, facts.now);
+            facts.tool_clock = match decide::orphaned_tool(&pods) {
+                Some(why) => decide::ToolClock::Overdue(why),
+                None => decide::tool_clock(&pods, timeout, facts.now),
+            };
             facts.transfer_report =
                 crate::transfer::reported(client, &namespace, &job_name, &uid, &pods).await;
         }

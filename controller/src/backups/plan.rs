@@ -81,8 +81,8 @@ pub struct Facts {
     pub report: Option<String>,
     /// Why the application's backup tool failed, once its Job finished without a report.
     pub tool_failure: Option<String>,
-    /// The scratch check refused the tool's copy (the claim's and the scratch space's sizes).
-    pub scratch_refusal: Option<String>,
+    /// How the scratch check before the tool failed, if it did.
+    pub scratch_check: Option<super::decide::ScratchCheck>,
     /// What a command left under its prefix, once its Job finished: the listing, or why it
     /// could not be read (`reason`, `message`).
     pub listing: Option<Result<Listing, (&'static str, String)>>,

@@ -145,9 +145,12 @@ impl<'r> Tracked<'r> {
         }
     }
 
-    /// Whether the last block read was the end-of-archive block.
-    pub fn ended_as_an_archive(&self) -> bool {
-        self.read.is_multiple_of(BLOCK as u64)
+    /// Whether the stream ended as a tar archive ends: the block right after the last entry
+    /// (which ended at `entries_end`) was the end-of-archive block of zeros, and the reader
+    /// stopped there. A stream cut at an entry's end, even after data that ends in zeros,
+    /// did not.
+    pub fn ended_as_an_archive(&self, entries_end: u64) -> bool {
+        self.read == entries_end + BLOCK as u64
             && self.last_block.len() == BLOCK
             && self.last_block.iter().all(|byte| *byte == 0)
     }
@@ -191,6 +194,50 @@ fn drain(stream: &mut dyn Read) -> Result<(), Error> {
             ));
         }
     }
+}
+
+/// Whether a path of the volume is one its root keeps for itself (`lost+found`, custody's
+/// `.custody`), or lies beneath one: never taken from a stream.
+pub(crate) fn ignored_at_root(path: &str) -> bool {
+    IGNORED_AT_ROOT.contains(&path.split('/').next().unwrap_or_default())
+}
+
+/// An entry's owner, group and time from its pax records, which take precedence over its
+/// header's (a tool writes them where the header's fields are too small).
+#[derive(Default)]
+struct PaxNumbers {
+    uid: Option<u64>,
+    gid: Option<u64>,
+    mtime: Option<u64>,
+}
+
+fn pax_numbers<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<PaxNumbers> {
+    let mut numbers = PaxNumbers::default();
+    let Some(extensions) = entry.pax_extensions()? else {
+        return Ok(numbers);
+    };
+    for extension in extensions {
+        let extension = extension?;
+        let (Ok(key), Ok(value)) = (extension.key(), extension.value()) else {
+            continue;
+        };
+        // A time may have a fraction: its seconds.
+        let whole = |value: &str| -> io::Result<u64> {
+            value
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|_| io::Error::other(format!("pax record {key}={value} is not a number")))
+        };
+        match key {
+            "uid" => numbers.uid = Some(whole(value)?),
+            "gid" => numbers.gid = Some(whole(value)?),
+            "mtime" => numbers.mtime = Some(whole(value)?),
+            _ => {}
+        }
+    }
+    Ok(numbers)
 }
 
 fn stream_error(path: &str, source: io::Error) -> Error {
@@ -367,6 +414,7 @@ impl Archiver<'_> {
         let mut records = BTreeMap::new();
         let mut root = None;
         let mut files = 0usize;
+        let mut entries_end = 0u64;
         let mut tracked = Tracked::new(stream);
         let mut archive = tar::Archive::new(&mut tracked);
         let entries = archive
@@ -377,6 +425,8 @@ impl Archiver<'_> {
                 return Err(stopped());
             }
             let mut entry = entry.map_err(|error| stream_error("the stream", error))?;
+            entries_end =
+                entry.raw_file_position() + entry.size().div_ceil(BLOCK as u64) * BLOCK as u64;
             let entry_type = entry.header().entry_type();
             if matches!(
                 entry_type,
@@ -392,32 +442,48 @@ impl Archiver<'_> {
                 })?
                 .to_string();
             let path = volume_path(&name, data_path)?;
+            let pax = pax_numbers(&mut entry).map_err(|error| stream_error(&name, error))?;
             let head = entry.header();
             let facts = |kind: Kind, file: Option<usize>| -> Result<Record, BuildError> {
-                let number =
-                    |value: io::Result<u64>| value.map_err(|error| stream_error(&name, error));
+                let number = |pax: Option<u64>, value: io::Result<u64>, what: &str| {
+                    let value = match pax {
+                        Some(value) => value,
+                        None => value.map_err(|error| stream_error(&name, error))?,
+                    };
+                    u32::try_from(value).map_err(|_| {
+                        stream_error(
+                            &name,
+                            io::Error::other(format!("its {what} {value} is past 32 bits")),
+                        )
+                    })
+                };
+                let mtime = match pax.mtime {
+                    Some(mtime) => mtime,
+                    None => head.mtime().map_err(|error| stream_error(&name, error))?,
+                };
                 Ok(Record {
                     kind,
                     mode: head.mode().map_err(|error| stream_error(&name, error))? & 0o7777,
-                    uid: u32::try_from(number(head.uid())?).unwrap_or(u32::MAX),
-                    gid: u32::try_from(number(head.gid())?).unwrap_or(u32::MAX),
-                    mtime: i64::try_from(number(head.mtime())?).unwrap_or(i64::MAX),
+                    uid: number(pax.uid, head.uid(), "owner")?,
+                    gid: number(pax.gid, head.gid(), "group")?,
+                    mtime: i64::try_from(mtime).unwrap_or(i64::MAX),
                     file,
                 })
             };
             let Some(path) = path else {
-                if entry_type == tar::EntryType::Directory {
+                if entry_type == tar::EntryType::Directory && root.is_none() {
                     root = Some(facts(Kind::Dir, None)?);
                     continue;
                 }
                 return Err(Error::Unsupported {
                     path: name,
-                    kind: "stream entry at the stream's root that is not a directory",
+                    kind: "stream entry at the stream's root that is not its one directory",
                 });
             };
-            if !path.contains('/') && IGNORED_AT_ROOT.contains(&path.as_str()) {
+            if ignored_at_root(&path) {
                 eprintln!(
-                    "custody-mover: {path} in the stream is not backed up (a volume's root keeps its own)"
+                    "custody-mover: {path} in the stream is not backed up (a volume's root keeps its own {})",
+                    path.split('/').next().unwrap_or_default()
                 );
                 continue;
             }
@@ -493,7 +559,7 @@ impl Archiver<'_> {
                 "the tool wrote nothing to its standard output: a stream tool writes its backup there as a tar archive (pg_basebackup -F tar -D -)".into(),
             ));
         }
-        if !tracked.ended_as_an_archive() {
+        if !tracked.ended_as_an_archive(entries_end) {
             return Err(stream_error(
                 "the stream",
                 io::Error::other(format!(
@@ -503,6 +569,11 @@ impl Archiver<'_> {
             ));
         }
         drain(&mut tracked)?;
+        if records.is_empty() && root.is_none() {
+            return Err(Error::ToolFailed(
+                "the tool's tar archive held no entry: nothing to back up".into(),
+            ));
+        }
         Ok((records, root))
     }
 }

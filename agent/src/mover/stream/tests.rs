@@ -20,6 +20,7 @@ fn input(dir: &std::path::Path) -> TarInput {
     TarInput {
         dir: dir.to_path_buf(),
         data_path: String::new(),
+        fifo: None,
     }
 }
 
@@ -86,4 +87,72 @@ fn a_tool_that_wrote_nothing_is_refused_by_its_exit_code() {
             "{code}: {refused}"
         );
     }
+}
+
+/// A failed read is the tool's when the stream broke, the mover's when it refused or could not
+/// store what the stream held.
+#[test]
+fn a_broken_stream_is_the_tools_a_refusal_the_movers() {
+    let io = || std::io::Error::other("x");
+    let rows = [
+        (
+            BuildError::Read {
+                path: "pgdata/base/1".into(),
+                source: io(),
+            },
+            true,
+        ),
+        (
+            BuildError::Changed {
+                path: "p".into(),
+                expected: 2,
+                found: 1,
+            },
+            true,
+        ),
+        (
+            BuildError::Archive {
+                path: "the stream".into(),
+                source: io(),
+            },
+            true,
+        ),
+        (BuildError::ToolFailed("t".into()), true),
+        (
+            BuildError::Archive {
+                path: String::new(),
+                source: io(),
+            },
+            false,
+        ),
+        (
+            BuildError::Unsupported {
+                path: "p".into(),
+                kind: "hard link in a stream",
+            },
+            false,
+        ),
+        (
+            BuildError::SymlinkLeavesVolume {
+                path: "p".into(),
+                target: "/x".into(),
+            },
+            false,
+        ),
+        (BuildError::Write(io()), false),
+    ];
+    for (error, broken) in rows {
+        assert_eq!(super::broken_stream(&error), broken, "{error}");
+    }
+    // The tool failed (a broken pipe) after the mover refused a hard link: the refusal.
+    let dir = tempfile::tempdir().unwrap();
+    write_status(dir.path(), 141).unwrap();
+    let refused: Result<u8, BuildError> = Err(BuildError::Unsupported {
+        path: "p".into(),
+        kind: "hard link in a stream",
+    });
+    assert!(matches!(
+        input(dir.path()).outcome(refused, &AtomicBool::new(false)),
+        Err(BuildError::Unsupported { .. })
+    ));
 }

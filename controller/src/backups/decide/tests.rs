@@ -491,20 +491,17 @@ fn a_failed_tool_is_named_with_its_exit_and_output() {
         }))
         .unwrap()
     };
+    use super::ScratchCheck::{Failed, Refused};
     let rows = [
-        (
-            check("scratch-check", 1, "claim c holds 9 bytes\n"),
-            Some("claim c holds 9 bytes"),
-        ),
-        (
-            check("scratch-check", 2, ""),
-            Some("the scratch check before the tool exited with code 2"),
-        ),
+        (check("scratch-check", 3, "claim c holds 9 bytes\n"), Some(Refused("claim c holds 9 bytes".into()))),
+        (check("scratch-check", 3, ""), Some(Failed("the scratch check before the tool exited with code 3".into()))),
+        (check("scratch-check", 1, "custody-mover: measuring claim c: EIO"), Some(Failed("the scratch check before the tool exited with code 1: custody-mover: measuring claim c: EIO".into()))),
+        (check("scratch-check", 137, ""), Some(Failed("the scratch check before the tool exited with code 137".into()))),
         (check("scratch-check", 0, "fits"), None),
-        (check("tool", 1, "x"), None),
+        (check("tool", 3, "x"), None),
     ];
     for (pod, want) in rows {
-        assert_eq!(super::scratch_refusal(&[pod]).as_deref(), want);
+        assert_eq!(super::scratch_check(&[pod]), want);
     }
     let running = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "job-pod"},
@@ -733,4 +730,44 @@ fn a_tools_tree_of_each_volume_is_named_by_its_template() {
         super::super::job::tool_env::output_of("pg-wal.1"),
         "CUSTODY_OUTPUT_PG_WAL_1"
     );
+}
+
+/// A stream tool whose mover ended is stopped with its Job; while both run, or once both
+/// ended, nothing is.
+#[test]
+fn a_stream_tool_whose_mover_ended_is_stopped() {
+    let pod = |mover: serde_json::Value,
+               tool: serde_json::Value|
+     -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "job-pod"},
+            "status": {"containerStatuses": [
+                {"name": "mover", "image": "m", "imageID": "", "ready": false, "restartCount": 0, "state": mover},
+                {"name": "tool", "image": "t", "imageID": "", "ready": false, "restartCount": 0, "state": tool},
+            ]},
+        }))
+        .unwrap()
+    };
+    let running = serde_json::json!({"running": {"startedAt": "2026-12-03T10:00:00Z"}});
+    let ended = |code: i32| serde_json::json!({"terminated": {"exitCode": code}});
+    let waiting = serde_json::json!({"waiting": {"reason": "ContainerCreating"}});
+    let rows = [
+        (pod(ended(1), running.clone()), true),
+        (pod(ended(0), running.clone()), true),
+        (pod(running.clone(), running.clone()), false),
+        (pod(running.clone(), ended(0)), false),
+        (pod(ended(1), ended(141)), false),
+        (pod(ended(1), waiting.clone()), true),
+    ];
+    for (pod, stopped) in rows {
+        let why = super::orphaned_tool(std::slice::from_ref(&pod));
+        assert_eq!(why.is_some(), stopped, "{:?}", pod.status);
+        if let Some(why) = why {
+            assert!(
+                why.contains("job-pod") && why.contains("custody stopped its Job"),
+                "{why}"
+            );
+        }
+    }
+    assert_eq!(super::orphaned_tool(&[]), None);
 }

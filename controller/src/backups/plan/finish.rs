@@ -34,14 +34,18 @@ pub(super) fn finished(
 ) -> Result<Artifact, (&'static str, String)> {
     let recorded = recorded.cloned().unwrap_or_default();
     match (state, &facts.report) {
-        // A stream tool's failure, as the mover saw it: the tool's own exit code and output
-        // say more.
+        // A stream tool's failure, as the mover saw it, or the mover stopped with a tool past
+        // its bound: the tool's own exit and output, or the bound, say more.
         (JobState::Failed { .. }, Some(report))
             if facts.tool_failure.is_some()
                 && matches!(
                     custody_proto::mover::read_report::<serde_json::Value>(report),
                     custody_proto::mover::Report::Failed(ref failure)
-                        if failure.reason == custody_proto::reasons::MoverFailure::ToolFailed
+                        if matches!(
+                            failure.reason,
+                            custody_proto::reasons::MoverFailure::ToolFailed
+                                | custody_proto::reasons::MoverFailure::Interrupted
+                        )
                 ) =>
         {
             Err((
@@ -52,10 +56,13 @@ pub(super) fn finished(
         (_, Some(report)) => {
             decide::completion(&recorded, &custody_proto::mover::read_report(report))
         }
-        (JobState::Failed { .. }, None) if facts.scratch_refusal.is_some() => Err((
-            decide::SCRATCH_TOO_SMALL,
-            facts.scratch_refusal.clone().unwrap_or_default(),
-        )),
+        (JobState::Failed { .. }, None) if facts.scratch_check.is_some() => {
+            Err(match facts.scratch_check.clone() {
+                Some(decide::ScratchCheck::Refused(said)) => (decide::SCRATCH_TOO_SMALL, said),
+                Some(decide::ScratchCheck::Failed(said)) => (decide::JOB_FAILED, said),
+                None => unreachable!("matched on Some"),
+            })
+        }
         (JobState::Failed { .. }, None) if facts.tool_failure.is_some() => Err((
             decide::TOOL_FAILED,
             facts.tool_failure.clone().unwrap_or_default(),

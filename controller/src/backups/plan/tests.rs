@@ -99,7 +99,7 @@ fn facts() -> Facts {
         clock: None,
         report: None,
         tool_failure: None,
-        scratch_refusal: None,
+        scratch_check: None,
         listing: None,
         job_pod_problem: None,
         tool_clock: super::decide::ToolClock::Unbounded,
@@ -1375,11 +1375,18 @@ fn a_tool_copy_runs_the_tool_first_and_backs_up_its_tree() {
         },
     );
     refused.backup.status.as_mut().unwrap().consistency = Some(custody_kube::api::Capture::Tool);
-    refused.scratch_refusal = Some("claim data-orders-0 holds 3000000000 bytes (2.79 GiB) on disk and the tool's scratch space takes at most 2147483648 bytes".into());
+    refused.scratch_check = Some(crate::backups::decide::ScratchCheck::Refused("claim data-orders-0 holds 3000000000 bytes (2.79 GiB) on disk and the tool's scratch space takes at most 2147483648 bytes".into()));
     let status = plan(&refused).status.unwrap();
     assert_eq!(status.phase, Some(BackupPhase::Failed));
     assert_eq!(status.conditions[0].reason, "ScratchTooSmall");
     assert!(status.conditions[0].message.contains("3000000000 bytes"));
+    // The check itself failed: said as the Job's failure, not as a size.
+    refused.scratch_check = Some(crate::backups::decide::ScratchCheck::Failed(
+        "the scratch check before the tool exited with code 137".into(),
+    ));
+    let status = plan(&refused).status.unwrap();
+    assert_eq!(status.conditions[0].reason, "JobFailed");
+    assert!(status.conditions[0].message.contains("code 137"));
 
     // The tool failed: the Backup fails with its exit and output.
     let mut failed = started(
@@ -1872,6 +1879,22 @@ fn a_stream_tool_runs_beside_the_mover_which_reads_its_stream() {
     ));
     let status = plan(&failed).status.unwrap();
     assert_eq!(status.conditions[0].reason, "UploadFailed");
+    // Stopped past its timeoutSeconds: the mover was interrupted, the bound is the reason.
+    failed.tool_failure = Some(
+        "the backup tool ran 600 s in pod p, past its timeoutSeconds (600 s): custody stopped its Job"
+            .into(),
+    );
+    failed.report = Some(custody_proto::mover::failure_text(
+        custody_proto::reasons::MoverFailure::Interrupted,
+        "stopped by a signal".into(),
+    ));
+    let status = plan(&failed).status.unwrap();
+    assert_eq!(status.conditions[0].reason, "ToolFailed");
+    assert!(
+        status.conditions[0]
+            .message
+            .contains("timeoutSeconds (600 s)")
+    );
 
     // Refused before anything runs: two templates, or archives.
     let mut two = stream_cluster();

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use custody_proto::manifest::Kind;
 
-use super::{Record, Tracked, canonical, inside, volume_path};
+use super::{Record, Tracked, canonical, ignored_at_root, inside, volume_path};
 
 /// An expected path in the volume, or a refusal.
 type Expected = Result<Option<&'static str>, ()>;
@@ -156,39 +156,83 @@ fn archive() -> Vec<u8> {
     builder.into_inner().unwrap()
 }
 
-/// Only a stream whose last block is the end-of-archive block ended as a tar archive: one cut
-/// at an entry's end (a tool that broke off) did not, though a tar reader sees no entry
-/// missing.
+/// Only a stream whose reader stopped at an end-of-archive block right after the last entry
+/// ended as an archive: one cut at an entry's end did not, even when that entry's data ends in
+/// a block of zeros (a WAL segment's tail), though a tar reader sees no entry missing.
 #[test]
 fn a_stream_ended_as_an_archive_only_with_its_end_block() {
     let whole = archive();
     assert_eq!(whole.len(), 512 * 4, "header, content, two end blocks");
-    let rows: [(&[u8], usize, bool); 6] = [
-        (&whole, 64 << 10, true),
-        (&whole, 512, true),
-        (&whole, 100, true),
+    // (stream, where its entries end, read size, ended)
+    let rows: [(&[u8], u64, usize, bool); 6] = [
+        (&whole[..1536], 1024, 64 << 10, true),
+        (&whole[..1536], 1024, 100, true),
         // Cut after the file: a tar reader finds its one entry and an end.
-        (&whole[..1024], 512, false),
-        (&whole[..1024], 64 << 10, false),
-        (&[], 512, false),
+        (&whole[..1024], 1024, 512, false),
+        // Read past the end block.
+        (&whole, 1024, 512, false),
+        (&[], 0, 512, false),
+        (&[0u8; 512], 0, 512, true),
     ];
-    for (stream, read_size, ended) in rows {
+    for (stream, entries_end, read_size, ended) in rows {
         let mut inner: &[u8] = stream;
         let mut tracked = Tracked::new(&mut inner);
         let mut buffer = vec![0u8; read_size];
         while std::io::Read::read(&mut tracked, &mut buffer).unwrap() > 0 {}
         assert_eq!(tracked.read, stream.len() as u64);
         assert_eq!(
-            tracked.ended_as_an_archive(),
+            tracked.ended_as_an_archive(entries_end),
             ended,
-            "{} bytes read {read_size} at a time",
+            "{} bytes read {read_size} at a time, entries ending at {entries_end}",
             stream.len()
         );
     }
+    // A file whose data ends in a block of zeros, the stream cut right after it.
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1024);
+    header.set_mode(0o600);
+    header.set_cksum();
+    let mut data = vec![1u8; 512];
+    data.extend([0u8; 512]);
+    builder
+        .append_data(&mut header, "000000010000000000000001", &data[..])
+        .unwrap();
+    let zero_tail = builder.into_inner().unwrap();
+    let cut = &zero_tail[..512 + 1024];
+    let mut inner: &[u8] = cut;
+    let mut tracked = Tracked::new(&mut inner);
+    let mut reader = tar::Archive::new(&mut tracked);
+    let mut end = 0;
+    for entry in reader.entries().unwrap() {
+        let entry = entry.unwrap();
+        end = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
+    }
+    assert_eq!(end, 1536);
+    assert!(
+        !tracked.ended_as_an_archive(end),
+        "a cut stream ending in zeros"
+    );
     // A tar reader stops at the first end block, and the tracker has seen it.
     let mut inner: &[u8] = &whole;
     let mut tracked = Tracked::new(&mut inner);
     let mut reader = tar::Archive::new(&mut tracked);
     assert_eq!(reader.entries().unwrap().count(), 1);
-    assert!(tracked.ended_as_an_archive());
+    assert!(tracked.ended_as_an_archive(1024));
+}
+
+/// What a volume's root keeps for itself is never taken from a stream, nor anything beneath.
+#[test]
+fn a_roots_own_directories_and_what_is_beneath_them_are_ignored() {
+    let rows = [
+        (".custody", true),
+        (".custody/manifest.jsonl", true),
+        ("lost+found/#123", true),
+        ("pgdata/.custody", false),
+        ("custody", false),
+        ("base/lost+found", false),
+    ];
+    for (path, ignored) in rows {
+        assert_eq!(ignored_at_root(path), ignored, "{path}");
+    }
 }
