@@ -145,13 +145,6 @@ fn stream_containers(
         // there); no capability.
         "securityContext": unprivileged(Some(0)),
     });
-    let env: Vec<serde_json::Value> = [
-        (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
-        (tool_env::POD_IP, run.pod.and_then(|pod| pod.ip.clone())),
-    ]
-    .into_iter()
-    .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()}))
-    .collect();
     let claim_path = tool.mount_path.as_deref().unwrap_or(SOURCE_PATH);
     let command: Vec<String> = [
         format!("{STREAM_MOUNT}/{}", stream::PROGRAM),
@@ -163,23 +156,16 @@ fn stream_containers(
     .into_iter()
     .chain(tool.command.iter().cloned())
     .collect();
-    let mut container = serde_json::json!({
-        "name": "tool",
-        "image": tool.image,
-        "command": command,
-        "env": env,
-        "volumeMounts": [
+    let container = tool_container_of(
+        run,
+        command,
+        Vec::new(),
+        serde_json::json!([
             {"name": "data", "mountPath": claim_path, "readOnly": true},
             mount,
-        ],
-        "resources": mover.resources(),
-        // The end of its output explains a failure in the Backup's condition.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": unprivileged(tool.run_as_user),
-    });
-    if let Some(secret) = &tool.credentials_secret_ref {
-        container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
-    }
+        ]),
+        mover.resources(),
+    );
     let volume =
         serde_json::json!({"name": STREAM_VOLUME, "emptyDir": {"sizeLimit": STREAM_VOLUME_SIZE}});
     (setup, container, volume)
@@ -273,20 +259,7 @@ fn tool_container(
     } else {
         tool_output(tool)
     };
-    let mut env = [
-        (tool_env::OUTPUT.to_string(), Some(output)),
-        (
-            tool_env::POD_NAME.to_string(),
-            run.pod.map(|pod| pod.pod.clone()),
-        ),
-        (
-            tool_env::POD_IP.to_string(),
-            run.pod.and_then(|pod| pod.ip.clone()),
-        ),
-    ]
-    .into_iter()
-    .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()}))
-    .collect::<Vec<_>>();
+    let mut env = vec![serde_json::json!({"name": tool_env::OUTPUT, "value": output})];
     let claim_path = tool.mount_path.as_deref().unwrap_or(SOURCE_PATH);
     let mut mounts =
         vec![serde_json::json!({"name": "data", "mountPath": claim_path, "readOnly": true})];
@@ -321,13 +294,41 @@ fn tool_container(
         scratch_volumes
             .push(serde_json::json!({"name": TOOL_VOLUME, "emptyDir": {"sizeLimit": scratch}}));
     }
+    let container = tool_container_of(
+        run,
+        tool.command.clone(),
+        env,
+        serde_json::json!(mounts),
+        tool_resources(mover, scratch),
+    );
+    (container, scratch_volumes)
+}
+
+/// The container `tool`, writing a tree or a stream: the user's image and user, `command`,
+/// `env` then where the running application is, the credentials Secret's keys, `mounts`.
+fn tool_container_of(
+    run: ToolRun<'_>,
+    command: Vec<String>,
+    mut env: Vec<serde_json::Value>,
+    mounts: serde_json::Value,
+    resources: serde_json::Value,
+) -> serde_json::Value {
+    let tool = run.tool;
+    env.extend(
+        [
+            (tool_env::POD_NAME, run.pod.map(|pod| pod.pod.clone())),
+            (tool_env::POD_IP, run.pod.and_then(|pod| pod.ip.clone())),
+        ]
+        .into_iter()
+        .map(|(name, value)| serde_json::json!({"name": name, "value": value.unwrap_or_default()})),
+    );
     let mut container = serde_json::json!({
         "name": "tool",
         "image": tool.image,
-        "command": tool.command,
+        "command": command,
         "env": env,
         "volumeMounts": mounts,
-        "resources": tool_resources(mover, scratch),
+        "resources": resources,
         // The end of its output explains a failure in the Backup's condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": unprivileged(tool.run_as_user),
@@ -335,7 +336,7 @@ fn tool_container(
     if let Some(secret) = &tool.credentials_secret_ref {
         container["envFrom"] = serde_json::json!([{"secretRef": {"name": secret.name}}]);
     }
-    (container, scratch_volumes)
+    container
 }
 
 /// The init container that runs before a tool writing trees: `custody-mover scratch-check`
