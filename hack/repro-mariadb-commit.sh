@@ -18,5 +18,5 @@ for run in $(seq "${CUSTODY_REPRO_RUNS:-1}"); do
   echo "run $run"
   cargo test -p custody-tests --test node --locked -- --ignored --exact \
     mariadb::on_a_real_node_mariadb_commits_go_on_after_a_mariadb_backup_under_a_mixed_load --nocapture 2>&1 |
-    grep -E '^(the mariadb|commits|look|InnoDB|process|test result|thread)' || true
+    grep -E -A12 '^(the mariadb|commits|look|InnoDB|process|test result|thread)' || true
 done
