@@ -25,7 +25,11 @@ log=$(mktemp)
 images_log=$(mktemp)
 setsid nice -n 19 hack/build-images.sh --binaries-only >"$images_log" 2>&1 &
 images=$!
-trap 'kill -- -"$images" 2>/dev/null; rm -f "$log" "$images_log"' EXIT
+# Prometheus and promtool (deploy/monitoring's tests), once per version, likewise; the tests
+# that need them wait for this build (a lock in the script).
+setsid nice -n 19 hack/build-prometheus.sh >/dev/null 2>&1 &
+prometheus=$!
+trap 'kill -- -"$images" -"$prometheus" 2>/dev/null; rm -f "$log" "$images_log"' EXIT
 status=0
 # Tier 1: unit tests and everything on the control plane with fake kubelets (the real node's
 # tests are skipped here: its cluster-wide install would intercept these namespaces).

@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod finalizers;
 pub mod gate_ca;
+pub mod health;
 pub mod holds;
 pub mod imports;
 pub mod inject;

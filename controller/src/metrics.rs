@@ -38,7 +38,26 @@ pub struct ThawerLabels {
     pub thawer: String,
 }
 
+/// Labels naming how a Backup or Restore ended: `result` Completed or Failed, and the reason
+/// its `Ready` condition gives.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+    pub reason: String,
+}
+
+/// Labels naming how one attempt at an artifact's deletion ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeletionLabels {
+    pub result: &'static str,
+}
+
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// Histogram buckets from `start`, each `factor` times the one before.
+fn exponential(start: f64, factor: f64, count: u16) -> impl Iterator<Item = f64> {
+    (0..count).map(move |step| start * factor.powi(i32::from(step)))
+}
 
 /// The controller's metrics, registered once at start-up.
 pub struct Metrics {
@@ -67,11 +86,121 @@ pub struct Metrics {
     /// Freezes a node's watchdog, or its restarted agent, thawed (the agent had stopped), by
     /// thawer (`watchdog`, `agent`), as agents reported them.
     pub freezes_thawed_without_agent: Family<ThawerLabels, Counter>,
+    /// Backup health derived from the objects (`custody_` gauges; see [`crate::health`]).
+    pub health: crate::health::Shared,
+    /// Backups that ended, by result and reason (`custody_backups_finished_total`).
+    pub backups_finished: Family<ResultLabels, Counter>,
+    pub restores_finished: Family<ResultLabels, Counter>,
+    pub backup_duration: Histogram,
+    pub backup_size: Histogram,
+    pub backup_freeze_duration: Histogram,
+    pub restore_duration: Histogram,
+    pub restore_size: Histogram,
+    /// Attempts at deleting a Backup's artifact, by result.
+    pub artifact_deletions: Family<DeletionLabels, Counter>,
+}
+
+impl Metrics {
+    /// Counts a Backup or Restore that ended, with its duration, size and freeze.
+    pub fn finished(&self, finished: &crate::health::Finished) {
+        use crate::health::FinishedKind;
+        let labels = ResultLabels {
+            result: if finished.completed {
+                "Completed"
+            } else {
+                "Failed"
+            },
+            reason: finished.reason.clone(),
+        };
+        let (counter, duration, size) = match finished.kind {
+            FinishedKind::Backup => (
+                &self.backups_finished,
+                &self.backup_duration,
+                &self.backup_size,
+            ),
+            FinishedKind::Restore => (
+                &self.restores_finished,
+                &self.restore_duration,
+                &self.restore_size,
+            ),
+        };
+        counter.get_or_create(&labels).inc();
+        if let Some(seconds) = finished.duration {
+            duration.observe(seconds);
+        }
+        if let Some(bytes) = finished.bytes {
+            size.observe(bytes as f64);
+        }
+        if let Some(seconds) = finished.frozen {
+            self.backup_freeze_duration.observe(seconds);
+        }
+    }
+
+    /// Counts one attempt at deleting an artifact: `Deleted`, `Failed`, `Kept` (its
+    /// namespace went first) or `Released` (nothing to delete, or not provably its own).
+    pub fn artifact_deletion(&self, result: &'static str) {
+        self.artifact_deletions
+            .get_or_create(&DeletionLabels { result })
+            .inc();
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("custody_controller");
+        // `custody_`: what users alert on (backup health); `custody_controller_`: the
+        // controller's own workings.
+        let mut root = Registry::with_prefix("custody");
+        let health = crate::health::Shared::default();
+        root.register_collector(Box::new(health.clone()));
+        let backups_finished = Family::<ResultLabels, Counter>::default();
+        root.register(
+            "backups_finished",
+            "Backups that ended (seen by the leading controller), by result and reason",
+            backups_finished.clone(),
+        );
+        let restores_finished = Family::<ResultLabels, Counter>::default();
+        root.register(
+            "restores_finished",
+            "Restores that ended (seen by the leading controller), by result and reason",
+            restores_finished.clone(),
+        );
+        let backup_duration = Histogram::new(exponential(1.0, 2.0, 17));
+        root.register(
+            "backup_duration_seconds",
+            "From a Backup's start to its end",
+            backup_duration.clone(),
+        );
+        let restore_duration = Histogram::new(exponential(1.0, 2.0, 17));
+        root.register(
+            "restore_duration_seconds",
+            "From a Restore's start to its end (every volume verified)",
+            restore_duration.clone(),
+        );
+        let backup_size = Histogram::new(exponential(1_048_576.0, 4.0, 11));
+        root.register(
+            "backup_size_bytes",
+            "Bytes a completed Backup read from its volumes",
+            backup_size.clone(),
+        );
+        let restore_size = Histogram::new(exponential(1_048_576.0, 4.0, 11));
+        root.register(
+            "restore_size_bytes",
+            "Bytes a completed Restore wrote",
+            restore_size.clone(),
+        );
+        let backup_freeze_duration = Histogram::new(exponential(0.01, 2.0, 17));
+        root.register(
+            "backup_freeze_duration_seconds",
+            "How long a Frozen backup held its filesystems frozen (the application's writes stalled)",
+            backup_freeze_duration.clone(),
+        );
+        let artifact_deletions = Family::<DeletionLabels, Counter>::default();
+        root.register(
+            "artifact_deletions",
+            "Attempts at deleting a Backup's artifact, by result (Deleted, Failed, Kept, Released)",
+            artifact_deletions.clone(),
+        );
+        let registry = root.sub_registry_with_prefix("controller");
         let reconciliations = Family::<KindLabels, Counter>::default();
         registry.register(
             "reconciliations",
@@ -159,7 +288,16 @@ impl Default for Metrics {
             freezes_thawed_without_agent.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
+            health,
+            backups_finished,
+            restores_finished,
+            backup_duration,
+            backup_size,
+            backup_freeze_duration,
+            restore_duration,
+            restore_size,
+            artifact_deletions,
             webhook_decisions,
             freezes_thawed_without_agent,
             agent_reports,

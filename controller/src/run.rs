@@ -246,9 +246,16 @@ pub async fn run(options: RunOptions) -> Result<()> {
         ),
         stopped(),
     );
-    // What only the leader does: the reconcilers and the restore marks.
+    let backup_health = crate::health::run(
+        client.clone(),
+        options.namespace.clone(),
+        metrics.health.clone(),
+        metrics.clone(),
+        stopped(),
+    );
+    // What only the leader does: the reconcilers, the restore marks and backup health.
     let reconciling = async {
-        tokio::join!(controllers, marks);
+        tokio::join!(controllers, marks, backup_health);
     };
     let led = async {
         match &options.leader_election_lease {

@@ -68,6 +68,12 @@ pub fn verified_by_restore(restore_uid: &str) -> String {
 /// The label that names a pod's Cluster: pods carrying it go through the admission webhook.
 pub const LABEL_CLUSTER: &str = "custody.io/cluster";
 
+/// Label naming the BackupPlan that created a Backup (the controller sets it; metrics and
+/// `kubectl custody` read it).
+pub const LABEL_PLAN: &str = "custody.io/backup-plan";
+/// Label carrying that plan's UID: the proof a Backup is the plan's to prune.
+pub const LABEL_PLAN_UID: &str = "custody.io/backup-plan-uid";
+
 /// In `custody-wait`'s and a frozen backup's mover's environment: the agent's gate address
 /// (`$(HOST_IP):9443`).
 pub const ENV_AGENT_ADDRESS: &str = "CUSTODY_AGENT_ADDRESS";

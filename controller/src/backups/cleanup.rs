@@ -330,6 +330,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             Ok(Action::requeue(Duration::from_secs(5)))
         }
         Plan::Release { note } => {
+            context.base.metrics.artifact_deletion("Released");
             event(context, backup, &note).await?;
             release(context, backup).await?;
             Ok(Action::await_change())
@@ -355,6 +356,7 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                                 artifact.prefix, artifact.bucket
                             ),
                         };
+                        context.base.metrics.artifact_deletion("Kept");
                         event(context, backup, &note).await?;
                         release(context, backup).await?;
                         return Ok(Action::await_change());
@@ -363,6 +365,10 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                 }
             };
             let after = after_delete(&facts, &artifact, &keys, &outcome);
+            context.base.metrics.artifact_deletion(match &outcome {
+                Outcome::Deleted { .. } => "Deleted",
+                Outcome::Failed(_) => "Failed",
+            });
             match &outcome {
                 Outcome::Deleted { .. } => tracing::info!(
                     namespace,

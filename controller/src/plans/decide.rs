@@ -7,10 +7,7 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds};
 use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
 
-/// Label naming the plan that created a Backup.
-pub const LABEL_PLAN: &str = "custody.io/backup-plan";
-/// Label carrying that plan's UID: the proof a Backup is the plan's to prune.
-pub const LABEL_PLAN_UID: &str = "custody.io/backup-plan-uid";
+pub use custody_proto::names::{LABEL_PLAN, LABEL_PLAN_UID};
 
 /// A parsed schedule: five fields (minute precision) or six (with seconds).
 #[derive(Clone, Debug)]

@@ -2,9 +2,11 @@
 
 use super::*;
 
-/// The agent's metrics on the node (hostNetwork; `--http-address=127.0.0.1:9446`).
+/// The agent's metrics on the node (hostNetwork; `--http-address=$(HOST_IP):9446`, where
+/// Prometheus scrapes them).
 pub(crate) async fn agent_metric(name: &str) -> Option<f64> {
-    let body = reqwest_get("http://127.0.0.1:9446/metrics").await?;
+    let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
+    let body = reqwest_get(&format!("http://{host}:9446/metrics")).await?;
     body.lines()
         .find(|line| line.starts_with(name) && !line.starts_with('#'))
         .and_then(|line| line.rsplit(' ').next())

@@ -41,8 +41,35 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
         },
     )
     .await;
+    // Issue 25 item 2: `kubectl custody why` names what holds it (the pod is held while its
+    // volume is written and verified; it may be released a moment later).
+    let why = crate::monitoring::kubectl_custody(&["why", "shop-0", "-n", &namespace.name]);
+    assert!(
+        why.contains("held by custody-wait") || why.contains("released"),
+        "{why}"
+    );
+    assert!(why.contains("data-shop-0"), "{why}");
+    assert!(why.contains("Last lines of custody-wait:"), "{why}");
     let restore = restore_reaches(namespace, "shop", RestorePhase::Completed).await;
     let pod = ready(pods, "shop-0").await;
+    let why = crate::monitoring::kubectl_custody(&["why", "shop-0", "-n", &namespace.name]);
+    assert!(
+        why.contains("released: custody-wait ended, every volume was verified"),
+        "{why}"
+    );
+    let status = crate::monitoring::kubectl_custody(&["status", "-n", &namespace.name]);
+    let orders = status
+        .lines()
+        .find(|line| line.contains(" orders "))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(orders.contains("nightly ("), "{status}");
+    let nodes = crate::monitoring::kubectl_custody(&["nodes"]);
+    assert!(
+        nodes
+            .lines()
+            .any(|line| line.starts_with(node) && line.contains("True")),
+        "{nodes}"
+    );
     // custody-wait ran as the pod's first init container, in a real container, and was
     // released (exit 0); the readiness gate is set.
     let spec = pod.spec.as_ref().unwrap();
@@ -90,6 +117,64 @@ async fn on_a_real_node_a_restored_pod_is_held_by_custody_wait_until_the_agent_v
     let volume = &restore.status.as_ref().expect("status").volumes[0];
     assert_eq!(volume.state, VolumeState::Verified, "{volume:?}");
     assert_eq!(volume.node_name.as_deref(), Some(node), "{volume:?}");
+
+    // Issue 25 item 1: a real Prometheus, scraping as deploy/monitoring/ says, finds the
+    // backup's and the restore's series, the agent's verification, and the agent reporting.
+    let prometheus = crate::monitoring::Prometheus::scraping_custody(&setup.client).await;
+    let ns = namespace.name.as_str();
+    let completed = restore
+        .status
+        .as_ref()
+        .and_then(|status| status.completion_time.as_ref())
+        .expect("the Restore's completion time")
+        .0
+        .as_second() as f64;
+    let last = prometheus
+        .wait_for(
+            &format!(
+                "custody_cluster_last_successful_backup_timestamp_seconds{{namespace=\"{ns}\"}}"
+            ),
+            |labels, _| labels["cluster"] == "orders",
+        )
+        .await;
+    assert!(
+        last.iter()
+            .all(|(_, at)| *at > completed - 3600.0 && *at <= completed),
+        "the Backup completed before the restore, within the hour: {last:?}, restore at {completed}"
+    );
+    prometheus
+        .wait_for(
+            "sum by (result) (custody_restores_finished_total)",
+            |labels, count| labels["result"] == "Completed" && count >= 1.0,
+        )
+        .await;
+    prometheus
+        .wait_for("sum(custody_restore_duration_seconds_count)", |_, count| {
+            count >= 1.0
+        })
+        .await;
+    let waiting = prometheus
+        .query(&format!(
+            "custody_restore_waiting_since_timestamp_seconds{{namespace=\"{ns}\"}}"
+        ))
+        .await;
+    assert!(waiting.is_empty(), "a completed Restore waits: {waiting:?}");
+    prometheus
+        .wait_for(
+            "sum by (reason) (custody_agent_verifications_total)",
+            |labels, count| labels["reason"] == "Verified" && count >= 1.0,
+        )
+        .await;
+    prometheus
+        .wait_for(
+            &format!("custody_node_agent_reporting{{node=\"{node}\"}}"),
+            |_, reporting| reporting == 1.0,
+        )
+        .await;
+    prometheus
+        .wait_for("up{job=\"custody-agent\"}", |_, up| up == 1.0)
+        .await;
+    drop(prometheus);
 
     setup.finish().await;
 }

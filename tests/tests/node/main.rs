@@ -36,6 +36,7 @@ mod gate;
 mod hooks;
 mod install;
 mod mariadb;
+mod monitoring;
 mod postgres;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
