@@ -19,11 +19,14 @@ if [[ -x "$prometheus" && -x "$promtool" ]]; then
   exit 0
 fi
 log "building prometheus and promtool $CUSTODY_PROMETHEUS_VERSION from the Go module proxy (several minutes, once)"
-work=$(mktemp -d)
+# Built beside the binaries and renamed into place: a build killed midway leaves no binary
+# that looks complete.
+work=$(mktemp -d "$CUSTODY_CACHE/bin/.prometheus-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-go mod init custody.local/prometheus >/dev/null 2>&1
-GOFLAGS=-mod=mod go get "github.com/prometheus/prometheus@$CUSTODY_PROMETHEUS_VERSION" >/dev/null 2>&1
+go mod init custody.local/prometheus >&2
+GOFLAGS=-mod=mod go get "github.com/prometheus/prometheus@$CUSTODY_PROMETHEUS_VERSION" >&2
+
 for command in prometheus promtool; do
   # No web UI assets (they need npm): the HTTP API, which the tests use, is complete. No
   # service discovery but static and file targets (remove_all_sd): half the build.

@@ -23,7 +23,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::conditions::types;
-use custody_kube::api::{Backup, BackupPhase, BackupPlan, NodeAgent, Restore, RestorePhase};
+use custody_kube::api::{
+    Backup, BackupPhase, BackupPlan, Cluster, NodeAgent, Restore, RestorePhase,
+};
 
 #[cfg(test)]
 mod tests;
@@ -139,12 +141,28 @@ fn note(last: &mut Last, success: bool, at: f64) {
 /// The gauges' values from the objects. Imported Backups (another cluster's snapshots) are
 /// not this cluster's backups and count for no Cluster.
 pub fn summarize(
+    clusters: &[Arc<Cluster>],
     backups: &[Arc<Backup>],
     restores: &[Arc<Restore>],
     plans: &[Arc<BackupPlan>],
     agents: &[Arc<NodeAgent>],
 ) -> Health {
     let mut health = Health::default();
+    let key = |namespace: Option<String>, name: String| Key {
+        namespace: namespace.unwrap_or_default(),
+        name,
+    };
+    // Only Clusters that exist and plans that exist and run: the Backups of a deleted Cluster
+    // or plan (they outlive both) must not keep an alert about it firing forever.
+    let existing: BTreeSet<Key> = clusters
+        .iter()
+        .map(|cluster| key(cluster.namespace(), cluster.name_any()))
+        .collect();
+    let running: BTreeSet<Key> = plans
+        .iter()
+        .filter(|plan| !plan.spec.suspend)
+        .map(|plan| key(plan.namespace(), plan.name_any()))
+        .collect();
     for backup in backups {
         let namespace = backup.namespace().unwrap_or_default();
         if backup.metadata.deletion_timestamp.is_some()
@@ -169,22 +187,24 @@ pub fn summarize(
             namespace: namespace.clone(),
             name: backup.spec.cluster_ref.name.clone(),
         };
-        note(health.clusters.entry(cluster).or_default(), success, at);
+        if existing.contains(&cluster) {
+            note(health.clusters.entry(cluster).or_default(), success, at);
+        }
         if let Some(plan) = backup.labels().get(LABEL_PLAN) {
             let plan = Key {
                 namespace,
                 name: plan.clone(),
             };
-            note(health.plans.entry(plan).or_default(), success, at);
+            if running.contains(&plan) {
+                note(health.plans.entry(plan).or_default(), success, at);
+            }
         }
     }
-    for plan in plans {
-        let key = Key {
-            namespace: plan.namespace().unwrap_or_default(),
-            name: plan.name_any(),
-        };
+    for plan in plans.iter().filter(|plan| !plan.spec.suspend) {
         if let Some(created) = &plan.metadata.creation_timestamp {
-            health.plans_created.insert(key, seconds(created));
+            health
+                .plans_created
+                .insert(key(plan.namespace(), plan.name_any()), seconds(created));
         }
     }
     for restore in restores {
@@ -591,7 +611,7 @@ impl prometheus_client::collector::Collector for Shared {
 /// How often the gauges are recomputed.
 pub const REFRESH: Duration = Duration::from_secs(5);
 
-/// Watches Backups, Restores, BackupPlans and NodeAgents and keeps `shared` (and the finished
+/// Watches Clusters, Backups, Restores, BackupPlans and NodeAgents and keeps `shared` (and the finished
 /// counters of `metrics`) current, until `stopped`. Run by the leader only.
 pub async fn run(
     client: Client,
@@ -612,7 +632,11 @@ pub async fn run(
         client.clone(),
         namespace.as_deref(),
     ));
-    let (agents, agent_watch) = reflect(Api::<NodeAgent>::all(client));
+    let (agents, agent_watch) = reflect(Api::<NodeAgent>::all(client.clone()));
+    let (clusters, cluster_watch) = reflect(crate::reconciler::scoped::<Cluster>(
+        client,
+        namespace.as_deref(),
+    ));
     let since = Timestamp::now().as_millisecond() as f64 / 1000.0;
     let refresh = async {
         for store in [
@@ -620,6 +644,7 @@ pub async fn run(
             restores.wait_until_ready().boxed(),
             plans.wait_until_ready().boxed(),
             agents.wait_until_ready().boxed(),
+            clusters.wait_until_ready().boxed(),
         ] {
             if store.await.is_err() {
                 return;
@@ -629,6 +654,7 @@ pub async fn run(
         loop {
             let (backups, restores) = (backups.state(), restores.state());
             shared.set(Some(summarize(
+                &clusters.state(),
                 &backups,
                 &restores,
                 &plans.state(),
@@ -646,6 +672,7 @@ pub async fn run(
         () = restore_watch => {}
         () = plan_watch => {}
         () = agent_watch => {}
+        () = cluster_watch => {}
         () = stopped => {}
     }
     shared.set(None);

@@ -177,22 +177,22 @@ pub fn imported_status(
         .completed_at
         .as_deref()
         .ok_or_else(|| "the snapshot was not finished".to_string())?;
+    let size_bytes: u64 = meta
+        .volumes
+        .iter()
+        .filter_map(|volume| volume.manifest.as_ref())
+        .map(|manifest| manifest.total_bytes)
+        .sum();
     Ok(BackupStatus {
         phase: Some(BackupPhase::Completed),
+        size: Some(custody_proto::progress::human_bytes(size_bytes)),
         consistency: Some(consistency),
         start_time: Some(time(&meta.started_at)?),
         completion_time: Some(time(completed)?),
         artifact: Some(Artifact {
             prefix: encrypted.prefix.clone(),
             manifest_hash: Some(manifest.blake3.clone()),
-            size_bytes: i64::try_from(
-                meta.volumes
-                    .iter()
-                    .filter_map(|volume| volume.manifest.as_ref())
-                    .map(|manifest| manifest.total_bytes)
-                    .sum::<u64>(),
-            )
-            .ok(),
+            size_bytes: i64::try_from(size_bytes).ok(),
             snapshot: Some(SnapshotRef {
                 repository_id: encrypted.id.clone(),
                 id: Some(id.to_string()),

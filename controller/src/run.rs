@@ -260,6 +260,8 @@ pub async fn run(options: RunOptions) -> Result<()> {
     let led = async {
         match &options.leader_election_lease {
             None => {
+                // Without an election this replica is the only one, and leads.
+                metrics.leader.set(1);
                 reconciling.await;
                 Ok(())
             }

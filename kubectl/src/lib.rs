@@ -39,8 +39,9 @@ type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-custody", bin_name = "kubectl custody", version)]
 pub struct Cli {
-    /// The kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    /// The kubeconfig to use (default: $KUBECONFIG, which may list several files, then
+    /// ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The namespace (default: the kubeconfig context's).
     #[arg(short, long, global = true)]
@@ -197,9 +198,15 @@ pub async fn run(cli: Cli) -> Result<()> {
                 claim_templates,
             )
             .await?;
-            println!("{made}");
+            println!("{}", made.said);
             if *wait {
-                follow_restore(&client, &namespace, to, Duration::from_secs(*timeout)).await?;
+                follow_restore(
+                    &client,
+                    &namespace,
+                    &made.following,
+                    Duration::from_secs(*timeout),
+                )
+                .await?;
             }
             Ok(())
         }
@@ -248,12 +255,18 @@ async fn status(
         scoped::<Restore>(client, namespace),
         Api::<NodeAgent>::all(client.clone()),
     );
-    let (clusters, backups, restores, agents) = futures::try_join!(
+    let (clusters, backups, restores) = futures::try_join!(
         clusters.list(&params),
         backups.list(&params),
         restores.list(&params),
-        agents.list(&params),
     )?;
+    // NodeAgents are cluster-scoped, and custody's view and edit roles leave them out: a
+    // tenant sees its Clusters without them.
+    let agents = match agents.list(&params).await {
+        Ok(list) => Some(list.items),
+        Err(kube::Error::Api(status)) if status.code == 403 => None,
+        Err(error) => return Err(error.into()),
+    };
     let clusters: Vec<Cluster> = clusters
         .items
         .into_iter()
@@ -268,19 +281,20 @@ async fn status(
         )));
     }
     let views = view::status(&clusters, &backups.items, &restores.items);
-    let nodes = view::nodes(&agents.items);
+    let nodes = agents.as_deref().map(view::nodes);
     #[derive(Serialize)]
     struct Status<'a> {
         clusters: &'a [view::ClusterStatusView],
-        nodes: &'a [view::NodeView],
+        /// `None`: not permitted to list NodeAgents.
+        nodes: Option<&'a [view::NodeView]>,
     }
     print(
         output,
         &Status {
             clusters: &views,
-            nodes: &nodes,
+            nodes: nodes.as_deref(),
         },
-        || status_text(&views, &nodes, Timestamp::now()),
+        || status_text(&views, nodes.as_deref(), Timestamp::now()),
     )
 }
 
@@ -303,7 +317,7 @@ fn backup_cell(line: Option<&view::BackupLine>, now: Timestamp) -> String {
 /// The `status` table: a line per Cluster, then the agents that do not report.
 pub fn status_text(
     views: &[view::ClusterStatusView],
-    nodes: &[view::NodeView],
+    nodes: Option<&[view::NodeView]>,
     now: Timestamp,
 ) -> String {
     let rows: Vec<Vec<String>> = views
@@ -369,6 +383,10 @@ pub fn status_text(
             ],
             &rows,
         )
+    };
+    let Some(nodes) = nodes else {
+        text.push_str("\nNode agents: not shown (listing NodeAgents is not permitted)\n");
+        return text;
     };
     let silent: Vec<String> = nodes
         .iter()
@@ -592,7 +610,7 @@ async fn restore(
     to: &str,
     statefulset: Option<&str>,
     claim_templates: &[String],
-) -> Result<String> {
+) -> Result<Made> {
     let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
     let backup = match backups.get_opt(backup_name).await? {
         Some(backup) => backup,
@@ -614,6 +632,11 @@ async fn restore(
             }));
         }
     };
+    if backup.spec.command.is_some() {
+        return Err(Error::Refused(format!(
+            "Backup {backup_name} is a command's dump: restore it with your own tool (custody restores the volumes it copied itself)"
+        )));
+    }
     let phase = backup.status.as_ref().and_then(|status| status.phase);
     if phase != Some(BackupPhase::Completed) {
         return Err(Error::Refused(format!(
@@ -626,18 +649,22 @@ async fn restore(
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
     if clusters.get_opt(to).await?.is_some() {
         let restore: Restore = serde_json::from_value(serde_json::json!({
-            "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
-            "metadata": {"name": backup_name_for(to, backup_name)},
-            "spec": {"clusterRef": {"name": to}, "backupRef": {"name": backup_name}},
-        }))
+                    "apiVersion": "custody.io/v1alpha1", "kind": "Restore",
+                    "metadata": {"name": restore_name(to, backup_name)
+        },
+                    "spec": {"clusterRef": {"name": to}, "backupRef": {"name": backup_name}},
+                }))
         .map_err(|error| Error::Refused(error.to_string()))?;
         let made = Api::<Restore>::namespaced(client.clone(), namespace)
             .create(&PostParams::default(), &restore)
             .await?;
-        return Ok(format!(
-            "restore.custody.io/{} created: Cluster {to} from Backup {backup_name}",
-            made.name_any()
-        ));
+        return Ok(Made {
+            said: format!(
+                "restore.custody.io/{} created: Cluster {to} from Backup {backup_name}",
+                made.name_any()
+            ),
+            following: Following::Restore(made.name_any()),
+        });
     }
     // A new Cluster: the source Cluster's templates (and its other settings) when it is here.
     let source = clusters.get_opt(&backup.spec.cluster_ref.name).await?;
@@ -663,59 +690,83 @@ async fn restore(
     }))
     .map_err(|error| Error::Refused(error.to_string()))?;
     clusters.create(&PostParams::default(), &cluster).await?;
-    Ok(format!(
-        "cluster.custody.io/{to} created from Backup {backup_name}: create (or scale up) StatefulSet {} with the same claim templates; its pods are held until every volume is verified",
-        statefulset.unwrap_or(to)
-    ))
+    Ok(Made {
+        said: format!(
+            "cluster.custody.io/{to} created from Backup {backup_name}: create (or scale up) StatefulSet {} with the same claim templates; its pods are held until every volume is verified",
+            statefulset.unwrap_or(to)
+        ),
+        following: Following::Cluster(to.to_string()),
+    })
 }
 
-/// A Restore's name: `<cluster>-from-<backup>`, cut to 253 characters.
-fn backup_name_for(cluster: &str, backup: &str) -> String {
-    format!("{cluster}-from-{backup}")
+/// What `restore` made, and what `--wait` follows.
+struct Made {
+    said: String,
+    following: Following,
+}
+
+/// The Restore to follow: named, or the one custody makes for a new Cluster (its
+/// `status.restoreName`), never another Restore of a Cluster of that name.
+enum Following {
+    Restore(String),
+    Cluster(String),
+}
+
+/// A Restore's name: `<cluster>-from-<backup>`, cut to 253 characters (ending in a letter or
+/// digit, as names must).
+pub fn restore_name(cluster: &str, backup: &str) -> String {
+    let name: String = format!("{cluster}-from-{backup}")
         .chars()
         .take(253)
-        .collect()
+        .collect();
+    name.trim_end_matches(['-', '.']).to_string()
 }
 
 async fn follow_restore(
     client: &Client,
     namespace: &str,
-    cluster: &str,
+    following: &Following,
     bound: Duration,
 ) -> Result<()> {
     let restores: Api<Restore> = Api::namespaced(client.clone(), namespace);
-    follow(
-        &format!("the restore of Cluster {cluster}"),
-        bound,
-        || async {
-            let list = restores.list(&ListParams::default()).await?;
-            let newest = list
-                .items
-                .iter()
-                .filter(|restore| restore.spec.cluster_ref.name == cluster)
-                .max_by_key(|restore| restore.metadata.creation_timestamp.as_ref().map(|t| t.0));
-            let Some(restore) = newest else {
-                return Ok((
-                    "waiting for the Restore to be created".to_string(),
-                    Standing::Going,
-                ));
-            };
-            let status = restore.status.clone().unwrap_or_default();
-            let line = format!(
-                "{} {:?} {} {}",
-                restore.name_any(),
-                status.phase.unwrap_or_default(),
-                view::progress(status.transfer.as_ref()),
-                ready_text(&status.conditions)
-            );
-            let standing = match status.phase {
-                Some(RestorePhase::Completed) => Standing::Completed,
-                Some(RestorePhase::Failed) => Standing::Failed,
-                _ => Standing::Going,
-            };
-            Ok((line, standing))
-        },
-    )
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), namespace);
+    let what = match following {
+        Following::Restore(name) => format!("Restore {name}"),
+        Following::Cluster(name) => format!("the restore of Cluster {name}"),
+    };
+    follow(&what, bound, || async {
+        let name = match following {
+            Following::Restore(name) => Some(name.clone()),
+            Following::Cluster(name) => clusters
+                .get(name)
+                .await?
+                .status
+                .and_then(|status| status.restore_name),
+        };
+        let Some(restore) = (match name {
+            Some(name) => restores.get_opt(&name).await?,
+            None => None,
+        }) else {
+            return Ok((
+                "waiting for the controller to create the Restore".to_string(),
+                Standing::Going,
+            ));
+        };
+        let status = restore.status.clone().unwrap_or_default();
+        let line = format!(
+            "{} {:?} {} {}",
+            restore.name_any(),
+            status.phase.unwrap_or_default(),
+            view::progress(status.transfer.as_ref()),
+            ready_text(&status.conditions)
+        );
+        let standing = match status.phase {
+            Some(RestorePhase::Completed) => Standing::Completed,
+            Some(RestorePhase::Failed) => Standing::Failed,
+            _ => Standing::Going,
+        };
+        Ok((line, standing))
+    })
     .await
 }
 

@@ -28,20 +28,7 @@ pub fn age(then: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// `1.5 GiB`, `512 B`: bytes as people read them.
-pub fn bytes(count: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if count < 1024 {
-        return format!("{count} B");
-    }
-    let mut value = count as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
+pub use custody_proto::progress::human_bytes as bytes;
 
 /// How far a copy has come: `1.2 GiB / 3.0 GiB (40%)`, or the bytes alone without a total.
 pub fn progress(transfer: Option<&Transfer>) -> String {
@@ -383,17 +370,24 @@ pub fn claims(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-/// The Restore writing any of `claims` (unfinished ones first, then the newest).
-pub fn restore_of<'a>(restores: &'a [Restore], claims: &[String]) -> Option<&'a Restore> {
+/// The Restore of a pod: one of its Cluster (`cluster`, the pod's `custody.io/cluster` label)
+/// or one that writes any of its `claims`; unfinished ones first (even before they list their
+/// volumes), then the newest.
+pub fn restore_of<'a>(
+    restores: &'a [Restore],
+    cluster: Option<&str>,
+    claims: &[String],
+) -> Option<&'a Restore> {
     restores
         .iter()
         .filter(|restore| {
-            restore.status.as_ref().is_some_and(|status| {
-                status
-                    .volumes
-                    .iter()
-                    .any(|volume| claims.contains(&volume.claim_name))
-            })
+            cluster == Some(restore.spec.cluster_ref.name.as_str())
+                || restore.status.as_ref().is_some_and(|status| {
+                    status
+                        .volumes
+                        .iter()
+                        .any(|volume| claims.contains(&volume.claim_name))
+                })
         })
         .max_by_key(|restore| {
             let finished = matches!(
@@ -407,10 +401,25 @@ pub fn restore_of<'a>(restores: &'a [Restore], claims: &[String]) -> Option<&'a 
         })
 }
 
+fn format_phase(restore: &Restore) -> String {
+    format!(
+        "{:?}",
+        restore
+            .status
+            .as_ref()
+            .and_then(|status| status.phase)
+            .unwrap_or_default()
+    )
+}
+
 /// Why `pod` is (or is not) held, from the Restore writing its claims.
 pub fn why(pod: &Pod, restores: &[Restore]) -> Why {
     let claims = claims(pod);
-    let restore = restore_of(restores, &claims);
+    let cluster = pod
+        .labels()
+        .get(custody_proto::names::LABEL_CLUSTER)
+        .cloned();
+    let restore = restore_of(restores, cluster.as_deref(), &claims);
     let status = pod.status.as_ref();
     let waiting = status
         .and_then(|status| status.init_container_statuses.as_ref())
@@ -457,6 +466,12 @@ pub fn why(pod: &Pod, restores: &[Restore]) -> Why {
         "released: custody-wait ended, every volume was verified".to_string()
     } else if pending.is_empty() && !volumes.is_empty() {
         "held by custody-wait, though every volume is verified: it is being released".to_string()
+    } else if let (true, Some(restore)) = (volumes.is_empty(), restore) {
+        format!(
+            "held by custody-wait: Restore {} ({}) has not reached its volumes yet",
+            restore.name_any(),
+            format_phase(restore)
+        )
     } else if volumes.is_empty() {
         "held by custody-wait, and no Restore writes its claims: it waits for one to start"
             .to_string()

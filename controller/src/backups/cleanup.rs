@@ -330,9 +330,9 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
             Ok(Action::requeue(Duration::from_secs(5)))
         }
         Plan::Release { note } => {
-            context.base.metrics.artifact_deletion("Released");
             event(context, backup, &note).await?;
             release(context, backup).await?;
+            context.base.metrics.artifact_deletion("Released");
             Ok(Action::await_change())
         }
         Plan::Later(wait) => Ok(Action::requeue(wait)),
@@ -356,9 +356,9 @@ pub async fn run(backup: &Backup, context: &BackupContext) -> Result<Action> {
                                 artifact.prefix, artifact.bucket
                             ),
                         };
-                        context.base.metrics.artifact_deletion("Kept");
                         event(context, backup, &note).await?;
                         release(context, backup).await?;
+                        context.base.metrics.artifact_deletion("Kept");
                         return Ok(Action::await_change());
                     }
                     Outcome::Failed(message)

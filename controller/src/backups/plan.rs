@@ -316,6 +316,11 @@ pub fn plan(facts: &Facts) -> Plan {
             };
             status.transfer =
                 transfer::next(status.transfer.as_ref(), transfer_report, node, facts.now);
+            // A copy of a stopped application is placed by the scheduler: its node is known
+            // once that node's agent reports its mover (`kubectl get backups` shows it).
+            if status.node_name.is_none() {
+                status.node_name = node.map(str::to_string);
+            }
             let bound = facts.mover.stalled_after;
             let stalled = transfer::stalled(status.transfer.as_ref(), bound, facts.now);
             if let Some(stalled) = &stalled

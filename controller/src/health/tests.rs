@@ -116,6 +116,25 @@ fn plan(name: &str, created: i64) -> Arc<BackupPlan> {
     )
 }
 
+fn cluster(namespace: &str, name: &str) -> Arc<Cluster> {
+    Arc::new(
+        serde_json::from_value(
+            json!({"apiVersion": "custody.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"statefulSetRef": {"name": name}, "volumeClaimTemplates": ["data"]}}),
+        )
+        .unwrap(),
+    )
+}
+
+fn all_clusters() -> Vec<Arc<Cluster>> {
+    vec![
+        cluster("shop", "orders"),
+        cluster("shop", "users"),
+        cluster("other", "orders"),
+    ]
+}
+
 fn key(name: &str) -> Key {
     Key {
         namespace: "shop".to_string(),
@@ -175,7 +194,7 @@ fn a_clusters_last_success_and_failure_are_its_newest_of_each() {
     ];
     for (index, (backups, success, failure)) in cases.into_iter().enumerate() {
         let backups: Vec<Arc<Backup>> = backups.iter().map(B::build).collect();
-        let health = summarize(&backups, &[], &[], &[]);
+        let health = summarize(&all_clusters(), &backups, &[], &[], &[]);
         let last = health.clusters.get(&key("orders")).cloned();
         let expected = (success.is_some() || failure.is_some()).then(|| Last {
             success: success.map(|offset| T0_SECONDS + offset as f64),
@@ -208,7 +227,13 @@ fn clusters_and_plans_are_told_apart_by_namespace_and_label() {
     .iter()
     .map(B::build)
     .collect();
-    let health = summarize(&backups, &[], &[plan("nightly", -500)], &[]);
+    let health = summarize(
+        &all_clusters(),
+        &backups,
+        &[],
+        &[plan("nightly", -500)],
+        &[],
+    );
     assert_eq!(
         health.clusters[&key("orders")].success,
         Some(T0_SECONDS + 10.0)
@@ -250,7 +275,7 @@ fn only_a_deletion_that_failed_and_is_not_done_counts_as_retrying() {
             ..B::new("a", status)
         }
         .build();
-        let health = summarize(&[backup], &[], &[], &[]);
+        let health = summarize(&all_clusters(), &[backup], &[], &[], &[]);
         assert_eq!(
             health.deletions_retrying.get("shop").copied(),
             counted.then_some(1),
@@ -283,7 +308,7 @@ fn an_unfinished_restore_waits_for_its_ready_reason_and_a_finished_one_does_not(
         // Ended, though it says not when: not waiting either.
         restore("odd", "r6", json!({"phase": "Failed"})),
     ];
-    let health = summarize(&[], &restores, &[], &[]);
+    let health = summarize(&[], &[], &restores, &[], &[]);
     let waiting: Vec<(&str, &str)> = health
         .restores_waiting
         .iter()
@@ -311,7 +336,7 @@ fn an_agent_reports_only_while_its_node_agent_is_ready() {
         agent("c", None, Some("Unknown")),
         agent("d", None, None),
     ];
-    let health = summarize(&[], &[], &[], &agents);
+    let health = summarize(&[], &[], &[], &[], &agents);
     let seen: Vec<(&str, bool, Option<f64>)> = health
         .agents
         .iter()
@@ -415,6 +440,7 @@ fn the_gauges_are_exported_under_the_names_the_rules_use() {
     .collect();
     let restores = [restore("held", "r1", json!({"phase": "Running"}))];
     metrics.health.set(Some(summarize(
+        &all_clusters(),
         &backups,
         &restores,
         &[plan("nightly", -10)],
@@ -456,4 +482,37 @@ fn the_gauges_are_exported_under_the_names_the_rules_use() {
     metrics.health.set(None);
     let text = custody_kube::http::Exposition::encode(&metrics);
     assert!(!text.contains(names::AGENT_REPORTING), "{text}");
+}
+
+#[test]
+fn a_deleted_cluster_and_a_deleted_or_suspended_plan_have_no_series() {
+    let backups: Vec<Arc<Backup>> = [
+        B {
+            plan: Some("nightly"),
+            ..B::new("a", completed(0, 10))
+        },
+        B {
+            plan: Some("paused"),
+            ..B::new("b", completed(0, 20))
+        },
+        B {
+            plan: Some("gone"),
+            cluster: "users",
+            ..B::new("c", failed("ToolFailed", 30))
+        },
+    ]
+    .iter()
+    .map(B::build)
+    .collect();
+    let mut paused = (*plan("paused", -100)).clone();
+    paused.spec.suspend = true;
+    let plans = [plan("nightly", -100), Arc::new(paused)];
+    // Cluster users was deleted; its Backup stays (Backups outlive their Cluster).
+    let health = summarize(&[cluster("shop", "orders")], &backups, &[], &plans, &[]);
+    assert_eq!(health.clusters.keys().collect::<Vec<_>>(), [&key("orders")]);
+    assert_eq!(health.plans.keys().collect::<Vec<_>>(), [&key("nightly")]);
+    assert_eq!(
+        health.plans_created.keys().collect::<Vec<_>>(),
+        [&key("nightly")]
+    );
 }

@@ -74,16 +74,6 @@ fn ages_and_sizes_read_as_kubectl_prints_them() {
         ),
         "0s"
     );
-    for (count, text) in [
-        (0, "0 B"),
-        (1023, "1023 B"),
-        (1024, "1.0 KiB"),
-        (1536, "1.5 KiB"),
-        (1_073_741_824, "1.0 GiB"),
-        (5 * 1_099_511_627_776, "5.0 TiB"),
-    ] {
-        assert_eq!(bytes(count), text, "{count}");
-    }
     let transfer = |done, total| Transfer {
         bytes_done: done,
         bytes_total: total,
@@ -176,7 +166,7 @@ fn status_names_each_clusters_last_success_its_newer_failure_and_what_runs() {
     assert_eq!(users.restoring.len(), 1);
     assert_eq!(users.restoring[0].volumes, "1/2 volumes verified");
     assert_eq!(users.restoring[0].reason.as_deref(), Some("Verifying"));
-    let text = crate::status_text(&views, &[], now());
+    let text = crate::status_text(&views, Some(&[]), now());
     assert!(
         text.contains("tuesday (0s ago)"),
         "a time ahead of the clock is no negative age: {text}"
@@ -235,7 +225,7 @@ fn nodes_say_which_agents_do_not_report_and_what_runs_there() {
         ("False", Some("HeartbeatMissed"))
     );
     assert_eq!(views[2].ready, "Unknown");
-    let text = crate::status_text(&[], &views, now());
+    let text = crate::status_text(&[], Some(&views), now());
     assert!(
         text.contains(
             "Node agents: 1 reporting, not reporting: b (HeartbeatMissed), c (no report)"
@@ -253,7 +243,8 @@ fn pod(init: Option<Value>, claims: &[&str]) -> Pod {
         status["initContainerStatuses"] = json!([{"name": WAIT_CONTAINER, "ready": false,
             "restartCount": 0, "image": "i", "imageID": "", "state": state}]);
     }
-    serde_json::from_value(json!({"metadata": {"name": "shop-0", "namespace": "shop"},
+    serde_json::from_value(json!({"metadata": {"name": "shop-0", "namespace": "shop",
+                                   "labels": {custody_proto::names::LABEL_CLUSTER: "shop"}},
         "spec": spec, "status": status}))
     .unwrap()
 }
@@ -309,6 +300,13 @@ fn why_says_whether_a_pod_is_held_and_by_which_volumes() {
             Some(running.clone()),
             vec!["data-other-0"],
             restores.to_vec(),
+            "held by custody-wait: Restore shop (Running) has not reached its volumes yet",
+            0,
+        ),
+        (
+            Some(running.clone()),
+            vec!["data-shop-0"],
+            vec![],
             "held by custody-wait, and no Restore writes its claims",
             0,
         ),
@@ -319,6 +317,18 @@ fn why_says_whether_a_pod_is_held_and_by_which_volumes() {
             vec![old.clone()],
             "held by custody-wait, though every volume is verified",
             1,
+        ),
+        // A new Restore of its Cluster that lists no volume yet is the one that holds it, not
+        // an older finished one.
+        (
+            Some(running.clone()),
+            vec!["data-shop-0"],
+            vec![
+                old.clone(),
+                restore("fresh", "shop", 10, json!({"phase": "Pending"})),
+            ],
+            "held by custody-wait: Restore fresh (Pending) has not reached its volumes yet",
+            0,
         ),
     ];
     for (index, (state, claims, restores, verdict, shown)) in cases.into_iter().enumerate() {
@@ -377,4 +387,25 @@ fn a_backup_from_a_plan_is_made_as_the_plans_runs_are() {
     );
     let long = "x".repeat(300);
     assert_eq!(crate::backup_name(&long, now()).len(), 253);
+}
+
+#[test]
+fn a_restores_name_is_cut_to_a_valid_name() {
+    assert_eq!(crate::restore_name("shop", "nightly"), "shop-from-nightly");
+    // Cut at 253 characters where a dash falls: the dash goes too.
+    let cluster = "c".repeat(248);
+    let name = crate::restore_name(&cluster, "nightly");
+    assert_eq!(name, format!("{cluster}-from"));
+    let cluster = "c".repeat(246);
+    assert_eq!(
+        crate::restore_name(&cluster, "b"),
+        format!("{cluster}-from-b")
+    );
+    let cluster = "c".repeat(247);
+    assert_eq!(
+        crate::restore_name(&cluster, "b"),
+        format!("{cluster}-from")
+    );
+    let cluster = "c".repeat(252);
+    assert_eq!(crate::restore_name(&cluster, "b"), cluster);
 }

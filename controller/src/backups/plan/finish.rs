@@ -160,6 +160,10 @@ pub(super) fn conclude(
                     artifact.manifest_hash.clone().unwrap_or_default()
                 )
             };
+            status.size = artifact
+                .size_bytes
+                .and_then(|bytes| u64::try_from(bytes).ok())
+                .map(custody_proto::progress::human_bytes);
             status.artifact = Some(artifact);
             // Everything is copied: the mover's own count when it gave one.
             let result =

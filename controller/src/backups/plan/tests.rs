@@ -2256,6 +2256,24 @@ fn a_running_backup_shows_how_far_it_came_and_says_when_it_stalls() {
     );
     // Looked at again when the bound would pass without a report.
     assert_eq!(first.requeue, Some(Duration::from_secs(60)));
+    // A copy of a stopped application learns its node from the report; a recorded node is
+    // never replaced by a report's.
+    let mut placed = stopped(facts.clone());
+    placed.transfer_report = Some((mover(1024), "elsewhere".into()));
+    assert_eq!(
+        plan(&placed).status.unwrap().node_name.as_deref(),
+        Some("elsewhere")
+    );
+    let mut recorded = facts.clone();
+    recorded.transfer_report = Some((mover(1024), "elsewhere".into()));
+    assert_eq!(
+        plan(&recorded)
+            .status
+            .map(|status| status.node_name)
+            .unwrap_or(Some(NODE.into()))
+            .as_deref(),
+        Some(NODE)
+    );
     facts.mover.stalled_after = Duration::from_secs(30);
     assert_eq!(plan(&facts).requeue, Some(Duration::from_secs(31)));
 

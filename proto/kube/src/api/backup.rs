@@ -21,7 +21,7 @@ use super::{Condition, LocalObjectReference, conditions_schema};
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.transfer.summary"}"#,
-    printcolumn = r#"{"name":"Size","type":"integer","format":"int64","jsonPath":".status.artifact.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Size","type":"string","jsonPath":".status.size"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
     printcolumn = r#"{"name":"Consistency","type":"string","jsonPath":".status.consistency"}"#,
     printcolumn = r#"{"name":"Completed","type":"date","jsonPath":".status.completionTime"}"#,
@@ -359,6 +359,11 @@ pub struct BackupStatus {
     /// The node that ran the backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+
+    /// The artifact's size as people read it (`33.5 MiB`; bytes in `artifact.sizeBytes`), once
+    /// Completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
 
     /// How far the copy has come: updated every few seconds while the mover runs (from the
     /// node agent's reports), everything once Completed.
