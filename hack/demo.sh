@@ -7,12 +7,19 @@
 # Debian's packages), run by a StatefulSet on real ext4 volumes.
 #
 # It fills a database, shows that a backup of it while it runs is refused without a
-# consistency method, backs it up stopped into an encrypted repository (restic's format: the
-# password is in a Secret, and restic itself lists the snapshot), restores it into a new Cluster
-# whose pod custody-wait holds in Init until the node's agent verified the volume, queries the
-# restored database (the same rows, pg_amcheck clean), then shows a restore of a damaged pack
+# consistency method, then backs it up while pgbench writes, with pg_basebackup streaming into
+# an encrypted repository (restic's format: the password is in a Secret, and restic itself lists
+# the snapshot), restores it into a new Cluster whose pod custody-wait holds in Init until the
+# node's agent verified the volume (`kubectl custody why` says so), queries the restored
+# database (pgbench's balances agree, pg_amcheck clean), then shows a restore of a damaged pack
 # refused and its pod kept from starting. Cleans up after itself (custody uninstalled but for its CRDs and
 # namespace, the node stopped; the control plane and MinIO keep running); a second run works.
+#
+# What it changes on this machine: it runs as root; installs Debian packages (containerd, runc,
+# CNI plugins, buildah, iptables, musl-tools, restic, PostgreSQL…); builds and starts
+# etcd, a kube-apiserver, MinIO, a kubelet and containerd on this host (iptables rules, mounts
+# under /var/lib/kubelet, a bridge network); mounts ext4 images on loop devices. Run it on a
+# machine you can throw away.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -24,6 +31,7 @@ export KUBECONFIG
 kc() { echo "+ kubectl $*" >&2; kubectl_local "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 ns=custody-demo
+printf '\033[1mcustody demo\033[0m: runs as root, installs packages and starts a kubelet, containerd and a control plane on this machine (see the top of hack/demo.sh): use a throwaway machine.\n'
 work=$(mktemp -d)
 mounts=()
 uninstall() {
@@ -107,6 +115,8 @@ spec:
       - name: db
         image: localhost/custody/postgres:15
         imagePullPolicy: Never
+        # The password pg_basebackup connects with (a new database's; the image sets it).
+        env: [{name: POSTGRES_PASSWORD, valueFrom: {secretKeyRef: {name: orders-db-credentials, key: PGPASSWORD}}}]
         securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
         readinessProbe: {exec: {command: [pg_isready, -q]}, periodSeconds: 1}
         volumeMounts: [{name: data, mountPath: /var/lib/postgresql/data}]
@@ -118,6 +128,9 @@ YAML
 psql() { # psql POD SQL
   kubectl_local -n "$ns" exec "$1" -c db -- psql -Atc "$2"
 }
+# kubectl custody, the plugin (kubectl/ in this repository).
+cargo build -q --locked -p custody-kubectl
+custody() { echo "+ kubectl custody $*" >&2; "$CARGO_TARGET_DIR/debug/kubectl-custody" "$@"; }
 accounts="select count(*) || ' accounts, balance ' || sum(abalance) || ', digest ' || md5(string_agg(aid || ':' || abalance, ',' order by aid)) from pgbench_accounts"
 
 step "A database: Cluster orders-db, PostgreSQL on node $node"
@@ -130,6 +143,8 @@ kc -n "$ns" create secret generic s3 \
 password=$(openssl rand -hex 24)
 echo "$password" > "$work/repository-password"
 kc -n "$ns" create secret generic local-s3-keys --from-literal=password="$password" >/dev/null
+kc -n "$ns" create secret generic orders-db-credentials --from-literal=PGUSER=postgres \
+  --from-literal=PGPASSWORD="$(openssl rand -hex 12)" >/dev/null
 prefix=custody-$(date +%s)
 kc -n "$ns" apply -f - <<YAML
 apiVersion: custody.io/v1alpha1
@@ -152,7 +167,7 @@ psql orders-db-0 "create extension amcheck" >/dev/null
 before=$(psql orders-db-0 "$accounts")
 echo "orders-db: $before"
 kc -n "$ns" wait --for=condition=Ready=True --timeout=60s backuprepository/local-s3 >/dev/null
-kc -n "$ns" get clusters.custody.io,backuprepositories
+kc -n "$ns" get ccl,brepo
 
 step "A backup while PostgreSQL runs, with no consistency method: refused"
 kc -n "$ns" apply -f - <<YAML
@@ -161,22 +176,38 @@ kind: Backup
 metadata: {name: orders-db-live}
 spec: {clusterRef: {name: orders-db}}
 YAML
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Failed --timeout=60s backup.custody.io/orders-db-live
-kc -n "$ns" get backup.custody.io orders-db-live \
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Failed --timeout=60s cbk/orders-db-live
+kc -n "$ns" get cbk orders-db-live \
   -o jsonpath='{range .status.conditions[?(@.type=="Ready")]}{.reason}: {.message}{"\n"}{end}'
 
-step "Stopped (scaled to 0, a clean shutdown), it is backed up: the key is recorded first"
-kc -n "$ns" scale statefulset/orders-db --replicas=0
-kc -n "$ns" wait --for=delete --timeout=120s pod/orders-db-0
+step "While pgbench writes, it is backed up: pg_basebackup streams into the repository (method Tool)"
+# pg_basebackup's tar on standard output takes the WAL written meanwhile from the server: keep it.
+psql orders-db-0 "alter system set wal_keep_size = '256MB'" >/dev/null
+psql orders-db-0 "select pg_reload_conf()" >/dev/null
+kubectl_local -n "$ns" exec orders-db-0 -c db -- pgbench -c 2 -T 25 -n >"$work/pgbench.log" 2>&1 &
+load=$!
+sleep 3
 kc -n "$ns" apply -f - <<YAML
 apiVersion: custody.io/v1alpha1
 kind: Backup
 metadata: {name: orders-db-nightly}
-spec: {clusterRef: {name: orders-db}}
+spec:
+  clusterRef: {name: orders-db}
+  consistency:
+    method: Tool
+    tool:
+      image: localhost/custody/postgres:15
+      command: [pg_basebackup, --host=\$(CUSTODY_POD_IP), --pgdata=-, --format=tar, --wal-method=fetch, --checkpoint=fast, --no-password]
+      output: TarStream
+      credentialsSecretRef: {name: orders-db-credentials}
+      dataPath: pgdata
 YAML
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s backup.custody.io/orders-db-nightly
-kc -n "$ns" get backups.custody.io -o wide
-kc -n "$ns" get backup.custody.io orders-db-nightly \
+custody status -n "$ns" orders-db
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s cbk/orders-db-nightly
+wait "$load"
+grep -E '^(number of transactions actually|tps)' "$work/pgbench.log"
+kc -n "$ns" get cbk -o wide
+kc -n "$ns" get cbk orders-db-nightly \
   -o jsonpath='snapshot {.status.artifact.snapshot.id} in repository {.status.artifact.snapshot.repositoryId}{"\n"}'
 echo "restic opens the same repository with the password (no custody needed to read it):"
 RESTIC_PASSWORD="$password" restic -r "s3:$endpoint/$bucket/$prefix/custody_repository" --no-cache snapshots
@@ -190,26 +221,34 @@ kind: Cluster
 metadata: {name: orders-db-copy}
 spec: {statefulSetRef: {name: orders-db-copy}, volumeClaimTemplates: [data], restore: {backupRef: {name: orders-db-nightly}}}
 YAML
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Restoring --timeout=30s cluster.custody.io/orders-db-copy
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Restoring --timeout=30s ccl/orders-db-copy
 postgres orders-db-copy
 for _ in $(seq 100); do kubectl_local -n "$ns" get pod orders-db-copy-0 >/dev/null 2>&1 && break; sleep 0.2; done
 echo "The admission webhook put custody-wait first in the pod and a readiness gate on it:"
 kc -n "$ns" get pod orders-db-copy-0 \
   -o jsonpath='init containers: {.spec.initContainers[*].name}; readiness gates: {.spec.readinessGates[*].conditionType}{"\n"}'
-kc -n "$ns" get pods,restores.custody.io
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s restore.custody.io/orders-db-copy
-kc -n "$ns" get restore.custody.io orders-db-copy \
+kc -n "$ns" get pods,crs
+custody why -n "$ns" orders-db-copy-0 --lines 3 || true
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s crs/orders-db-copy
+kc -n "$ns" get crs orders-db-copy \
   -o jsonpath='{range .status.volumes[*]}{.claimName} on {.nodeName}: {.state} ({.message}){"\n"}{end}'
 kc -n "$ns" wait --for=condition=Ready --timeout=180s pod/orders-db-copy-0
 after=$(psql orders-db-copy-0 "$accounts")
 echo "orders-db-copy: $after ($(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $started}") s from the Cluster's creation)"
-[[ "$after" == "$before" ]] || { echo "the restored database has other rows" >&2; exit 1; }
+# Copied while pgbench wrote: the rows are those of the backup's moment; every transaction in
+# it is whole (pgbench moves each delta through an account, a teller, a branch and the history).
+sums=$(psql orders-db-copy-0 "select (select sum(abalance) from pgbench_accounts) || ' ' || (select sum(tbalance) from pgbench_tellers) || ' ' || (select sum(bbalance) from pgbench_branches) || ' ' || (select coalesce(sum(delta), 0) from pgbench_history)")
+echo "restored balances (accounts, tellers, branches, history): $sums"
+read -r a t b h <<<"$sums"
+[[ "$a" == "$t" && "$t" == "$b" && "$b" == "$h" ]] || { echo "the restored balances disagree" >&2; exit 1; }
+[[ "${after%% *}" == "${before%% *}" ]] || { echo "the restored database has other accounts" >&2; exit 1; }
 kubectl_local -n "$ns" exec orders-db-copy-0 -c db -- pg_amcheck --heapallindexed postgres \
   && echo "pg_amcheck --heapallindexed: no corruption"
-kc -n "$ns" get clusters.custody.io,restores.custody.io
-kc get nodeagents -o wide
+kc -n "$ns" get ccl,crs
+custody nodes
 
 step "A damaged backup is refused: one byte of a pack changed in S3, the pod never starts"
+
 key=$(hack/s3.py largest "$endpoint" "$bucket" "$prefix/custody_repository/data/")
 hack/s3.py flip-byte "$endpoint" "$bucket" "$key"
 volume bad data-orders-db-bad-0
@@ -219,16 +258,16 @@ kind: Cluster
 metadata: {name: orders-db-bad}
 spec: {statefulSetRef: {name: orders-db-bad}, volumeClaimTemplates: [data], restore: {backupRef: {name: orders-db-nightly}}}
 YAML
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Restoring --timeout=30s cluster.custody.io/orders-db-bad
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Restoring --timeout=30s ccl/orders-db-bad
 postgres orders-db-bad
-kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Failed --timeout=180s restore.custody.io/orders-db-bad
-kc -n "$ns" get restore.custody.io orders-db-bad \
+kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Failed --timeout=180s crs/orders-db-bad
+kc -n "$ns" get crs orders-db-bad \
   -o jsonpath='{range .status.volumes[*]}{.claimName}: {.state} {.reason} ({.message}){"\n"}{end}'
 sleep 5
 kc -n "$ns" get pod orders-db-bad-0 -o wide
 phase=$(kubectl_local -n "$ns" get pod orders-db-bad-0 -o jsonpath='{.status.phase}')
 [[ "$phase" == Pending ]] || { echo "orders-db-bad-0 is $phase: it should be held" >&2; exit 1; }
-kc -n "$ns" get clusters.custody.io,restores.custody.io
+kc -n "$ns" get ccl,crs
 
 step "Done"
 echo "custody, installed from deploy/, restored a PostgreSQL database on a real node and released"

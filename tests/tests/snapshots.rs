@@ -855,7 +855,9 @@ async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothin
         incompressible(size as usize, 11),
     )
     .unwrap();
-    let rate_kib = 2048;
+    // 1 MiB/s: the bounded copy takes at least 15 s, several times an unbounded one even on
+    // a loaded machine (8 s was seen with two builds beside it; at 2 MiB/s the bound was 7 s).
+    let rate_kib = 1024;
     let rate = rate_kib * 1024;
     // The throttle lets one second's worth run ahead and charges a call after it: at least
     // every byte but the largest call's (a pack, at most 16 MiB) at the rate, less that
@@ -879,7 +881,7 @@ async fn a_bandwidth_bound_slows_backup_and_restore_to_its_rate_and_fails_nothin
     command
         .env("CUSTODY_S3_UPLOAD_KIB_PER_SECOND", rate_kib.to_string())
         // Four times slower than the slowest transfer the repository accepts, with a stall of
-        // one second: a pack may take 1 s + 16 MiB at 8 MiB/s, and waits about 8 s for the
+        // one second: a pack may take 1 s + 16 MiB at 4 MiB/s, and waits about 16 s for the
         // bound. Waiting between calls never counts against a call; waiting inside one would.
         .env("CUSTODY_S3_MIN_KIB_PER_SECOND", (4 * rate_kib).to_string())
         .env("CUSTODY_S3_STALL_SECONDS", "1");
