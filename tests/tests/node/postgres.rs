@@ -308,7 +308,13 @@ async fn on_a_real_node_postgresql_backed_up_stopped_restores_verified_and_answe
         "{:?}",
         status.conditions
     );
-    assert_eq!(status.node_name, None, "placed by the scheduler");
+    // Placed by the scheduler: the node is not known at the start, and is recorded once that
+    // node's agent reports the mover (a copy faster than the first report leaves it unset).
+    assert!(
+        status.node_name.is_none() || status.node_name.as_deref() == Some(node),
+        "{:?}",
+        status.node_name
+    );
 
     // Restored into Cluster shop: held until verified, then PostgreSQL starts on it. Its pod
     // template lacks the label custody.io/cluster (issue 23, item 4): the pod is held by the
