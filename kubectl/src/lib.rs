@@ -571,9 +571,7 @@ where
 }
 
 fn ready_text(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> String {
-    conditions
-        .iter()
-        .find(|condition| condition.type_ == "Ready")
+    view::ready(conditions)
         .map(|condition| format!("{}: {}", condition.reason, condition.message))
         .unwrap_or_default()
 }

@@ -46,7 +46,8 @@ pub fn progress(transfer: Option<&Transfer>) -> String {
     }
 }
 
-fn ready(conditions: &[Condition]) -> Option<&Condition> {
+/// A status's `Ready` condition.
+pub(crate) fn ready(conditions: &[Condition]) -> Option<&Condition> {
     conditions
         .iter()
         .find(|condition| condition.type_ == "Ready")
