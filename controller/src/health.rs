@@ -76,6 +76,18 @@ pub struct Health {
     pub agents: BTreeMap<String, Agent>,
     /// Backups being deleted whose artifact's delete failed at least once, by namespace.
     pub deletions_retrying: BTreeMap<String, u64>,
+    /// Each plan's last restore drill (plans with a drill that finished at least once).
+    pub drills: BTreeMap<Key, Drilled>,
+}
+
+/// A plan's restore drills as its status says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Drilled {
+    /// When the last drill ended (Unix seconds), and whether it passed.
+    pub last: f64,
+    pub passed: bool,
+    /// When a drill last passed.
+    pub last_success: Option<f64>,
 }
 
 fn seconds(time: &Time) -> f64 {
@@ -205,6 +217,25 @@ pub fn summarize(
             health
                 .plans_created
                 .insert(key(plan.namespace(), plan.name_any()), seconds(created));
+        }
+        // A plan whose drill was taken off keeps no drill series (its alert would never clear).
+        let drill = plan
+            .status
+            .as_ref()
+            .and_then(|status| status.drill.as_ref());
+        if plan.spec.drill.is_some()
+            && let Some(last) = drill.and_then(|drill| drill.last.as_ref())
+        {
+            health.drills.insert(
+                key(plan.namespace(), plan.name_any()),
+                Drilled {
+                    last: seconds(&last.finished_at),
+                    passed: last.result == crate::drills::decide::reasons::PASSED,
+                    last_success: drill
+                        .and_then(|drill| drill.last_success_time.as_ref())
+                        .map(seconds),
+                },
+            );
         }
     }
     for restore in restores {
@@ -434,6 +465,9 @@ pub mod names {
     pub const AGENT_LAST_HEARTBEAT: &str = "node_agent_last_heartbeat_timestamp_seconds";
     pub const AGENT_REPORTING: &str = "node_agent_reporting";
     pub const DELETIONS_RETRYING: &str = "artifact_deletions_retrying";
+    pub const PLAN_LAST_DRILL: &str = "plan_last_drill_timestamp_seconds";
+    pub const PLAN_LAST_DRILL_PASSED: &str = "plan_last_drill_passed";
+    pub const PLAN_LAST_SUCCESSFUL_DRILL: &str = "plan_last_successful_drill_timestamp_seconds";
 }
 
 fn gauges<L: EncodeLabelSet>(
@@ -522,6 +556,37 @@ impl prometheus_client::collector::Collector for Shared {
                     last.failure?,
                 ))
             }),
+        )?;
+        let plan_labels = |key: &Key| PlanLabels {
+            namespace: key.namespace.clone(),
+            plan: key.name.clone(),
+        };
+        gauges(
+            &mut encoder,
+            names::PLAN_LAST_DRILL,
+            "When the plan's last restore drill ended (Unix seconds)",
+            health
+                .drills
+                .iter()
+                .map(|(key, drilled)| (plan_labels(key), drilled.last)),
+        )?;
+        gauges(
+            &mut encoder,
+            names::PLAN_LAST_DRILL_PASSED,
+            "1 when the plan's last restore drill passed (restored, verified, engine check clean), 0 when it failed",
+            health
+                .drills
+                .iter()
+                .map(|(key, drilled)| (plan_labels(key), f64::from(u8::from(drilled.passed)))),
+        )?;
+        gauges(
+            &mut encoder,
+            names::PLAN_LAST_SUCCESSFUL_DRILL,
+            "When a restore drill of the plan last passed (Unix seconds)",
+            health
+                .drills
+                .iter()
+                .filter_map(|(key, drilled)| Some((plan_labels(key), drilled.last_success?))),
         )?;
         gauges(
             &mut encoder,

@@ -9,6 +9,7 @@ pub mod backups;
 pub mod cli;
 pub mod clusters;
 pub mod conditions;
+pub mod drills;
 pub mod encryption;
 pub mod error;
 pub mod events;

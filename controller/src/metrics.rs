@@ -98,6 +98,8 @@ pub struct Metrics {
     pub restore_size: Histogram,
     /// Attempts at deleting a Backup's artifact, by result.
     pub artifact_deletions: Family<DeletionLabels, Counter>,
+    /// Restore drills that ended, by result and reason (`custody_drills_finished_total`).
+    pub drills_finished: Family<ResultLabels, Counter>,
 }
 
 impl Metrics {
@@ -134,6 +136,16 @@ impl Metrics {
         if let Some(seconds) = finished.frozen {
             self.backup_freeze_duration.observe(seconds);
         }
+    }
+
+    /// Counts a restore drill that ended.
+    pub fn drill_finished(&self, passed: bool, reason: &str) {
+        self.drills_finished
+            .get_or_create(&ResultLabels {
+                result: if passed { "Passed" } else { "Failed" },
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one attempt at deleting an artifact: `Deleted`, `Failed`, `Kept` (its
@@ -199,6 +211,12 @@ impl Default for Metrics {
             "artifact_deletions",
             "Attempts at deleting a Backup's artifact, by result (Deleted, Failed, Kept, Released)",
             artifact_deletions.clone(),
+        );
+        let drills_finished = Family::<ResultLabels, Counter>::default();
+        root.register(
+            "drills_finished",
+            "Restore drills that ended, by result (Passed, Failed) and reason",
+            drills_finished.clone(),
         );
         let registry = root.sub_registry_with_prefix("controller");
         let reconciliations = Family::<KindLabels, Counter>::default();
@@ -298,6 +316,7 @@ impl Default for Metrics {
             restore_duration,
             restore_size,
             artifact_deletions,
+            drills_finished,
             webhook_decisions,
             freezes_thawed_without_agent,
             agent_reports,

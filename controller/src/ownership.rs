@@ -57,6 +57,12 @@ pub fn controlled_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
     controller_is(meta, &format!("{GROUP}/{VERSION}"), kind, uid)
 }
 
+/// Whether `meta` (a pod) was created by the StatefulSet with `uid`: its controller reference
+/// names it.
+pub fn created_by_stateful_set(meta: &ObjectMeta, uid: &str) -> bool {
+    controller_is(meta, "apps/v1", "StatefulSet", uid)
+}
+
 /// Whether `meta` (a pod) was created by the Job with `job_uid`: its controller reference
 /// names that Job. Labels such as `job-name` prove nothing; anyone who creates pods sets them.
 pub fn created_by_job(meta: &ObjectMeta, job_uid: &str) -> bool {

@@ -24,6 +24,8 @@ pub struct Access {
     pub name: Option<String>,
     /// What custody would do with it (for the refusal's message).
     pub because: String,
+    /// Another namespace than the object's (a drill's); `None`: the object's.
+    pub namespace: Option<String>,
 }
 
 impl Access {
@@ -37,9 +39,13 @@ impl Access {
         if let Some(subresource) = self.subresource {
             resource = format!("{resource}/{subresource}");
         }
-        match &self.name {
+        let permission = match &self.name {
             Some(name) => format!("{} {resource} {name}", self.verb),
             None => format!("{} {resource}", self.verb),
+        };
+        match &self.namespace {
+            Some(namespace) => format!("{permission} in namespace {namespace}"),
+            None => permission,
         }
     }
 
@@ -51,6 +57,14 @@ impl Access {
             subresource: None,
             name: None,
             because,
+            namespace: None,
+        }
+    }
+
+    fn within(self, namespace: Option<&str>) -> Access {
+        Access {
+            namespace: namespace.map(str::to_string),
+            ..self
         }
     }
 
@@ -220,6 +234,9 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
                 spec.repository_ref.as_ref(),
                 cluster_repository,
             );
+            if let Some(drill) = &spec.drill {
+                needed.extend(drill_needs(drill));
+            }
             needed
         }
         Object::Cluster { spec, source } => {
@@ -282,6 +299,82 @@ pub fn required(object: Object<'_>) -> Vec<Access> {
     }
 }
 
+/// What a plan's restore drill does in its namespace (`None`: the plan's), as its writer's
+/// permissions: a StatefulSet running the application's pod template and a Cluster restored
+/// from the plan's Backup, the check's pod (its image, its Secret); elsewhere, an imported
+/// view of the Backup through that namespace's repository.
+fn drill_needs(drill: &custody_kube::api::Drill) -> Vec<Access> {
+    let namespace = drill.namespace.as_deref();
+    let mut needed = vec![
+        Access {
+            group: "apps",
+            ..Access::new(
+                "create",
+                "statefulsets",
+                "its drill runs a copy of the Cluster's StatefulSet on the restored data".into(),
+            )
+        }
+        .within(namespace),
+        Access::new(
+            "create",
+            "pods",
+            format!(
+                "its drill's engine check runs image {}",
+                drill
+                    .check
+                    .image
+                    .as_deref()
+                    .unwrap_or("of the application's first container")
+            ),
+        )
+        .within(namespace),
+    ];
+    if let Some(secret) = &drill.check.credentials_secret_ref {
+        needed.push(
+            Access::new(
+                "get",
+                "secrets",
+                "its drill's engine check gets this Secret in its environment".into(),
+            )
+            .named(&secret.name)
+            .within(namespace),
+        );
+    }
+    if namespace.is_some() {
+        needed.push(
+            Access {
+                group: custody_kube::api::GROUP,
+                ..Access::new(
+                    "create",
+                    "clusters",
+                    "its drill restores the Backup into a Cluster there".into(),
+                )
+            }
+            .within(namespace),
+        );
+        if let Some(repository) = &drill.repository_ref {
+            needed.push(
+                Access {
+                    group: custody_kube::api::GROUP,
+                    ..Access::new(
+                        "get",
+                        "backuprepositories",
+                        "its drill opens the Backup's snapshot with this repository".into(),
+                    )
+                }
+                .named(&repository.name)
+                .within(namespace),
+            );
+        }
+    }
+    needed
+}
+
+/// The ClusterRole a namespace's admin binds to custody's ServiceAccount in a namespace to let
+/// custody run restore drills there (create and delete the drill's StatefulSet): custody
+/// creates StatefulSets nowhere else.
+pub const DRILLS_ROLE: &str = "custody-drills";
+
 /// The ClusterRole a namespace's admin binds to custody's ServiceAccount in the namespace to
 /// let custody run hooks there: custody has no `pods/exec` anywhere else.
 pub const HOOKS_ROLE: &str = "custody-hooks";
@@ -294,7 +387,24 @@ pub const HOOKS_ROLE: &str = "custody-hooks";
 pub fn opted_in(object: Object<'_>) -> Vec<Access> {
     let consistency = match object {
         Object::Backup { spec, .. } => spec.consistency.as_ref(),
-        Object::BackupPlan { spec, .. } => spec.consistency.as_ref(),
+        Object::BackupPlan { spec, .. } => {
+            let mut needed = hooks(spec.consistency.as_ref());
+            if let Some(drill) = &spec.drill {
+                let namespace = drill.namespace.as_deref();
+                needed.extend(["create", "delete"].map(|verb| {
+                    Access {
+                        group: "apps",
+                        ..Access::new(
+                            verb,
+                            "statefulsets",
+                            "its drill runs a copy of the Cluster's StatefulSet".into(),
+                        )
+                    }
+                    .within(namespace)
+                }));
+            }
+            return needed;
+        }
         Object::Cluster { spec, .. } => spec.consistency.as_ref(),
         Object::BackupRepository(spec) => {
             return spec
@@ -311,6 +421,11 @@ pub fn opted_in(object: Object<'_>) -> Vec<Access> {
         }
         Object::Restore { .. } => None,
     };
+    hooks(consistency)
+}
+
+/// What hooks need of custody's own rights: `create pods/exec`.
+fn hooks(consistency: Option<&Consistency>) -> Vec<Access> {
     match consistency.map(|consistency| consistency.method) {
         Some(ConsistencyMethod::Hooks) => vec![Access {
             subresource: Some("exec"),
@@ -351,18 +466,32 @@ pub fn opt_in_verdict(
     if missing.is_empty() {
         return None;
     }
-    let (what, role) = if needed
+    let refused: Vec<&Access> = needed
         .iter()
         .zip(allowed.iter().chain(std::iter::repeat(&false)))
-        .any(|(access, allowed)| !allowed && access.subresource == Some("token"))
+        .filter(|(_, allowed)| !**allowed)
+        .map(|(access, _)| access)
+        .collect();
+    let (what, role) = if refused
+        .iter()
+        .any(|access| access.subresource == Some("token"))
     {
         (
             "ask for tokens of a web identity's ServiceAccount",
             custody_kube::sts::WEB_IDENTITY_ROLE,
         )
+    } else if refused
+        .iter()
+        .any(|access| access.resource == "statefulsets")
+    {
+        ("run restore drills", DRILLS_ROLE)
     } else {
         ("run hooks", HOOKS_ROLE)
     };
+    let namespace = refused
+        .iter()
+        .find_map(|access| access.namespace.as_deref())
+        .unwrap_or(namespace);
     Some(format!(
         "namespace {namespace} has not let custody {what}: custody would need {}, which it has only where a namespace's admin grants it: kubectl create rolebinding {role} --namespace {namespace} --clusterrole {role} {}",
         missing.join("; "),

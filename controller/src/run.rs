@@ -155,6 +155,7 @@ pub async fn run(options: RunOptions) -> Result<()> {
             stopped(),
         ),
         crate::plans::controller(context.clone(), namespace, stopped()),
+        crate::drills::controller(context.clone(), namespace, stopped()),
         crate::backups::controller(
             Arc::new(crate::backups::BackupContext {
                 base: context.clone(),

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use custody_controller::health::{Agent, Health, Key, Last, Waiting};
+use custody_controller::health::{Agent, Drilled, Health, Key, Last, Waiting};
 use custody_tests::repo_root;
 
 /// Builds (once, cached) and returns promtool.
@@ -123,7 +123,17 @@ fn exported() -> BTreeSet<String> {
         )]
         .into(),
         deletions_retrying: [("shop".to_string(), 1)].into(),
+        drills: [(
+            key("nightly"),
+            Drilled {
+                last: 2.0,
+                passed: false,
+                last_success: Some(1.0),
+            },
+        )]
+        .into(),
     }));
+    controller.drill_finished(false, "CheckFailed");
     for kind in [
         custody_controller::health::FinishedKind::Backup,
         custody_controller::health::FinishedKind::Restore,

@@ -187,6 +187,28 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
                                          "roleArn": "arn:aws:iam::1:role/production"}}})).await,
             vec!["create serviceaccounts/token production-backups (custody signs its requests to https://attacker.example"],
         ),
+        (
+            "a plan whose drill would run the application's pod template and a check with another's Secret",
+            refusal::<BackupPlan>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "drilled"},
+                "spec": {"clusterRef": {"name": "orders"}, "schedule": "0 3 * * *",
+                         "consistency": {"method": "Freeze"},
+                         "drill": {"schedule": "0 4 * * 0", "check": {"command": ["env"],
+                                   "credentialsSecretRef": {"name": "db-admin"}}}}})).await,
+            vec!["create statefulsets.apps (its drill runs a copy", "create pods (its drill's engine check",
+                 "get secrets db-admin"],
+        ),
+        (
+            "a plan whose drill restores into another tenant's namespace",
+            refusal::<BackupPlan>(&writer, &ns, json!({
+                "apiVersion": "custody.io/v1alpha1", "kind": "BackupPlan", "metadata": {"name": "drilled-there"},
+                "spec": {"clusterRef": {"name": "orders"}, "schedule": "0 3 * * *",
+                         "consistency": {"method": "Freeze"},
+                         "drill": {"schedule": "0 4 * * 0", "namespace": "kube-system",
+                                   "repositoryRef": {"name": "store"},
+                                   "check": {"command": ["true"]}}}})).await,
+            vec!["create statefulsets.apps in namespace kube-system", "create clusters.custody.io in namespace kube-system"],
+        ),
     ];
     for (case, refused, expected) in cases {
         let message = refused.unwrap_or_else(|| panic!("{case}: admitted"));
@@ -562,6 +584,18 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
         )
         .await
         .expect("the namespace's consent to web identities");
+    Api::<RoleBinding>::namespaced(consenting.client.clone(), &consenting.name)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "custody-drills"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "custody-drills"},
+                "subjects": [{"kind": "ServiceAccount", "name": "custody-controller", "namespace": "custody-system"}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("the namespace's consent to restore drills");
     // `NS`: a user's namespace; `HOOKS`: one that consented to hooks.
     let (ns, hooks) = (namespace.name.clone(), consenting.name.clone());
     const NS: Option<&str> = Some("NS");
@@ -639,6 +673,9 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
             HOOKS,
             Some("backups"),
         ),
+        // A restore drill's StatefulSet, where the namespace bound custody-drills.
+        ("create", "apps", "statefulsets", HOOKS, None),
+        ("delete", "apps", "statefulsets", HOOKS, None),
         // `custody-controller uninstall`, run as the controller's account by the Helm hook.
         (
             "delete",
@@ -727,6 +764,11 @@ async fn privilege_of_custodys_accounts_is_what_their_code_needs_and_no_more() {
             Some("another-deployment"),
         ),
         ("create", "", "serviceaccounts/token", KUBE, None),
+        // StatefulSets only where a namespace bound custody-drills.
+        ("create", "apps", "statefulsets", NS, None),
+        ("create", "apps", "statefulsets", KUBE, None),
+        ("delete", "apps", "statefulsets", NS, None),
+        ("update", "apps", "statefulsets", HOOKS, None),
         // A web identity's tokens only where a namespace bound custody-web-identity.
         ("create", "", "serviceaccounts/token", NS, None),
         (

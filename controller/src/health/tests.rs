@@ -516,3 +516,71 @@ fn a_deleted_cluster_and_a_deleted_or_suspended_plan_have_no_series() {
         [&key("nightly")]
     );
 }
+
+/// A plan's drill series come from its `status.drill.last`: when it ended, whether it passed,
+/// when one last passed; none for a plan without a drill (taken off), never drilled, or
+/// suspended.
+#[test]
+fn a_plans_drill_gauges_are_its_last_drill_and_its_last_pass() {
+    let drilled = |name: &str, drill: bool, result: Option<(&str, i64)>, success: Option<i64>| {
+        let mut value = serde_json::to_value(&*plan(name, -100)).unwrap();
+        if drill {
+            value["spec"]["drill"] = json!({"schedule": "0 4 * * *", "check": {"command": ["c"]}});
+        }
+        let mut status = json!({});
+        if let Some((result, when)) = result {
+            status["last"] = json!({"backup": "b", "result": result, "reason": result,
+                "message": "", "startedAt": at(when - 5), "finishedAt": at(when)});
+        }
+        if let Some(success) = success {
+            status["lastSuccessTime"] = json!(at(success));
+        }
+        value["status"] = json!({"drill": status});
+        Arc::new(serde_json::from_value::<BackupPlan>(value).unwrap())
+    };
+    let plans = [
+        drilled("failing", true, Some(("Failed", 50)), Some(10)),
+        drilled("passing", true, Some(("Passed", 40)), Some(40)),
+        drilled("never", true, None, None),
+        drilled("removed", false, Some(("Failed", 50)), None),
+    ];
+    let health = summarize(&all_clusters(), &[], &[], &plans, &[]);
+    let base = 1_796_119_200.0;
+    assert_eq!(
+        health.drills,
+        BTreeMap::from([
+            (
+                key("failing"),
+                Drilled {
+                    last: base + 50.0,
+                    passed: false,
+                    last_success: Some(base + 10.0)
+                }
+            ),
+            (
+                key("passing"),
+                Drilled {
+                    last: base + 40.0,
+                    passed: true,
+                    last_success: Some(base + 40.0)
+                }
+            ),
+        ])
+    );
+    let metrics = crate::metrics::Metrics::default();
+    metrics.health.set(Some(health));
+    metrics.drill_finished(false, "CheckFailed");
+    let text = custody_kube::http::Exposition::encode(&metrics);
+    for line in [
+        "custody_plan_last_drill_passed{namespace=\"shop\",plan=\"failing\"} 0",
+        "custody_plan_last_drill_passed{namespace=\"shop\",plan=\"passing\"} 1",
+        "custody_plan_last_drill_timestamp_seconds{namespace=\"shop\",plan=\"failing\"} 1796119250",
+        "custody_plan_last_successful_drill_timestamp_seconds{namespace=\"shop\",plan=\"failing\"} 1796119210",
+        "custody_drills_finished_total{result=\"Failed\",reason=\"CheckFailed\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|candidate| candidate.starts_with(line)),
+            "{line} not in:\n{text}"
+        );
+    }
+}

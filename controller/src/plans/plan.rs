@@ -50,6 +50,8 @@ pub struct Plan {
 pub fn plan(facts: &Facts) -> Result<Plan> {
     let plan = &facts.plan;
     let mut status = plan.status.clone().unwrap_or_default();
+    // `drill` is the drill reconciler's (its own field manager): never written from here.
+    status.drill = None;
     let mut out = Plan {
         prune: Vec::new(),
         create: None,
@@ -276,6 +278,7 @@ fn next_status(
     now: Timestamp,
 ) -> Option<BackupPlanStatus> {
     let mut current = plan.status.clone().unwrap_or_default();
+    current.drill = None;
     let wanted = std::slice::from_ref(desired);
     status.conditions =
         conditions::wanted(&current.conditions, wanted, plan.meta().generation, now);

@@ -476,3 +476,71 @@ fn custody_is_named_as_kubectl_names_a_subject() {
         assert_eq!(subject_flag(user), flag, "{user}");
     }
 }
+
+/// A plan's drill needs of its writer what the drill does in the drill's namespace, and of
+/// that namespace's admin custody's right to create StatefulSets there (ClusterRole
+/// custody-drills); without it the plan is refused naming the rolebinding in that namespace.
+#[test]
+fn a_drill_needs_its_writers_rights_and_the_drill_namespaces_consent() {
+    let plan = |drill: serde_json::Value| -> BackupPlanSpec {
+        serde_json::from_value(
+            json!({"clusterRef": {"name": "db"}, "schedule": "0 3 * * *",
+                                      "drill": drill}),
+        )
+        .unwrap()
+    };
+    let here = plan(json!({"schedule": "0 4 * * 0",
+        "check": {"command": ["pg_amcheck"], "credentialsSecretRef": {"name": "pg"}}}));
+    let there = plan(json!({"schedule": "0 4 * * 0", "namespace": "drills",
+        "repositoryRef": {"name": "store"}, "check": {"image": "checker", "command": ["check"]}}));
+    let object = |spec| Object::BackupPlan {
+        spec,
+        cluster_repository: ClusterRepository::Named("main"),
+    };
+    assert_eq!(
+        permissions(&required(object(&here))),
+        ["create statefulsets.apps", "create pods", "get secrets pg",]
+    );
+    assert_eq!(
+        permissions(&required(object(&there))),
+        [
+            "create statefulsets.apps in namespace drills",
+            "create pods in namespace drills",
+            "create clusters.custody.io in namespace drills",
+            "get backuprepositories.custody.io store in namespace drills",
+        ]
+    );
+    assert_eq!(
+        permissions(&opted_in(object(&there))),
+        [
+            "create statefulsets.apps in namespace drills",
+            "delete statefulsets.apps in namespace drills",
+        ]
+    );
+    let custody = "system:serviceaccount:custody-system:custody-controller";
+    let needed = opted_in(object(&there));
+    assert_eq!(
+        opt_in_verdict(custody, "shop", &needed, &[true, true]),
+        None
+    );
+    let refused = opt_in_verdict(custody, "shop", &needed, &[true, false]).expect("refused");
+    assert!(
+        refused.starts_with("namespace drills has not let custody run restore drills")
+            && refused.ends_with(
+                "kubectl create rolebinding custody-drills --namespace drills --clusterrole custody-drills --serviceaccount custody-system:custody-controller"
+            ),
+        "{refused}"
+    );
+    // Hooks beside a drill that is allowed: still the hooks' rolebinding.
+    let hooked: BackupPlanSpec = serde_json::from_value(json!({"clusterRef": {"name": "db"},
+        "schedule": "0 3 * * *", "consistency": method(HOOKS),
+        "drill": {"schedule": "0 4 * * 0", "check": {"command": ["c"]}}}))
+    .unwrap();
+    let needed = opted_in(object(&hooked));
+    assert_eq!(needed.len(), 3);
+    let refused = opt_in_verdict(custody, "shop", &needed, &[false, true, true]).unwrap();
+    assert!(
+        refused.contains("custody-hooks --namespace shop"),
+        "{refused}"
+    );
+}

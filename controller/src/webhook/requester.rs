@@ -193,7 +193,7 @@ pub async fn own_user(client: &kube::Client) -> Result<String> {
 /// `access` in `namespace`, as an access review asks it.
 fn attributes(namespace: &str, access: &Access) -> ResourceAttributes {
     ResourceAttributes {
-        namespace: Some(namespace.to_string()),
+        namespace: Some(access.namespace.as_deref().unwrap_or(namespace).to_string()),
         verb: Some(access.verb.to_string()),
         group: Some(access.group.to_string()),
         resource: Some(access.resource.to_string()),

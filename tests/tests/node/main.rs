@@ -31,6 +31,7 @@ use serde_json::json;
 
 mod bench;
 mod control;
+mod drill;
 mod freeze;
 mod gate;
 mod hooks;
@@ -76,6 +77,7 @@ const INSTALLED: &[&str] = &[
     "clusterrole/custody-edit",
     "clusterrole/custody-hooks",
     "clusterrole/custody-web-identity",
+    "clusterrole/custody-drills",
     "validatingadmissionpolicy/custody-controller-namespaces",
     "validatingadmissionpolicybinding/custody-controller-namespaces",
 ];

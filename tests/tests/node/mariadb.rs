@@ -51,6 +51,22 @@ end //
 delimiter ;
 ";
 
+/// Consistency method `Tool` by `mariadb-backup --backup` then `--prepare`, as root with the
+/// password of Secret orders-credentials.
+pub(crate) fn mariadb_backup_tool() -> serde_json::Value {
+    json!({
+        "method": "Tool",
+        "tool": {
+            "image": "localhost/custody/mariadb:10.11",
+            "command": ["sh", "-c", "mariadb-backup --backup --target-dir=\"$CUSTODY_OUTPUT\" --host=\"$CUSTODY_POD_IP\" --user=root --password=\"$MARIADB_ROOT_PASSWORD\" && mariadb-backup --prepare --target-dir=\"$CUSTODY_OUTPUT\""],
+            "mountPath": "/var/lib/mysql",
+            "credentialsSecretRef": {"name": "orders-credentials"},
+            "dataPath": "db",
+            "scratchSize": "1Gi",
+        },
+    })
+}
+
 /// The bank's invariants, as `sum(balance) count(accounts) counter count(history)`.
 pub(crate) const BANK_SUMS: &str = "select concat((select sum(balance) from bank.accounts), ' ', (select count(*) from bank.accounts), ' ', (select n from bank.counter), ' ', (select count(*) from bank.history))";
 
@@ -155,22 +171,7 @@ async fn on_a_real_node_mariadb_frozen_while_transfers_run_restores_consistent()
 #[tokio::test]
 async fn on_a_real_node_mariadb_backed_up_by_mariadb_backup_while_transfers_run_restores_consistent()
  {
-    mariadb_under_load(
-        "mdbtool",
-        json!({
-            "method": "Tool",
-            "tool": {
-                "image": "localhost/custody/mariadb:10.11",
-                "command": ["sh", "-c", "mariadb-backup --backup --target-dir=\"$CUSTODY_OUTPUT\" --host=\"$CUSTODY_POD_IP\" --user=root --password=\"$MARIADB_ROOT_PASSWORD\" && mariadb-backup --prepare --target-dir=\"$CUSTODY_OUTPUT\""],
-                "mountPath": "/var/lib/mysql",
-                "credentialsSecretRef": {"name": "orders-credentials"},
-                "dataPath": "db",
-                "scratchSize": "1Gi",
-            },
-        }),
-        Capture::Tool,
-    )
-    .await;
+    mariadb_under_load("mdbtool", mariadb_backup_tool(), Capture::Tool).await;
 }
 
 pub(crate) async fn mariadb_under_load(
@@ -270,17 +271,7 @@ async fn on_a_real_node_mariadb_commits_go_on_after_a_mariadb_backup_under_a_mix
                "stringData": {"MARIADB_ROOT_PASSWORD": "a-test-password"}}),
     )
     .await;
-    let tool = json!({
-        "method": "Tool",
-        "tool": {
-            "image": "localhost/custody/mariadb:10.11",
-            "command": ["sh", "-c", "mariadb-backup --backup --target-dir=\"$CUSTODY_OUTPUT\" --host=\"$CUSTODY_POD_IP\" --user=root --password=\"$MARIADB_ROOT_PASSWORD\" && mariadb-backup --prepare --target-dir=\"$CUSTODY_OUTPUT\""],
-            "mountPath": "/var/lib/mysql",
-            "credentialsSecretRef": {"name": "orders-credentials"},
-            "dataPath": "db",
-            "scratchSize": "1Gi",
-        },
-    });
+    let tool = mariadb_backup_tool();
     let _source = mariadb_source(&client, node, &namespace, tool).await;
     exec(
         &ns,

@@ -420,14 +420,19 @@ pub(crate) struct Load {
 
 impl Load {
     pub(crate) fn start(namespace: &str, seconds: u64) -> Load {
+        Load::with(namespace, seconds, &[], Duration::from_secs(1))
+    }
+
+    /// [`Load::start`] with more pgbench arguments (`-R 250`: a paced rate) and a CHECKPOINT
+    /// every `every`.
+    pub(crate) fn with(namespace: &str, seconds: u64, extra: &[&str], every: Duration) -> Load {
         let ns = namespace.to_string();
+        let extra: Vec<String> = extra.iter().map(|arg| arg.to_string()).collect();
         let pgbench = std::thread::spawn(move || {
             let seconds = seconds.to_string();
-            exec(
-                &ns,
-                "orders-0",
-                &["pgbench", "-c", "4", "-T", &seconds, "-n", "-P", "5"],
-            )
+            let mut args = vec!["pgbench", "-c", "4", "-T", &seconds, "-n", "-P", "5"];
+            args.extend(extra.iter().map(String::as_str));
+            exec(&ns, "orders-0", &args)
         });
         let ns = namespace.to_string();
         let checkpoints = std::thread::spawn(move || {
@@ -437,7 +442,7 @@ impl Load {
                 if exec(&ns, "orders-0", &["psql", "-c", "checkpoint"]).is_ok() {
                     done += 1;
                 }
-                std::thread::sleep(Duration::from_secs(1));
+                std::thread::sleep(every);
             }
             done
         });
