@@ -138,11 +138,16 @@ impl Metrics {
         }
     }
 
-    /// Counts a restore drill that ended.
-    pub fn drill_finished(&self, passed: bool, reason: &str) {
+    /// Counts a restore drill that ended: `result` Passed, Failed or Cancelled.
+    pub fn drill_finished(&self, result: &str, reason: &str) {
+        let result = match result {
+            "Passed" => "Passed",
+            "Cancelled" => "Cancelled",
+            _ => "Failed",
+        };
         self.drills_finished
             .get_or_create(&ResultLabels {
-                result: if passed { "Passed" } else { "Failed" },
+                result,
                 reason: reason.to_string(),
             })
             .inc();
@@ -215,7 +220,7 @@ impl Default for Metrics {
         let drills_finished = Family::<ResultLabels, Counter>::default();
         root.register(
             "drills_finished",
-            "Restore drills that ended, by result (Passed, Failed) and reason",
+            "Restore drills that ended, by result (Passed, Failed, Cancelled) and reason",
             drills_finished.clone(),
         );
         let registry = root.sub_registry_with_prefix("controller");

@@ -340,7 +340,24 @@ fn drill_needs(drill: &custody_kube::api::Drill) -> Vec<Access> {
             .within(namespace),
         );
     }
-    if namespace.is_some() {
+    if let Some(elsewhere) = namespace {
+        // Out of the plan's namespace go the Cluster's data and its pod template (with
+        // whatever its environment holds): what reading them there directly takes.
+        needed.push(Access {
+            group: "apps",
+            ..Access::new(
+                "get",
+                "statefulsets",
+                format!("its drill copies the Cluster's StatefulSet to namespace {elsewhere}"),
+            )
+        });
+        needed.push(Access::new(
+            "get",
+            "secrets",
+            format!(
+                "its drill restores the Cluster's data in namespace {elsewhere}, as reading its repository's Secrets here would"
+            ),
+        ));
         needed.push(
             Access {
                 group: custody_kube::api::GROUP,

@@ -6,8 +6,8 @@
 //!    depends on the controller any more (the webhooks fail closed);
 //! 2. the controller's Deployment is scaled to zero and its pods awaited, so that none adds a
 //!    finalizer again;
-//! 3. custody's own finalizer, and no other, is removed from every Backup, Restore and
-//!    Cluster, and from the credentials Secrets custody marked (found through the Backups and
+//! 3. custody's own finalizer, and no other, is removed from every Backup, Restore, Cluster
+//!    and BackupPlan (a drill's), and from the credentials Secrets custody marked (found through the Backups and
 //!    BackupRepositories that name them: custody never lists Secrets);
 //! 4. the restore mark (`custody.io/restore-in-progress`, [`crate::restoring`]) is taken off
 //!    every namespace that carries it.
@@ -150,7 +150,11 @@ pub async fn run(options: &UninstallOptions) -> Result<Summary> {
     let repositories: Vec<BackupRepository> = list(&client, options.namespace.as_deref()).await?;
     let restores: Vec<Restore> = list(&client, options.namespace.as_deref()).await?;
     let clusters: Vec<Cluster> = list(&client, options.namespace.as_deref()).await?;
+    let plans: Vec<custody_kube::api::BackupPlan> =
+        list(&client, options.namespace.as_deref()).await?;
     summary.objects_released += release_all(&client, &backups, crate::artifacts::FINALIZER).await?;
+    summary.objects_released +=
+        release_all(&client, &plans, crate::drills::decide::FINALIZER).await?;
     summary.objects_released +=
         release_all(&client, &restores, crate::restores::decide::FINALIZER).await?;
     summary.objects_released +=

@@ -520,6 +520,7 @@ async fn kubectl_get_shows_the_printer_columns() {
                 "SCHEDULE",
                 "SUSPEND",
                 "LAST SCHEDULE",
+                "LAST DRILL",
                 "AGE",
             ],
         ),

@@ -133,7 +133,7 @@ fn exported() -> BTreeSet<String> {
         )]
         .into(),
     }));
-    controller.drill_finished(false, "CheckFailed");
+    controller.drill_finished("Failed", "CheckFailed");
     for kind in [
         custody_controller::health::FinishedKind::Backup,
         custody_controller::health::FinishedKind::Restore,

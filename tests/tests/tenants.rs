@@ -207,7 +207,8 @@ async fn a_tenant_cannot_make_custody_do_what_it_may_not_do_itself() {
                          "drill": {"schedule": "0 4 * * 0", "namespace": "kube-system",
                                    "repositoryRef": {"name": "store"},
                                    "check": {"command": ["true"]}}}})).await,
-            vec!["create statefulsets.apps in namespace kube-system", "create clusters.custody.io in namespace kube-system"],
+            vec!["create statefulsets.apps in namespace kube-system", "create clusters.custody.io in namespace kube-system",
+                 "get secrets (its drill restores the Cluster's data in namespace kube-system"],
         ),
     ];
     for (case, refused, expected) in cases {

@@ -42,6 +42,25 @@ pub mod reasons {
     pub const REFUSED: &str = "DrillRefused";
     pub const NO_BACKUP: &str = "NoCompletedBackup";
     pub const INVALID_SCHEDULE: &str = "InvalidDrillSchedule";
+    pub const CANCELLED: &str = "DrillCancelled";
+    /// The result of a drill that ended before it judged the Backup.
+    pub const CANCELLED_RESULT: &str = "Cancelled";
+}
+
+/// The finalizer a plan carries while a drill of it runs: its deletion waits until what the
+/// drill made is deleted (in another namespace nothing else would delete it).
+pub const FINALIZER: &str = "custody.io/drill-cleanup";
+
+/// The claims the drill's StatefulSet makes for the application's StatefulSet (`source`, as
+/// JSON): `<template>-<base>-0`.
+pub fn claim_names(names: &Names, source: &Value) -> Vec<String> {
+    source["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|claim| claim["metadata"]["name"].as_str())
+        .map(|template| format!("{template}-{}-0", names.base))
+        .collect()
 }
 
 /// The names a plan's drill uses: Cluster and StatefulSet `<plan>-drill` (a long plan name is
@@ -178,8 +197,8 @@ pub enum Whose {
     /// The one this run recorded (by UID).
     Recorded,
     /// Made by this run but not yet recorded (the controller stopped between the create and
-    /// the status): this plan's label and this run's annotation. Record it.
-    Adopt,
+    /// the status): this plan's label and this run's random identity. Record this UID.
+    Adopt(String),
     /// Somebody else's (another plan's, an older run's, a user's): never touched.
     Foreign,
 }
@@ -190,18 +209,25 @@ pub fn whose(found: &Found, recorded: Option<&str>, plan_uid: &str, run_id: &str
         Some(uid) if !uid.is_empty() && uid == found.uid => Whose::Recorded,
         Some(_) => Whose::Foreign,
         None if !plan_uid.is_empty()
+            && !run_id.is_empty()
+            && !found.uid.is_empty()
             && found.drill_of.as_deref() == Some(plan_uid)
             && found.run.as_deref() == Some(run_id) =>
         {
-            Whose::Adopt
+            Whose::Adopt(found.uid.clone())
         }
         None => Whose::Foreign,
     }
 }
 
-/// The run's identity: its start time, as written on what it makes.
+/// The run's identity, as written on what it makes: its random `id` (its start time for a run
+/// recorded before runs had one).
 pub fn run_id(run: &DrillRun) -> String {
-    run.started_at.0.to_string()
+    if run.id.is_empty() {
+        run.started_at.0.to_string()
+    } else {
+        run.id.clone()
+    }
 }
 
 /// The application pod of a drill, as its step needs it.
@@ -249,6 +275,10 @@ pub struct Seen {
     /// The drill Cluster's Restore (`status.restoreName`): its phase and message.
     pub restore: Option<(RestorePhase, String)>,
     pub stateful_set: Option<Whose>,
+    /// Claims under the names the drill's StatefulSet would make (`<template>-<base>-0`) that
+    /// exist while that StatefulSet does not: somebody else's, which the drill's pod would
+    /// mount.
+    pub taken: Vec<String>,
     pub pod: Option<PodSeen>,
     pub job: Option<(Whose, CheckSeen)>,
 }
@@ -268,7 +298,7 @@ pub enum Step {
     /// Create this object (its UID is recorded once created).
     Make(Make),
     /// Record the UID of an object this run made but did not record yet.
-    Adopt(Make),
+    Adopt(Make, String),
     /// Nothing to do but wait for `what` (recorded as `waitingFor`).
     Wait(String),
     /// The drill is over.
@@ -291,14 +321,18 @@ pub fn step(
 ) -> Step {
     let waited = now.duration_since(run.started_at.0).unsigned_abs();
     let next = next_step(run, elsewhere, seen, names);
-    if let Step::Wait(what) = &next
-        && waited >= timeout
-    {
+    let doing = match &next {
+        Step::Finish { .. } => return next,
+        Step::Wait(what) => format!("waiting for {what}"),
+        // A step that keeps failing (its create or record refused) is bounded too.
+        Step::Make(what) | Step::Adopt(what, _) => format!("making its {what:?}"),
+    };
+    if waited >= timeout {
         return Step::Finish {
             passed: false,
             reason: reasons::TIMED_OUT,
             message: format!(
-                "the drill of Backup {} ran past its {} s bound while waiting for {what}",
+                "the drill of Backup {} ran past its {} s bound while {doing}",
                 run.backup,
                 timeout.as_secs()
             ),
@@ -319,12 +353,28 @@ fn refused(what: &str, name: &str, namespace: &str) -> Step {
 
 fn next_step(run: &DrillRun, elsewhere: bool, seen: &Seen, names: &Names) -> Step {
     let namespace = &run.namespace;
+    // Somebody else's StatefulSet or claims under the drill's names: refused before anything
+    // is made (the drill's Restore would write those claims, its pod mount them).
+    if seen.stateful_set == Some(Whose::Foreign) {
+        return refused("StatefulSet", &names.base, namespace);
+    }
+    if seen.stateful_set.is_none() && !seen.taken.is_empty() {
+        return Step::Finish {
+            passed: false,
+            reason: reasons::REFUSED,
+            message: format!(
+                "claims {} in namespace {namespace} exist and are not this drill's: its StatefulSet {} would mount them. custody touches nothing it did not make: delete or rename them, or rename the plan",
+                seen.taken.join(", "),
+                names.base
+            ),
+        };
+    }
     if elsewhere {
         match &seen.imported {
             None => return Step::Make(Make::ImportedBackup),
             Some((Whose::Foreign, ..)) => return refused("Backup", &names.base, namespace),
-            Some((Whose::Adopt, ..)) => {
-                return Step::Adopt(Make::ImportedBackup);
+            Some((Whose::Adopt(uid), ..)) => {
+                return Step::Adopt(Make::ImportedBackup, uid.clone());
             }
             Some((Whose::Recorded, Some(BackupPhase::Failed), message)) => {
                 return Step::Finish {
@@ -348,7 +398,7 @@ fn next_step(run: &DrillRun, elsewhere: bool, seen: &Seen, names: &Names) -> Ste
     match &seen.cluster {
         None => return Step::Make(Make::Cluster),
         Some(Whose::Foreign) => return refused("Cluster", &names.base, namespace),
-        Some(Whose::Adopt) => return Step::Adopt(Make::Cluster),
+        Some(Whose::Adopt(uid)) => return Step::Adopt(Make::Cluster, uid.clone()),
         Some(Whose::Recorded) => {}
     }
     let Some((phase, message)) = &seen.restore else {
@@ -367,7 +417,7 @@ fn next_step(run: &DrillRun, elsewhere: bool, seen: &Seen, names: &Names) -> Ste
     match &seen.stateful_set {
         None => return Step::Make(Make::StatefulSet),
         Some(Whose::Foreign) => return refused("StatefulSet", &names.base, namespace),
-        Some(Whose::Adopt) => return Step::Adopt(Make::StatefulSet),
+        Some(Whose::Adopt(uid)) => return Step::Adopt(Make::StatefulSet, uid.clone()),
         Some(Whose::Recorded) => {}
     }
     if *phase != RestorePhase::Completed {
@@ -402,7 +452,7 @@ fn next_step(run: &DrillRun, elsewhere: bool, seen: &Seen, names: &Names) -> Ste
     match &seen.job {
         None => Step::Make(Make::Job),
         Some((Whose::Foreign, _)) => refused("Job", &names.job, namespace),
-        Some((Whose::Adopt, _)) => Step::Adopt(Make::Job),
+        Some((Whose::Adopt(uid), _)) => Step::Adopt(Make::Job, uid.clone()),
         Some((Whose::Recorded, CheckSeen::Running)) => Step::Wait(format!(
             "the engine check (Job {namespace}/{}) to end",
             names.job
@@ -442,6 +492,8 @@ pub fn finished(
             backup: run.backup.clone(),
             result: if passed {
                 reasons::PASSED
+            } else if reason == reasons::CANCELLED {
+                reasons::CANCELLED_RESULT
             } else {
                 reasons::FAILED
             }
@@ -538,6 +590,20 @@ pub fn stateful_set(
         .get("template")
         .cloned()
         .ok_or("the application's StatefulSet has no pod template")?;
+    // A claim the pod template names itself (not one of its claim templates) is the live
+    // application's: the drill's copy would mount and write it.
+    let shared: Vec<&str> = template["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|volume| volume["persistentVolumeClaim"]["claimName"].as_str())
+        .collect();
+    if !shared.is_empty() {
+        return Err(format!(
+            "the application's pod template mounts claim(s) {} of its own, which a drill's copy would share with the running application: custody drills only applications whose data is in their StatefulSet's claim templates",
+            shared.join(", ")
+        ));
+    }
     let pod_labels = json!({LABEL_DRILL: names.base, LABEL_CLUSTER: names.base});
     template["metadata"]["labels"] = pod_labels.clone();
     // A container that exits leaves the end of its log in its status (custody reads no logs):
@@ -683,11 +749,6 @@ pub fn check_seen(
         }
         None => CheckSeen::Running,
     }
-}
-
-/// Labels to find what a drill of the plan with `plan_uid` made.
-pub fn made_selector(plan_uid: &str) -> String {
-    format!("{LABEL_DRILL_OF}={plan_uid}")
 }
 
 #[cfg(test)]

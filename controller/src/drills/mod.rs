@@ -51,7 +51,8 @@ const POLL: Duration = Duration::from_secs(5);
 
 /// Reconciles one plan's drills.
 pub async fn reconcile(plan: Arc<BackupPlan>, context: Arc<Context>) -> Result<Action> {
-    if plan.spec.drill.is_none() && drill_status(&plan).current.is_none() {
+    let ours = plan.finalizers().iter().any(|f| f == decide::FINALIZER);
+    if plan.spec.drill.is_none() && drill_status(&plan).current.is_none() && !ours {
         return Ok(Action::await_change());
     }
     let _measure = reconciler::Measure::start(&context.metrics, "Drill");
@@ -62,28 +63,54 @@ pub async fn reconcile(plan: Arc<BackupPlan>, context: Arc<Context>) -> Result<A
     };
     let status = drill_status(&plan);
     let names = Names::of(&plan.name_any());
+    let deleting = plan.metadata.deletion_timestamp.is_some();
     match (&status.current, &plan.spec.drill) {
         (Some(run), _) if finished(&status, run) => {
             clean_up(&context, &plan, &status, run, &names).await
         }
-        // The drill was taken off the plan while one ran: it ends, and what it made goes.
-        (Some(run), None) => {
-            let message = "the plan's drill was removed while it ran".to_string();
+        (Some(run), Some(drill)) if !deleting => {
+            advance(&context, &plan, drill, &status, run, &names).await
+        }
+        // The drill was taken off the plan, or the plan is being deleted, while one ran: it
+        // ends without judging the Backup, and what it made goes.
+        (Some(run), _) => {
+            let message = if deleting {
+                "the plan was deleted while its drill ran"
+            } else {
+                "the plan's drill was removed while it ran"
+            };
             finish(
                 &context,
                 &plan,
                 &status,
                 run,
                 false,
-                reasons::REFUSED,
-                &message,
+                reasons::CANCELLED,
+                message,
             )
             .await
         }
-        (Some(run), Some(drill)) => advance(&context, &plan, drill, &status, run, &names).await,
-        (None, Some(drill)) => maybe_start(&context, &plan, drill, &status).await,
-        (None, None) => Ok(Action::await_change()),
+        // No drill runs: the plan's deletion (or a drill taken off) no longer waits for one.
+        (None, _) if ours && (deleting || plan.spec.drill.is_none()) => {
+            let plans: Api<BackupPlan> = Api::namespaced(
+                context.client.clone(),
+                &plan.namespace().unwrap_or_default(),
+            );
+            let what = format!("BackupPlan {}", describe(&plan));
+            crate::finalizers::remove(&plans, &plan, decide::FINALIZER, &what).await?;
+            Ok(Action::await_change())
+        }
+        (None, Some(drill)) if !deleting => maybe_start(&context, &plan, drill, &status).await,
+        (None, _) => Ok(Action::await_change()),
     }
+}
+
+fn describe(plan: &BackupPlan) -> String {
+    format!(
+        "{}/{}",
+        plan.namespace().unwrap_or_default(),
+        plan.name_any()
+    )
 }
 
 fn drill_status(plan: &BackupPlan) -> DrillStatus {
@@ -158,7 +185,14 @@ async fn maybe_start(
             Ok(until(next, now))
         }
         Ok(Start::Run { slot, backup }) => {
+            // The plan's deletion waits for what the drill makes to be deleted.
+            let plans: Api<BackupPlan> = Api::namespaced(context.client.clone(), &namespace);
+            let what = format!("BackupPlan {}", describe(plan));
+            if crate::finalizers::add(&plans, plan, decide::FINALIZER, &what).await? {
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
             let run = DrillRun {
+                id: nonce(),
                 backup: backup.clone(),
                 namespace: decide::namespace(plan, drill),
                 started_at: Time(now),
@@ -188,6 +222,19 @@ async fn maybe_start(
     }
 }
 
+/// A random run identity (16 hex digits): the process's random hashing keys over the time.
+fn nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|time| time.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:016x}", hasher.finish())
+}
+
 /// The requeue until `next` (at most an hour: a changed schedule is seen by the watch).
 fn until(next: Timestamp, now: Timestamp) -> Action {
     let wait = next.duration_since(now).unsigned_abs();
@@ -211,11 +258,12 @@ where
 /// What the step of `run` needs, read and judged.
 async fn see(
     context: &Context,
-    plan_uid: &str,
+    plan: &BackupPlan,
     run: &DrillRun,
     names: &Names,
     elsewhere: bool,
 ) -> Result<Seen> {
+    let plan_uid = &plan.uid().unwrap_or_default();
     let namespace = &run.namespace;
     let run_id = decide::run_id(run);
     let judge = |meta: &kube::api::ObjectMeta, recorded: Option<&String>| {
@@ -265,6 +313,28 @@ async fn see(
             seen.pod = Some(pod_seen(&pod));
         }
         seen.stateful_set = Some(whose);
+    } else {
+        // Before the drill's StatefulSet exists, no claim under its names may: it would be
+        // somebody else's.
+        let home = plan.namespace().unwrap_or_default();
+        let source = match get::<Cluster>(context, &home, &plan.spec.cluster_ref.name).await? {
+            Some(cluster) => {
+                get::<StatefulSet>(context, &home, &cluster.spec.stateful_set_ref.name).await?
+            }
+            None => None,
+        };
+        if let Some(source) = source {
+            let source = serde_json::to_value(&source)
+                .map_err(|error| Error::Schedule(error.to_string()))?;
+            for claim in decide::claim_names(names, &source) {
+                if get::<PersistentVolumeClaim>(context, namespace, &claim)
+                    .await?
+                    .is_some()
+                {
+                    seen.taken.push(claim);
+                }
+            }
+        }
     }
     if let Some(job) = get::<Job>(context, namespace, &names.job).await? {
         let whose = judge(&job.metadata, run.job_uid.as_ref());
@@ -394,9 +464,8 @@ async fn advance(
     run: &DrillRun,
     names: &Names,
 ) -> Result<Action> {
-    let plan_uid = plan.uid().unwrap_or_default();
     let elsewhere = run.namespace != plan.namespace().unwrap_or_default();
-    let seen = see(context, &plan_uid, run, names, elsewhere).await?;
+    let seen = see(context, plan, run, names, elsewhere).await?;
     let timeout = drill
         .timeout_seconds
         .map(|seconds| Duration::from_secs(seconds.unsigned_abs()))
@@ -420,10 +489,7 @@ async fn advance(
             }
             Ok(Action::requeue(POLL))
         }
-        Step::Adopt(what) => {
-            let uid = adopt_uid(context, run, names, what).await?;
-            record(context, plan, status, run, what, uid).await
-        }
+        Step::Adopt(what, uid) => record(context, plan, status, run, what, uid).await,
         Step::Make(what) => match make(context, plan, drill, run, names, what, timeout).await? {
             Made::Created(uid) => record(context, plan, status, run, what, uid).await,
             Made::Refused(message) => {
@@ -440,26 +506,6 @@ async fn advance(
             }
         },
     }
-}
-
-/// The UID of the object `what` under its name.
-async fn adopt_uid(context: &Context, run: &DrillRun, names: &Names, what: Make) -> Result<String> {
-    let namespace = &run.namespace;
-    let uid = match what {
-        Make::ImportedBackup => get::<Backup>(context, namespace, &names.base)
-            .await?
-            .and_then(|o| o.uid()),
-        Make::Cluster => get::<Cluster>(context, namespace, &names.base)
-            .await?
-            .and_then(|o| o.uid()),
-        Make::StatefulSet => get::<StatefulSet>(context, namespace, &names.base)
-            .await?
-            .and_then(|o| o.uid()),
-        Make::Job => get::<Job>(context, namespace, &names.job)
-            .await?
-            .and_then(|o| o.uid()),
-    };
-    Ok(uid.unwrap_or_default())
 }
 
 /// Records `uid` as the object `what` of `run`.
@@ -587,18 +633,17 @@ async fn make(
     if !elsewhere && let Some(owner) = crate::ownership::controller_reference(plan) {
         object["metadata"]["ownerReferences"] = json!([owner]);
     }
-    let uid = match what {
-        Make::ImportedBackup => create::<Backup>(context, namespace, object).await?,
-        Make::Cluster => create::<Cluster>(context, namespace, object).await?,
-        Make::StatefulSet => create::<StatefulSet>(context, namespace, object).await?,
-        Make::Job => create::<Job>(context, namespace, object).await?,
-    };
-    Ok(Made::Created(uid))
+    match what {
+        Make::ImportedBackup => create::<Backup>(context, namespace, object).await,
+        Make::Cluster => create::<Cluster>(context, namespace, object).await,
+        Make::StatefulSet => create::<StatefulSet>(context, namespace, object).await,
+        Make::Job => create::<Job>(context, namespace, object).await,
+    }
 }
 
 /// Creates `object` in `namespace`; its UID (empty when the name was taken meanwhile: the next
 /// step judges whose it is).
-async fn create<K>(context: &Context, namespace: &str, object: serde_json::Value) -> Result<String>
+async fn create<K>(context: &Context, namespace: &str, object: serde_json::Value) -> Result<Made>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -619,9 +664,19 @@ where
     {
         Ok(created) => {
             tracing::info!(object = what, "drill made");
-            Ok(created.uid().unwrap_or_default())
+            Ok(Made::Created(created.uid().unwrap_or_default()))
         }
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(String::new()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(Made::Created(String::new())),
+        // Refused for good (forbidden, invalid, over quota, a webhook's no): the drill ends
+        // saying why rather than trying forever.
+        Err(kube::Error::Api(status))
+            if (400..500).contains(&status.code) && status.code != 429 =>
+        {
+            Ok(Made::Refused(format!(
+                "creating {what} was refused ({}): {}",
+                status.code, status.message
+            )))
+        }
         Err(source) => Err(Error::Create {
             object: what,
             source,
@@ -657,9 +712,14 @@ async fn finish(
     } else {
         Note::warning(reason, message.to_string())
     };
+    // A cancelled drill judged nothing: no condition on the Backup nor a new one on the plan.
+    let cancelled = reason == reasons::CANCELLED;
     // The Backup first: once the plan records the result, this run is only cleaned up.
     let home = plan.namespace().unwrap_or_default();
-    let backup = get::<Backup>(context, &home, &run.backup).await?;
+    let backup = match cancelled {
+        true => None,
+        false => get::<Backup>(context, &home, &run.backup).await?,
+    };
     if let Some(backup) = &backup {
         let backups: Api<Backup> = Api::namespaced(context.client.clone(), &home);
         let conditions = conditions::wanted(
@@ -677,8 +737,13 @@ async fn finish(
         )
         .await?;
     }
-    write(context, plan, &next, Some(condition)).await?;
-    context.metrics.drill_finished(passed, reason);
+    write(context, plan, &next, (!cancelled).then_some(condition)).await?;
+    let result = next
+        .last
+        .as_ref()
+        .map(|last| last.result.clone())
+        .unwrap_or_default();
+    context.metrics.drill_finished(&result, reason);
     reconciler::publish(context, plan, ACTION, &note).await?;
     if let Some(backup) = &backup {
         reconciler::publish(context, backup, ACTION, &note).await?;
@@ -693,8 +758,9 @@ async fn finish(
     Ok(Action::requeue(Duration::from_millis(200)))
 }
 
-/// Deletes what `run` made (each by its recorded UID), waits until it and the claims of its
-/// StatefulSet are gone, then forgets the run.
+/// Deletes what `run` made (each by its recorded UID, or, not yet recorded, by this plan's
+/// label and this run's identity), waits until it and the claims its StatefulSet made are
+/// gone, then forgets the run. A deletion refused is said in `waitingFor` and tried again.
 async fn clean_up(
     context: &Context,
     plan: &BackupPlan,
@@ -703,52 +769,53 @@ async fn clean_up(
     names: &Names,
 ) -> Result<Action> {
     let namespace = &run.namespace;
+    let mine = Mine {
+        plan_uid: plan.uid().unwrap_or_default(),
+        run_id: decide::run_id(run),
+    };
     let mut left = Vec::new();
-    if remove::<Job>(context, namespace, &names.job, run.job_uid.as_deref()).await? {
-        left.push(format!("Job {}", names.job));
-    }
-    if remove::<StatefulSet>(
-        context,
-        namespace,
-        &names.base,
-        run.stateful_set_uid.as_deref(),
-    )
-    .await?
-    {
-        left.push(format!("StatefulSet {}", names.base));
-    }
-    if remove::<Cluster>(context, namespace, &names.base, run.cluster_uid.as_deref()).await? {
-        left.push(format!("Cluster {}", names.base));
-    }
-    if remove::<Backup>(
-        context,
-        namespace,
-        &names.base,
-        run.imported_backup_uid.as_deref(),
-    )
-    .await?
-    {
-        left.push(format!("imported Backup {}", names.base));
-    }
-    if run.stateful_set_uid.is_some() {
-        // The StatefulSet's claims (its retention policy deletes them with it), found by the
-        // label its controller copies onto them.
+    left.extend(
+        remove::<Job>(
+            context,
+            namespace,
+            &names.job,
+            run.job_uid.as_deref(),
+            &mine,
+        )
+        .await?,
+    );
+    let set = &names.base;
+    let set_uid = run.stateful_set_uid.as_deref();
+    left.extend(remove::<StatefulSet>(context, namespace, set, set_uid, &mine).await?);
+    left.extend(
+        remove::<Cluster>(context, namespace, set, run.cluster_uid.as_deref(), &mine).await?,
+    );
+    let imported = run.imported_backup_uid.as_deref();
+    left.extend(remove::<Backup>(context, namespace, set, imported, &mine).await?);
+    if let Some(set_uid) = set_uid {
+        // The claims the StatefulSet made (its retention policy deletes them with it): those
+        // its controller made it the owner of.
         let claims = Api::<PersistentVolumeClaim>::namespaced(context.client.clone(), namespace)
-            .list(&ListParams::default().labels(&format!("{}={}", decide::LABEL_DRILL, names.base)))
+            .list(&ListParams::default().labels(&format!("{}={set}", decide::LABEL_DRILL)))
             .await
             .map_err(Error::read(format!(
-                "the claims of StatefulSet {namespace}/{}",
-                names.base
+                "the claims of StatefulSet {namespace}/{set}"
             )))?;
         left.extend(
             claims
                 .items
                 .iter()
+                .filter(|claim| {
+                    claim
+                        .owner_references()
+                        .iter()
+                        .any(|owner| owner.uid == set_uid)
+                })
                 .map(|claim| format!("claim {}", claim.name_any())),
         );
     }
     if !left.is_empty() {
-        let what = format!("clean-up: {} to be deleted", left.join(", "));
+        let what = format!("clean-up: {}", left.join(", "));
         if run.waiting_for.as_deref() != Some(what.as_str()) {
             let mut next = status.clone();
             next.current = Some(DrillRun {
@@ -772,58 +839,79 @@ async fn clean_up(
     Ok(Action::requeue(Duration::from_millis(200)))
 }
 
-/// Deletes `name` if it is the object with `uid` (and not being deleted already); whether it
-/// is still there. An object under the name that is not the recorded one is left alone.
+/// Whose a run's objects are: the plan's UID and the run's identity.
+struct Mine {
+    plan_uid: String,
+    run_id: String,
+}
+
+/// Deletes `name` if it is the run's: the object with the recorded `uid`, or, none recorded,
+/// one this run made ([`decide::whose`] says `Adopt`), by its UID (a precondition). What is
+/// left of it (`None`: gone, or never the run's); an object under the name that is not the
+/// run's is left alone.
 async fn remove<K>(
     context: &Context,
     namespace: &str,
     name: &str,
     uid: Option<&str>,
-) -> Result<bool>
+    mine: &Mine,
+) -> Result<Option<String>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + std::fmt::Debug
         + DeserializeOwned,
 {
-    let Some(uid) = uid.filter(|uid| !uid.is_empty()) else {
-        return Ok(false);
-    };
     let Some(object) = get::<K>(context, namespace, name).await? else {
-        return Ok(false);
+        return Ok(None);
     };
-    if object.meta().uid.as_deref() != Some(uid) {
-        return Ok(false);
+    let found = Found::of(object.meta());
+    let uid = match decide::whose(
+        &found,
+        uid.filter(|uid| !uid.is_empty()),
+        &mine.plan_uid,
+        &mine.run_id,
+    ) {
+        Whose::Recorded => found.uid.clone(),
+        Whose::Adopt(uid) => uid,
+        Whose::Foreign => return Ok(None),
+    };
+    let kind = K::kind(&());
+    if object.meta().deletion_timestamp.is_some() {
+        return Ok(Some(format!("{kind} {name} to be deleted")));
     }
-    if object.meta().deletion_timestamp.is_none() {
-        let parameters = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..DeleteParams::default()
-        };
-        match Api::<K>::namespaced(context.client.clone(), namespace)
-            .delete(name, &parameters)
-            .await
-        {
-            Ok(_) => tracing::info!(
+    let parameters = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    match Api::<K>::namespaced(context.client.clone(), namespace)
+        .delete(name, &parameters)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(
                 namespace,
                 name,
-                kind = K::kind(&()).as_ref(),
+                kind = kind.as_ref(),
                 "drill object deleted"
-            ),
-            Err(kube::Error::Api(error)) if error.code == 404 || error.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Delete {
-                    object: format!("{} {namespace}/{name}", K::kind(&())),
-                    source,
-                });
-            }
+            );
+            Ok(Some(format!("{kind} {name} to be deleted")))
         }
+        Err(kube::Error::Api(error)) if error.code == 404 || error.code == 409 => Ok(None),
+        // Refused (RBAC taken away, a webhook): said, and tried again.
+        Err(kube::Error::Api(error)) if (400..500).contains(&error.code) => Ok(Some(format!(
+            "{kind} {name}, whose deletion was refused ({}): {}",
+            error.code, error.message
+        ))),
+        Err(source) => Err(Error::Delete {
+            object: format!("{kind} {namespace}/{name}"),
+            source,
+        }),
     }
-    Ok(true)
 }
 
 fn drilled_false(reason: &'static str, message: &str) -> Desired {

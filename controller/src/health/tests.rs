@@ -569,7 +569,7 @@ fn a_plans_drill_gauges_are_its_last_drill_and_its_last_pass() {
     );
     let metrics = crate::metrics::Metrics::default();
     metrics.health.set(Some(health));
-    metrics.drill_finished(false, "CheckFailed");
+    metrics.drill_finished("Failed", "CheckFailed");
     let text = custody_kube::http::Exposition::encode(&metrics);
     for line in [
         "custody_plan_last_drill_passed{namespace=\"shop\",plan=\"failing\"} 0",

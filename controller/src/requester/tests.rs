@@ -506,6 +506,8 @@ fn a_drill_needs_its_writers_rights_and_the_drill_namespaces_consent() {
         [
             "create statefulsets.apps in namespace drills",
             "create pods in namespace drills",
+            "get statefulsets.apps",
+            "get secrets",
             "create clusters.custody.io in namespace drills",
             "get backuprepositories.custody.io store in namespace drills",
         ]

@@ -33,6 +33,7 @@ fn backup(name: &str, phase: &str, completed: Option<&str>, imported: bool) -> B
 
 fn run() -> DrillRun {
     DrillRun {
+        id: "r-1".into(),
         backup: "nightly".into(),
         namespace: "shop".into(),
         started_at: Time(at("2026-12-06T10:00:00Z")),
@@ -176,7 +177,11 @@ fn only_what_this_run_recorded_or_made_is_its_own() {
             Some("u1"),
             Whose::Foreign,
         ),
-        (found("u1", Some("plan"), Some("r1")), None, Whose::Adopt),
+        (
+            found("u1", Some("plan"), Some("r1")),
+            None,
+            Whose::Adopt("u1".into()),
+        ),
         // Another plan's, an older run's, a user's look-alike without the run.
         (found("u1", Some("other"), Some("r1")), None, Whose::Foreign),
         (found("u1", Some("plan"), Some("r0")), None, Whose::Foreign),
@@ -194,6 +199,11 @@ fn only_what_this_run_recorded_or_made_is_its_own() {
     }
     assert_eq!(
         whose(&found("u1", Some(""), Some("r1")), None, "", "r1"),
+        Whose::Foreign
+    );
+    // No run identity proves nothing either.
+    assert_eq!(
+        whose(&found("u1", Some("plan"), Some("")), None, "plan", ""),
         Whose::Foreign
     );
 }
@@ -232,10 +242,48 @@ fn a_drill_goes_cluster_restore_statefulset_pod_check_in_order() {
         (
             "cluster unrecorded but made by this run",
             Seen {
-                cluster: Some(Whose::Adopt),
+                cluster: Some(Whose::Adopt("c1".into())),
                 ..Seen::default()
             },
-            |s| *s == Step::Adopt(Make::Cluster),
+            |s| *s == Step::Adopt(Make::Cluster, "c1".into()),
+        ),
+        // Somebody else's StatefulSet or claims under the drill's names: refused before
+        // anything is made.
+        (
+            "a foreign statefulset before the cluster",
+            Seen {
+                stateful_set: Some(Whose::Foreign),
+                ..Seen::default()
+            },
+            |s| {
+                matches!(
+                    s,
+                    Step::Finish {
+                        passed: false,
+                        reason: reasons::REFUSED,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "a claim under the drill's names",
+            Seen {
+                taken: vec!["data-nightly-drill-0".into()],
+                ..Seen::default()
+            },
+            |s| {
+                matches!(s, Step::Finish { passed: false, reason: reasons::REFUSED, message }
+                    if message.contains("data-nightly-drill-0"))
+            },
+        ),
+        (
+            "claims its own statefulset made",
+            Seen {
+                taken: vec!["data-nightly-drill-0".into()],
+                ..seen_restored(RestorePhase::Running)
+            },
+            |s| matches!(s, Step::Wait(_)),
         ),
         (
             "a foreign cluster",
@@ -427,10 +475,10 @@ fn a_drill_elsewhere_first_opens_the_snapshot_imported_there() {
         (
             "adopt",
             Seen {
-                imported: Some((Whose::Adopt, None, String::new())),
+                imported: Some((Whose::Adopt("b1".into()), None, String::new())),
                 ..Seen::default()
             },
-            |s| *s == Step::Adopt(Make::ImportedBackup),
+            |s| *s == Step::Adopt(Make::ImportedBackup, "b1".into()),
         ),
         (
             "foreign",
@@ -510,6 +558,22 @@ fn a_drill_that_waits_past_its_bound_fails_naming_what_it_waited_for() {
             }
             other => assert!(!timed_out, "{now}: {other:?}"),
         }
+    }
+    // A step that keeps failing is bounded too.
+    match step(
+        &run(),
+        false,
+        &Seen::default(),
+        at("2026-12-06T11:00:00Z"),
+        hour,
+        &names,
+    ) {
+        Step::Finish {
+            reason: reasons::TIMED_OUT,
+            message,
+            ..
+        } => assert!(message.contains("making its Cluster"), "{message}"),
+        other => panic!("{other:?}"),
     }
     // A result is never overtaken by the bound: it is not a wait.
     let passed = Seen {
@@ -593,6 +657,13 @@ fn the_drill_statefulset_is_the_application_relabelled_with_one_pod_and_its_clai
     let typed: Result<k8s_openapi::api::apps::v1::StatefulSet, _> = serde_json::from_value(set);
     assert!(typed.is_ok(), "{typed:?}");
     assert!(stateful_set(&names, &run(), &json!({"metadata": {}}), "p").is_err());
+    assert_eq!(claim_names(&names, &source), ["data-nightly-drill-0"]);
+    // A claim of the pod template's own is the live application's: no drill of it.
+    let mut sharing = source.clone();
+    sharing["spec"]["template"]["spec"]["volumes"] = json!([{"name": "uploads", "persistentVolumeClaim": {"claimName": "shop-uploads"}},
+               {"name": "tmp", "emptyDir": {}}]);
+    let refused = stateful_set(&names, &run(), &sharing, "p").unwrap_err();
+    assert!(refused.contains("shop-uploads"), "{refused}");
 }
 
 #[test]
@@ -747,6 +818,9 @@ fn a_finished_drill_is_the_last_and_only_a_pass_moves_the_success_time() {
     let passed = finished(&before, &run(), true, reasons::PASSED, "m", now);
     assert_eq!(passed.last_success_time, Some(Time(now)));
     assert_eq!(passed.last.unwrap().result, "Passed");
+    let cancelled = finished(&before, &run(), false, reasons::CANCELLED, "m", now);
+    assert_eq!(cancelled.last.unwrap().result, "Cancelled");
+    assert_eq!(cancelled.last_success_time, before.last_success_time);
 }
 
 #[test]

@@ -219,6 +219,10 @@ pub struct DrillStatus {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrillRun {
+    /// A random identity of the run, written on what it makes (so that what a run made but
+    /// could not record yet is told from look-alikes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
     /// The plan's Backup it restores.
     pub backup: String,
     /// The namespace it restores into.
@@ -248,10 +252,11 @@ pub struct DrillRun {
 pub struct DrillResult {
     /// The Backup it restored.
     pub backup: String,
-    /// `Passed` or `Failed`.
+    /// `Passed`, `Failed`, or `Cancelled` (the drill was taken off the plan, or the plan
+    /// deleted, while it ran: the Backup was not judged).
     pub result: String,
     /// Why, in CamelCase: `Passed`, `RestoreFailed`, `ApplicationNotReady`, `CheckFailed`,
-    /// `DrillTimedOut`, `DrillRefused`.
+    /// `DrillTimedOut`, `DrillRefused`, `DrillCancelled`.
     pub reason: String,
     /// What happened, with the end of the check's output.
     pub message: String,
