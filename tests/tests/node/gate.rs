@@ -488,7 +488,9 @@ async fn on_a_real_node_a_restore_whose_mover_is_killed_mid_write_is_retried_by_
 async fn on_a_real_node_an_agent_rollout_during_a_restore_is_taken_over_by_the_new_agent() {
     let setup = backed_up_with("rollout", Agents::Exclusive(AGENTS.write().await)).await;
     let (namespace, pods) = (&setup.namespace, &setup.pods);
-    let _relay = setup.slow_repository().await;
+    // Slow enough that the restore outlasts a rollout on a loaded machine (CI59 saw the mover
+    // done, and its pod deleted, before the new agent was ready at 2 MB/s).
+    let _relay = setup.slow_repository_at(1_000_000).await;
     let target = LoopVolume::new(64);
     setup.restore_shop(target.path()).await;
     let (mover, _) = setup.running_mover().await;

@@ -480,9 +480,14 @@ impl BackedUp {
     /// Moves the repository's endpoint behind a relay that answers at 2 MB/s, so that a
     /// restore of the Backup (45 MB) takes about 20 s: something can happen while it writes.
     async fn slow_repository(&self) -> s3::FaultyLink {
+        self.slow_repository_at(2_000_000).await
+    }
+
+    /// [`Self::slow_repository`] with downloads limited to `bytes_per_second`.
+    async fn slow_repository_at(&self, bytes_per_second: u64) -> s3::FaultyLink {
         let host = std::env::var("CUSTODY_HOST_IP").unwrap_or_else(|_| "10.250.0.1".into());
         let relay = s3::FaultyLink::start_on(&host, s3::shared());
-        relay.set(s3::Fault::ThrottleDownloads(2_000_000));
+        relay.set(s3::Fault::ThrottleDownloads(bytes_per_second));
         self.namespace
             .api::<custody_kube::api::BackupRepository>()
             .patch(
