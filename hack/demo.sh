@@ -210,6 +210,9 @@ grep -E '^(number of transactions actually|tps)' "$work/pgbench.log"
 kc -n "$ns" get cbk -o wide
 kc -n "$ns" get cbk orders-db-nightly \
   -o jsonpath='snapshot {.status.artifact.snapshot.id} in repository {.status.artifact.snapshot.repositoryId}{"\n"}'
+# The pack the damaged-backup step changes: the largest of this Backup's (later Backups add
+# packs of their own).
+damaged=$(hack/s3.py largest "$endpoint" "$bucket" "$prefix/custody_repository/data/")
 echo "restic opens the same repository with the password (no custody needed to read it):"
 RESTIC_PASSWORD="$password" restic -r "s3:$endpoint/$bucket/$prefix/custody_repository" --no-cache snapshots
 
@@ -294,8 +297,7 @@ kc -n "$ns" get ccl,sts,pvc
 
 step "A damaged backup is refused: one byte of a pack changed in S3, the pod never starts"
 
-key=$(hack/s3.py largest "$endpoint" "$bucket" "$prefix/custody_repository/data/")
-hack/s3.py flip-byte "$endpoint" "$bucket" "$key"
+hack/s3.py flip-byte "$endpoint" "$bucket" "$damaged"
 volume bad data-orders-db-bad-0
 kc -n "$ns" apply -f - <<YAML
 apiVersion: custody.io/v1alpha1
