@@ -188,20 +188,25 @@ psql orders-db-0 "select pg_reload_conf()" >/dev/null
 kubectl_local -n "$ns" exec orders-db-0 -c db -- pgbench -c 2 -T 25 -n >"$work/pgbench.log" 2>&1 &
 load=$!
 sleep 3
+# The consistency of the demo's backups: pg_basebackup's tar read by the mover as written.
+streamed_tool=$(cat <<'YAML'
+  consistency:
+    method: Tool
+    tool:
+      image: localhost/custody/postgres:15
+      command: [pg_basebackup, --host=$(CUSTODY_POD_IP), --pgdata=-, --format=tar, --wal-method=fetch, --checkpoint=fast, --no-password]
+      output: TarStream
+      credentialsSecretRef: {name: orders-db-credentials}
+      dataPath: pgdata
+YAML
+)
 kc -n "$ns" apply -f - <<YAML
 apiVersion: custody.io/v1alpha1
 kind: Backup
 metadata: {name: orders-db-nightly}
 spec:
   clusterRef: {name: orders-db}
-  consistency:
-    method: Tool
-    tool:
-      image: localhost/custody/postgres:15
-      command: [pg_basebackup, --host=\$(CUSTODY_POD_IP), --pgdata=-, --format=tar, --wal-method=fetch, --checkpoint=fast, --no-password]
-      output: TarStream
-      credentialsSecretRef: {name: orders-db-credentials}
-      dataPath: pgdata
+$streamed_tool
 YAML
 custody status -n "$ns" orders-db
 kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Completed --timeout=180s cbk/orders-db-nightly
@@ -263,14 +268,7 @@ metadata: {name: orders-db-weekly}
 spec:
   clusterRef: {name: orders-db}
   schedule: "0 3 * * 0"
-  consistency:
-    method: Tool
-    tool:
-      image: localhost/custody/postgres:15
-      command: [pg_basebackup, --host=\$(CUSTODY_POD_IP), --pgdata=-, --format=tar, --wal-method=fetch, --checkpoint=fast, --no-password]
-      output: TarStream
-      credentialsSecretRef: {name: orders-db-credentials}
-      dataPath: pgdata
+$streamed_tool
   drill:
     schedule: "* * * * *"   # every minute, for the demo; weekly is more usual
     check:
