@@ -177,11 +177,11 @@ impl Kind {
 }
 
 /// One entry of the volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     /// Path relative to the volume root, components separated by `/`.
     pub path: String,
-    #[serde(flatten)]
+    /// Its kind, whose fields sit beside the others in its line (`type` names it).
     pub kind: Kind,
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
@@ -189,6 +189,86 @@ pub struct Entry {
     pub uid: u32,
     /// Owner group ID.
     pub gid: u32,
+}
+
+/// An entry's line, written as `#[derive(Serialize)]` would write it with `kind` flattened
+/// (the same fields in the same order), as a struct: serde writes a flattened field through a
+/// map, entry by entry (about a fifth of an unchanged backup's walk).
+impl Serialize for Entry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let fields = match &self.kind {
+            Kind::File { .. } => 7,
+            Kind::Dir => 5,
+            Kind::Symlink { .. } => 6,
+        };
+        let mut line = serializer.serialize_struct("Entry", fields)?;
+        line.serialize_field("path", &self.path)?;
+        line.serialize_field("type", self.kind.name())?;
+        match &self.kind {
+            Kind::File { size, blake3 } => {
+                line.serialize_field("size", size)?;
+                line.serialize_field("blake3", blake3)?;
+            }
+            Kind::Dir => {}
+            Kind::Symlink { target } => line.serialize_field("target", target)?,
+        }
+        line.serialize_field("mode", &self.mode)?;
+        line.serialize_field("uid", &self.uid)?;
+        line.serialize_field("gid", &self.gid)?;
+        line.end()
+    }
+}
+
+/// An entry's line read in one pass. What `#[derive(Deserialize)]` would read with `kind`
+/// flattened (the same fields, unknown ones ignored), without serde's buffering of every
+/// line's fields into a map that it then reads again: manifests are read whole by every
+/// verification, restore and backup with a parent.
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        enum Type {
+            File,
+            Dir,
+            Symlink,
+        }
+        #[derive(Deserialize)]
+        struct Line {
+            path: String,
+            #[serde(rename = "type")]
+            kind: Type,
+            size: Option<u64>,
+            blake3: Option<String>,
+            target: Option<String>,
+            mode: u32,
+            uid: u32,
+            gid: u32,
+        }
+        let line = Line::deserialize(deserializer)?;
+        let kind = match line.kind {
+            Type::File => Kind::File {
+                size: line.size.ok_or_else(|| D::Error::missing_field("size"))?,
+                blake3: line
+                    .blake3
+                    .ok_or_else(|| D::Error::missing_field("blake3"))?,
+            },
+            Type::Dir => Kind::Dir,
+            Type::Symlink => Kind::Symlink {
+                target: line
+                    .target
+                    .ok_or_else(|| D::Error::missing_field("target"))?,
+            },
+        };
+        Ok(Entry {
+            path: line.path,
+            kind,
+            mode: line.mode,
+            uid: line.uid,
+            gid: line.gid,
+        })
+    }
 }
 
 /// Last line: counts that let a reader notice a truncated or padded manifest.

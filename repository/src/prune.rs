@@ -32,7 +32,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use rustic_core::repofile::{BlobType, IndexFile, IndexPack, SnapshotFile, SnapshotId, Tree};
+use rustic_core::repofile::{
+    BlobType, IndexFile, IndexId, IndexPack, SnapshotFile, SnapshotId, Tree,
+};
 use rustic_core::{FileType, Id, Open, PruneOptions, PrunePlan, Repository, WriteBackend};
 
 use crate::crypto::Cipher;
@@ -175,12 +177,28 @@ pub fn secure<S: Open>(
     referenced: &Referenced,
     elapsed: &dyn Fn() -> Duration,
 ) -> Result<Secured, Refused> {
+    secure_with(
+        repository,
+        backend,
+        cipher,
+        referenced,
+        elapsed,
+        IndexFilesRead::default(),
+    )
+}
+
+/// [`secure`], with index files already read: only those listed now are taken, and only the
+/// listed ones not read yet are read.
+pub fn secure_with<S: Open>(
+    repository: &Repository<S>,
+    backend: &dyn WriteBackend,
+    cipher: &Cipher,
+    referenced: &Referenced,
+    elapsed: &dyn Fn() -> Duration,
+    read: IndexFilesRead,
+) -> Result<Secured, Refused> {
     may_commit(elapsed())?;
-    let indexes: Vec<IndexFile> = index_files(repository)
-        .map_err(Refused::Unreadable)?
-        .into_iter()
-        .map(|(_, index)| index)
-        .collect();
+    let indexes = read.listed_now(repository).map_err(Refused::Unreadable)?;
     let Recovery { relist, missing } = recovery(referenced, &indexes);
     if let Some(first) = missing.first() {
         return Err(Refused::Missing {
@@ -192,6 +210,46 @@ pub fn secure<S: Open>(
     save_relisted(backend, cipher, relist).map_err(Refused::Unreadable)?;
     may_commit(elapsed())?;
     Ok(Secured { relisted })
+}
+
+/// Index files read ahead of [`secure_with`], by ID. An index file never changes (its name is
+/// the hash of what it holds), so one read earlier need not be read again when the index is
+/// listed just before a snapshot is saved: what a prune changed meanwhile is in the listing
+/// (index files it removed are not listed, those it wrote are read then).
+#[derive(Default)]
+pub struct IndexFilesRead(HashMap<Id, IndexFile>);
+
+impl IndexFilesRead {
+    /// Reads the index files listed now.
+    pub fn read<S: Open>(repository: &Repository<S>) -> Result<IndexFilesRead, String> {
+        Ok(IndexFilesRead(
+            index_files(repository)?.into_iter().collect(),
+        ))
+    }
+
+    /// The index files listed now: those read already, and the others read now.
+    fn listed_now<S: Open>(mut self, repository: &Repository<S>) -> Result<Vec<IndexFile>, String> {
+        let listed: Vec<IndexId> = repository
+            .list::<IndexId>()
+            .map_err(|error| error.display_log())?
+            .collect();
+        let unread: Vec<IndexId> = listed
+            .iter()
+            .filter(|id| !self.0.contains_key(&***id))
+            .copied()
+            .collect();
+        for file in repository
+            .stream_files_list::<IndexFile>(unread)
+            .map_err(|error| error.display_log())?
+        {
+            let (id, index) = file.map_err(|error| error.display_log())?;
+            self.0.insert(*id, index);
+        }
+        Ok(listed
+            .iter()
+            .filter_map(|id| self.0.remove(&**id))
+            .collect())
+    }
 }
 
 /// Whether a prune whose planning took `planning` may act on its plan.

@@ -90,6 +90,9 @@ struct Backup {
     /// What the index it loaded listed.
     listed: BTreeSet<(BlobType, Id)>,
     stored: Option<Stored>,
+    /// The index files it read when it started, taken by `secure_with` (as a mover reads them
+    /// during its walk): none, half the time.
+    read_ahead: Option<prune::IndexFilesRead>,
 }
 
 struct Stored {
@@ -195,11 +198,14 @@ impl History {
             self.backups.len(),
             listed.len()
         ));
+        let read_ahead = (self.rng.below(2) == 0)
+            .then(|| prune::IndexFilesRead::read(&repository).expect("the index files read"));
         self.backups.push(Backup {
             started: self.now,
             blocks,
             listed,
             stored: None,
+            read_ahead,
         });
     }
 
@@ -270,9 +276,14 @@ impl History {
         let elapsed = self.now - backup.started;
         let repository = self.repository();
         let cipher = self.cipher();
-        match prune::secure(&repository, &self.backend, &cipher, &stored.reused, &|| {
-            elapsed
-        }) {
+        match prune::secure_with(
+            &repository,
+            &self.backend,
+            &cipher,
+            &stored.reused,
+            &|| elapsed,
+            backup.read_ahead.unwrap_or_default(),
+        ) {
             Ok(secured) => {
                 self.relisted += secured.relisted as u64;
                 let mut snapshot: SnapshotFile = SnapshotOptions::default()
@@ -602,6 +613,7 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
         blocks: vec![0, 1, 2, 3],
         listed: BTreeSet::new(),
         stored: None,
+        read_ahead: None,
     });
     history.store();
     history.commit(0);
@@ -620,6 +632,7 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
         blocks: vec![0, 1, 2, 3],
         listed,
         stored: None,
+        read_ahead: None,
     });
     history.store();
     // A is forgotten; a prune marks its packs; more than the grace passes; a prune plans to

@@ -253,6 +253,63 @@ pub fn reading_starts() {
     }
 }
 
+/// The volumes' listings (the backup's stat stages) give the totals instead of a count of
+/// their own: a backup with a parent snapshot, where the count would double the `stat` work of
+/// a backup that reads little (about a sixth of an unchanged backup's CPU). Until every one of
+/// `volumes` is listed, the totals are `estimate` (the parent's), when given. Does nothing
+/// unless a count was asked for ([`count_when_reading`]).
+pub fn totals_from_listing(volumes: usize, estimate: Option<(u64, u64)>) {
+    let asked = TO_COUNT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take()
+        .is_some();
+    if !asked {
+        return;
+    }
+    if let Some((files, bytes)) = estimate {
+        totals(files, bytes);
+    }
+    *LISTING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Listing {
+        volumes_left: volumes,
+        files: 0,
+        bytes: 0,
+    });
+}
+
+/// A volume's listing ended: its regular files and their bytes. The totals are set once every
+/// volume is listed ([`totals_from_listing`]).
+pub fn listed(files: u64, bytes: u64) {
+    listed_into(&COUNTERS, &LISTING, files, bytes);
+}
+
+fn listed_into(counters: &Counters, listing: &Mutex<Option<Listing>>, files: u64, bytes: u64) {
+    let mut listing = listing
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(current) = listing.as_mut() else {
+        return;
+    };
+    current.files += files;
+    current.bytes += bytes;
+    current.volumes_left = current.volumes_left.saturating_sub(1);
+    if current.volumes_left == 0 {
+        counters.set_totals(current.files, current.bytes);
+        *listing = None;
+    }
+}
+
+/// The listings that give the totals ([`totals_from_listing`]).
+struct Listing {
+    volumes_left: usize,
+    files: u64,
+    bytes: u64,
+}
+
+static LISTING: Mutex<Option<Listing>> = Mutex::new(None);
+
 /// Counts the regular files of `roots` and their bytes (on their own filesystems, symbolic
 /// links not followed) on a thread of its own, and sets the totals once done: a backup's
 /// totals, known some time after its reading began.
@@ -356,5 +413,27 @@ mod tests {
         drop(reporter);
         let last = Progress::parse(&std::fs::read(&file).unwrap()).unwrap();
         assert_eq!((last.bytes_done, last.files_done), (1024, 2));
+    }
+
+    #[test]
+    fn listed_volumes_set_the_totals_once_every_one_is_listed() {
+        let counters: &'static Counters = Box::leak(Box::new(Counters::new()));
+        let listing = Mutex::new(Some(Listing {
+            volumes_left: 2,
+            files: 0,
+            bytes: 0,
+        }));
+        // The parent's estimate stands until the last volume is listed.
+        counters.set_totals(10, 1000);
+        listed_into(counters, &listing, 3, 300);
+        let now = counters.now("backup");
+        assert_eq!((now.files_total, now.bytes_total), (Some(10), Some(1000)));
+        listed_into(counters, &listing, 4, 50);
+        let now = counters.now("backup");
+        assert_eq!((now.files_total, now.bytes_total), (Some(7), Some(350)));
+        assert!(listing.lock().unwrap().is_none());
+        // Not armed: a listing changes nothing.
+        listed_into(counters, &listing, 100, 100);
+        assert_eq!(counters.now("backup").files_total, Some(7));
     }
 }

@@ -194,9 +194,11 @@ fn backup_into(
     let (repository, repository_id) = repo.open()?;
     // From here to the snapshot's saving, a prune's grace bounds the time (`prune::secure`).
     let index_loaded = Instant::now();
-    let repository = repository
-        .to_indexed()
-        .map_err(|error| unreadable(&repo.backend, &error))?;
+    let repository = std::sync::Arc::new(
+        repository
+            .to_indexed()
+            .map_err(|error| unreadable(&repo.backend, &error))?,
+    );
     let cipher = Cipher::new(&repository.key())
         .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
 
@@ -204,7 +206,11 @@ fn backup_into(
     let mut parents: Vec<Option<(TreeId, File)>> = request.volumes.iter().map(|_| None).collect();
     if let Some(id) = &request.parent {
         match parents_of(&repository, (&repo.backend, &cipher), id, &request.volumes) {
-            Ok(found) => parents = found,
+            Ok((found, estimate)) => {
+                parents = found;
+                // The walk lists every volume anyway: no count of its own beside it.
+                super::progress::totals_from_listing(request.volumes.len(), estimate);
+            }
             // Without the parent, every file is read: slower, never wrong.
             Err(reason) => eprintln!("custody-mover: not using parent snapshot {id}: {reason}"),
         }
@@ -227,6 +233,15 @@ fn backup_into(
     let mut read = Vec::new();
     let mut claims = Vec::new();
     let headers = volume_headers(&request.header, &request.volumes);
+    // The index files are read again before the snapshot is saved; those listed now are read
+    // while the volumes are, and only new ones then.
+    let read_ahead = std::thread::Builder::new()
+        .name("index-ahead".into())
+        .spawn({
+            let repository = repository.clone();
+            move || prune::IndexFilesRead::read(repository.as_ref())
+        })
+        .map_err(local("a thread"))?;
     super::progress::reading_starts();
     for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
         super::progress::volume(&volume.name);
@@ -300,12 +315,19 @@ fn backup_into(
     file.description = Some(meta.to_description());
     // Every block the snapshot names is in a listed pack (a prune may have marked some while
     // this ran) and the run is within its deadline: then it is saved at once.
-    let secured = prune::secure(
-        &repository,
+    // Read ahead or not, the index is listed again below.
+    let read_ahead = read_ahead
+        .join()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let secured = prune::secure_with(
+        repository.as_ref(),
         repo.backend.clone().shared().as_ref(),
         &cipher,
         &referenced,
         &|| index_loaded.elapsed(),
+        read_ahead,
     )?;
     if secured.relisted > 0 {
         eprintln!(
@@ -373,11 +395,15 @@ fn parents_of(
     reader: (&S3Backend, &Cipher),
     id: &str,
     volumes: &[Volume],
-) -> Result<Vec<Option<(TreeId, File)>>, String> {
+) -> Result<ParentsFound, String> {
     let parent = snapshot_file(repository, id).map_err(|error| error.to_string())?;
     let meta =
         SnapshotMeta::finished(parent.description.as_deref()).map_err(|error| error.to_string())?;
-    volumes
+    let estimate = volumes.iter().try_fold((0, 0), |(files, bytes), volume| {
+        let recorded = meta.manifest(&volume.name).ok()?;
+        Some((files + recorded.files, bytes + recorded.total_bytes))
+    });
+    let trees = volumes
         .iter()
         .map(|volume| {
             let Ok(recorded) = meta.manifest(&volume.name) else {
@@ -392,8 +418,13 @@ fn parents_of(
                 .map_err(|error| error.display_log())?;
             Ok(node.subtree.map(|tree| (tree, manifest)))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok((trees, estimate))
 }
+
+/// Each volume's tree and manifest in the parent snapshot (when it has the volume), and the
+/// files and bytes the parent recorded for all of them (when it recorded each).
+type ParentsFound = (Vec<Option<(TreeId, File)>>, Option<(u64, u64)>);
 
 fn snapshot_file(
     repository: &Repository<IndexedFullStatus>,

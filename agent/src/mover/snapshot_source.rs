@@ -231,10 +231,11 @@ fn read_parent_trees(
 }
 
 /// The stat stage: the volume's entries in canonical order with their `stat`, sent in batches
-/// (an error ends them). It stops when the walk stops taking them. With `read_ahead` (every
-/// file will be read: there is no parent), it asks the kernel to start reading each file the
-/// walk itself will read, so that those reads wait on the disk side by side instead of one
-/// after another.
+/// (an error ends them); once all are sent, the volume's regular files and their bytes go to
+/// the progress totals ([`super::progress::listed`]). It stops when the walk stops taking
+/// them. With `read_ahead` (every file will be read: there is no parent), it asks the kernel
+/// to start reading each file the walk itself will read, so that those reads wait on the disk
+/// side by side instead of one after another.
 fn stat_entries(
     walk: Walk,
     root: &std::os::fd::OwnedFd,
@@ -242,9 +243,18 @@ fn stat_entries(
     found: &crossbeam_channel::Sender<FoundBatch>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
+    let (mut files, mut bytes) = (0u64, 0u64);
     for entry in walk {
-        if let (true, Ok(entry)) = (read_ahead, &entry) {
-            start_reading(root, entry);
+        if let Ok(entry) = &entry {
+            if read_ahead {
+                start_reading(root, entry);
+            }
+            if let (OnDisk::File, Some(stat)) = (&entry.kind, &entry.stat)
+                && FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
+            {
+                files += 1;
+                bytes += stat.st_size as u64;
+            }
         }
         let failed = entry.is_err();
         batch.push(entry);
@@ -255,7 +265,9 @@ fn stat_entries(
             }
         }
     }
-    let _ = found.send(batch);
+    if found.send(batch).is_ok() {
+        super::progress::listed(files, bytes);
+    }
 }
 
 /// Starts the kernel reading a small regular file into its cache (a hint: failing, it does

@@ -421,3 +421,99 @@ fn a_header_of_one_volume_serialises_as_before() {
         r#"{"custodyManifest":1,"backupUid":"b","clusterUid":"c","createdAt":"t"}"#
     );
 }
+
+/// `Entry` as `#[derive(Serialize, Deserialize)]` writes and reads it, `kind` flattened: the
+/// one-pass reader must read every line alike, and lines must be written byte for byte alike.
+#[derive(Serialize, Deserialize)]
+struct DerivedEntry {
+    path: String,
+    #[serde(flatten)]
+    kind: Kind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+#[test]
+fn entries_read_in_one_pass_as_the_derived_form_reads_them() {
+    let lines = [
+        r#"{"path":"a","type":"file","size":1,"blake3":"ab","mode":420,"uid":1,"gid":2}"#,
+        r#"{"mode":420,"uid":1,"gid":2,"blake3":"ab","size":0,"type":"file","path":"z"}"#,
+        r#"{"path":"d","type":"dir","mode":493,"uid":0,"gid":0}"#,
+        r#"{"path":"l","type":"symlink","target":"../x","mode":511,"uid":0,"gid":0}"#,
+        r#"{"path":"a","type":"file","size":1,"blake3":"ab","mode":420,"uid":1,"gid":2,"more":[1]}"#,
+        r#"{"path":"d","type":"dir","target":"t","mode":493,"uid":0,"gid":0}"#,
+        r#"{"path":"a\tb\"c\u00e9","type":"dir","mode":493,"uid":0,"gid":0}"#,
+        // Refused by both.
+        r#"{"path":"a","type":"file","blake3":"ab","mode":420,"uid":1,"gid":2}"#,
+        r#"{"path":"a","type":"file","size":1,"mode":420,"uid":1,"gid":2}"#,
+        r#"{"path":"l","type":"symlink","mode":511,"uid":0,"gid":0}"#,
+        r#"{"path":"a","type":"device","mode":420,"uid":0,"gid":0}"#,
+        r#"{"path":"a","mode":420,"uid":0,"gid":0}"#,
+        r#"{"path":"a","type":"dir","uid":0,"gid":0}"#,
+        r#"{"path":"a","type":"file","size":-1,"blake3":"ab","mode":420,"uid":1,"gid":2}"#,
+        r#"{"path":"a","type":"file","size":1,"blake3":null,"mode":420,"uid":1,"gid":2}"#,
+        r#"{"path":"a","type":"dir","mode":420,"uid":0,"gid":0"#,
+    ];
+    let mut refused = 0;
+    for line in lines {
+        let one_pass = serde_json::from_str::<Entry>(line).ok();
+        let derived = serde_json::from_str::<DerivedEntry>(line)
+            .ok()
+            .map(|entry| Entry {
+                path: entry.path,
+                kind: entry.kind,
+                mode: entry.mode,
+                uid: entry.uid,
+                gid: entry.gid,
+            });
+        assert_eq!(one_pass, derived, "{line}");
+        refused += usize::from(one_pass.is_none());
+    }
+    assert_eq!(refused, 9);
+}
+
+#[test]
+fn entries_are_written_as_the_derived_form_writes_them() {
+    let entries = [
+        Entry {
+            path: "a/b \"c\"\té".into(),
+            kind: Kind::File {
+                size: u64::MAX,
+                blake3: "ab".repeat(32),
+            },
+            mode: 0o644,
+            uid: 0,
+            gid: u32::MAX,
+        },
+        Entry {
+            path: "d".into(),
+            kind: Kind::Dir,
+            mode: 0o755,
+            uid: 1,
+            gid: 2,
+        },
+        Entry {
+            path: "l".into(),
+            kind: Kind::Symlink {
+                target: "../x\\y".into(),
+            },
+            mode: 0o777,
+            uid: 3,
+            gid: 4,
+        },
+    ];
+    for entry in entries {
+        let derived = DerivedEntry {
+            path: entry.path.clone(),
+            kind: entry.kind.clone(),
+            mode: entry.mode,
+            uid: entry.uid,
+            gid: entry.gid,
+        };
+        assert_eq!(
+            serde_json::to_string(&entry).unwrap(),
+            serde_json::to_string(&derived).unwrap()
+        );
+    }
+}
