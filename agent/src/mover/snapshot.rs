@@ -23,7 +23,7 @@ use custody_kube::s3::{self, Credentials, Endpoint};
 use custody_proto::manifest::{self, Header};
 use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
 use custody_repository::backend::{Location, S3Backend};
-use custody_repository::blocks::BlockReader;
+use custody_repository::blocks::{BlockReader, ReadAhead};
 use custody_repository::crypto::Cipher;
 use custody_repository::open::{self, OpenError, Opened, Password};
 use custody_repository::prune;
@@ -460,17 +460,21 @@ fn read_manifest(
         })?;
     let mut file =
         tempfile::NamedTempFile::new().map_err(local("a scratch file for the manifest"))?;
-    // Block by block, none kept.
+    // Block by block, those side by side in a pack in one read, none kept once written.
     let blocks = BlockReader {
         repository,
         backend,
         cipher,
     };
-    for id in node.content.iter().flatten() {
-        let block = blocks.block(id).map_err(|message| MoverError::Download {
-            key: path.clone(),
-            message,
-        })?;
+    let content = node.content.as_deref().unwrap_or_default();
+    let mut ahead = ReadAhead::default();
+    for (index, id) in content.iter().enumerate() {
+        let block = blocks
+            .block_reading_ahead(id, &content[index + 1..], &mut ahead)
+            .map_err(|message| MoverError::Download {
+                key: path.clone(),
+                message,
+            })?;
         file.write_all(&block)
             .map_err(local("a scratch file for the manifest"))?;
     }

@@ -18,7 +18,7 @@ use custody_proto::manifest::{
     self, Entry, Header, Kind, ManifestReader, ManifestSummary, ManifestWriter,
 };
 use custody_proto::volume::IGNORED_AT_ROOT;
-use custody_repository::blocks::BlockReader;
+use custody_repository::blocks::{BlockReader, ReadAhead};
 use custody_repository::chunker::{Chunker, Scan};
 use custody_repository::prune::Referenced;
 use custody_repository::writer::{self, BlockId, Writer, WriterStats};
@@ -203,14 +203,20 @@ struct Ahead {
 /// its subdirectories by name, each before what is in it). A tree it cannot read is sent as
 /// `None`, in its place (what is under it is unknown): the walk then tries it itself (and,
 /// failing, reads the directory's files).
+///
+/// `read` reads a tree; it is also given the trees to be read after it, the soonest first, to
+/// read them along with it where it can.
 fn read_parent_trees(
-    read: impl Fn(&TreeId) -> Result<Vec<Node>, String>,
+    mut read: impl FnMut(&TreeId, &[TreeId]) -> Result<Vec<Node>, String>,
     root: TreeId,
     trees: &crossbeam_channel::Sender<(TreeId, Option<Vec<Node>>)>,
 ) {
     let mut next = vec![root];
+    let mut upcoming = Vec::new();
     while let Some(id) = next.pop() {
-        let Ok(nodes) = read(&id) else {
+        upcoming.clear();
+        upcoming.extend(next.iter().rev());
+        let Ok(nodes) = read(&id, &upcoming) else {
             if trees.send((id, None)).is_err() {
                 return;
             }
@@ -499,7 +505,12 @@ impl<'a> Archiver<'a> {
                 std::thread::Builder::new()
                     .name("parent-trees".into())
                     .spawn_scoped(scope, move || {
-                        let read = |id: &TreeId| blocks.tree(id).map(|tree| tree.nodes);
+                        let mut ahead = ReadAhead::default();
+                        let read = |id: &TreeId, next: &[TreeId]| {
+                            blocks
+                                .tree_reading_ahead(id, next, &mut ahead)
+                                .map(|tree| tree.nodes)
+                        };
                         read_parent_trees(read, tree, &parent_trees)
                     })
                     .expect("a thread starts");
@@ -1268,7 +1279,7 @@ mod tests {
         let unreadable = tree_id(4);
         let (sender, received) = crossbeam_channel::unbounded();
         read_parent_trees(
-            |id| {
+            |id, _| {
                 (*id != unreadable)
                     .then(|| trees[id].clone())
                     .ok_or_else(|| "unreadable".to_string())
