@@ -158,7 +158,7 @@ impl BlockReader<'_> {
 /// The most one read of blocks ahead spans ([`BlockReader::block_reading_ahead`]).
 pub const SPAN_BYTES: u32 = 2 << 20;
 /// Blocks to come considered for one read ahead, at most.
-const READ_AHEAD_BLOCKS: usize = 256;
+pub const READ_AHEAD_BLOCKS: usize = 256;
 
 /// Blocks read ahead, still sealed, until asked for.
 #[derive(Default)]

@@ -18,7 +18,7 @@ use custody_proto::manifest::{
     self, Entry, Header, Kind, ManifestReader, ManifestSummary, ManifestWriter,
 };
 use custody_proto::volume::IGNORED_AT_ROOT;
-use custody_repository::blocks::{BlockReader, ReadAhead};
+use custody_repository::blocks::{BlockReader, READ_AHEAD_BLOCKS, ReadAhead};
 use custody_repository::chunker::{Chunker, Scan};
 use custody_repository::prune::Referenced;
 use custody_repository::writer::{self, BlockId, Writer, WriterStats};
@@ -204,8 +204,9 @@ struct Ahead {
 /// `None`, in its place (what is under it is unknown): the walk then tries it itself (and,
 /// failing, reads the directory's files).
 ///
-/// `read` reads a tree; it is also given the trees to be read after it, the soonest first, to
-/// read them along with it where it can.
+/// `read` reads a tree; it is also given the trees to be read after it (the soonest first, as
+/// many as one read ahead considers: a directory may have very many subdirectories), to read
+/// them along with it where it can.
 fn read_parent_trees(
     mut read: impl FnMut(&TreeId, &[TreeId]) -> Result<Vec<Node>, String>,
     root: TreeId,
@@ -215,7 +216,7 @@ fn read_parent_trees(
     let mut upcoming = Vec::new();
     while let Some(id) = next.pop() {
         upcoming.clear();
-        upcoming.extend(next.iter().rev());
+        upcoming.extend(next.iter().rev().take(READ_AHEAD_BLOCKS));
         let Ok(nodes) = read(&id, &upcoming) else {
             if trees.send((id, None)).is_err() {
                 return;
