@@ -1,5 +1,5 @@
-//! Reading single blocks straight from their packs: the index's location, one ranged read,
-//! opened with the master key. rustic_core's way to read a data block (`get_blob_cached`)
+//! Reading blocks straight from their packs: the index's location, one ranged read (for a
+//! block and those near it that are asked for next), opened with the master key. rustic_core's way to read a data block (`get_blob_cached`)
 //! keeps every block it reads in a cache of up to 32 MiB for the rest of the run; a backup
 //! reads its parent's manifest once and needs none of it kept. Trees are read the same way
 //! (rustic_core's `get_tree` keeps nothing either; one way to read blocks here).
@@ -22,39 +22,9 @@ pub struct BlockReader<'a> {
 }
 
 impl BlockReader<'_> {
-    /// A block's plaintext (data or tree, by the ID's type).
-    pub fn block<T: PackedId>(&self, id: &T) -> Result<Bytes, String> {
-        let entry = self
-            .repository
-            .get_index_entry(id)
-            .map_err(|error| error.display_log())?;
-        let sealed = self
-            .backend
-            .read_partial(
-                FileType::Pack,
-                &entry.pack,
-                false,
-                entry.location.offset,
-                entry.location.length,
-            )
-            .map_err(|error| error.display_log())?;
-        // A context per block, as zstd's one-shot decompression makes: few blocks are read.
-        let mut decompressor =
-            zstd::bulk::Decompressor::new().map_err(|error| format!("starting zstd: {error}"))?;
-        self.cipher
-            .open_block(
-                sealed.into(),
-                entry.location.uncompressed_length,
-                &mut decompressor,
-                &mut bytes::BytesMut::new(),
-            )
-            .map_err(|error| format!("a block of pack {}: {error}", entry.pack))
-    }
-
-    /// A tree.
+    /// A tree, read alone.
     pub fn tree(&self, id: &TreeId) -> Result<Tree, String> {
-        let json = self.block(id)?;
-        parse_tree(&json).map_err(|error| format!("tree {id}: {error}"))
+        self.tree_reading_ahead(id, &[], &mut ReadAhead::default())
     }
 
     /// A tree, read with the trees that `next` names (those to be asked for next, the soonest
@@ -141,12 +111,14 @@ impl BlockReader<'_> {
     }
 
     fn open(&self, id: &Id, sealed: Sealed) -> Result<Bytes, String> {
+        // A context per block, as zstd's one-shot decompression makes: few blocks are read.
         let mut decompressor =
             zstd::bulk::Decompressor::new().map_err(|error| format!("starting zstd: {error}"))?;
         self.cipher
             .open_block(
-                // A slice of a read shared with other blocks: copied to be opened in place.
-                bytes::BytesMut::from(&sealed.bytes[..]),
+                // Opened in place: a block read alone is not copied, a slice of a read shared
+                // with other blocks is.
+                sealed.bytes.into(),
                 sealed.uncompressed_length,
                 &mut decompressor,
                 &mut bytes::BytesMut::new(),
