@@ -313,6 +313,25 @@ async fn a_second_backup_reads_and_uploads_only_what_changed() {
         third.size_bytes
     );
 
+    // Each backup added an index file. A prune (nothing forgotten, nothing to delete) merges
+    // those of fewer than 10,000 blocks (rustic's rule, restic's too): an unchanged backup
+    // reads every index file, so they must not pile up from one prune to the next. The
+    // restore below reads the merged index.
+    let small = |blocks: &[usize]| blocks.iter().filter(|&&count| count < 10_000).count();
+    let before = index_blocks(url, &bucket);
+    assert!(small(&before) >= 2, "index files' blocks: {before:?}");
+    let pruned = prune(url, &bucket, &key);
+    assert_eq!(pruned.packs_marked + pruned.packs_deleted, 0, "{pruned:?}");
+    let after = index_blocks(url, &bucket);
+    let said = format!("index files' blocks: {before:?} before the prune, {after:?} after");
+    eprintln!("{said}");
+    assert_eq!(small(&after), 1, "{said}");
+    assert_eq!(
+        after.iter().sum::<usize>(),
+        before.iter().sum::<usize>(),
+        "{said}"
+    );
+
     // What was not read is restored as it was, what was is restored as it is now.
     let target = LoopVolume::new(256);
     let output = restore(url, &bucket, &key, target.path(), &third, third_uid);
@@ -444,6 +463,27 @@ async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
     let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
     let error = failure(&output);
     assert_eq!(error["reason"], "SnapshotInvalid", "{error}");
+}
+
+/// The blocks each index file of the repository in `bucket` lists (in packs in use and in
+/// marked ones), as restic reads them.
+fn index_blocks(url: &str, bucket: &str) -> Vec<usize> {
+    let listed = repository::restic(url, bucket, &["list", "index"]);
+    assert!(listed.status.success(), "restic list index failed");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|id| {
+            let output = repository::restic(url, bucket, &["cat", "index", id.trim()]);
+            assert!(output.status.success(), "restic cat index {id} failed");
+            let index: serde_json::Value =
+                serde_json::from_slice(&output.stdout).expect("an index file");
+            ["packs", "packs_to_delete"]
+                .iter()
+                .flat_map(|field| index[field].as_array().into_iter().flatten())
+                .map(|pack| pack["blobs"].as_array().map_or(0, Vec::len))
+                .sum()
+        })
+        .collect()
 }
 
 /// The mover's prune on the repository in `bucket`: what it reports.
