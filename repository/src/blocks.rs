@@ -1,8 +1,9 @@
 //! Reading blocks straight from their packs: the index's location, one ranged read (for a
-//! block and those near it that are asked for next), opened with the master key. rustic_core's way to read a data block (`get_blob_cached`)
-//! keeps every block it reads in a cache of up to 32 MiB for the rest of the run; a backup
-//! reads its parent's manifest once and needs none of it kept. Trees are read the same way
-//! (rustic_core's `get_tree` keeps nothing either; one way to read blocks here).
+//! block and those near it that are asked for next), opened with the master key. rustic_core's
+//! way to read a data block (`get_blob_cached`) keeps every block it reads in a cache of up to
+//! 32 MiB for the rest of the run; a backup reads its parent's manifest once and needs none of
+//! it kept. Trees are read the same way (rustic_core's `get_tree` keeps nothing either; one way
+//! to read blocks here).
 
 use bytes::Bytes;
 use rustic_core::jiff::Timestamp;
@@ -111,7 +112,8 @@ impl BlockReader<'_> {
     }
 
     fn open(&self, id: &Id, sealed: Sealed) -> Result<Bytes, String> {
-        // A context per block, as zstd's one-shot decompression makes: few blocks are read.
+        // A context per block, as zstd's one-shot decompression makes: a backup reads only its
+        // parent's trees and manifest blocks this way (tens to hundreds of blocks).
         let mut decompressor =
             zstd::bulk::Decompressor::new().map_err(|error| format!("starting zstd: {error}"))?;
         self.cipher
