@@ -172,7 +172,7 @@ bench_repository() {
 
 # shipped_mover: builds custody-mover as the agent's image ships it (static, musl, profile
 # image; hack/build-images.sh's build and cache) and prints its path. Benchmarks time this
-# binary, not the host's build: musl's allocator and memcpy are part of its figures.
+# binary, not the host's build: musl's memcpy and mimalloc as built there are in its figures.
 shipped_mover() {
   local target=x86_64-unknown-linux-musl
   install_missing musl-gcc:musl-tools

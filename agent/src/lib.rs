@@ -2,6 +2,7 @@
 //! manifests of their content, and (in the binaries) the agent, `custody-wait` and
 //! `custody-mover`.
 
+pub mod allocator;
 pub mod certificate;
 pub mod cli;
 pub mod daemon;

@@ -65,9 +65,11 @@ impl Default for WriterOptions {
             // 816.1 MB. Any level reads back alike (restic and rustic included).
             compression_level: 1,
             // Smaller than restic's 16 MiB: what is held in memory is a few packs (the open
-            // one and those not yet stored). 4 MiB measured no lower peak on the benchmark
-            // set (the 8 MiB chunks of text files being read and sealed are most of it).
-            data_pack_bytes: 8 << 20,
+            // one and those not yet stored). Under mimalloc (the mover's allocator), first
+            // backups of the benchmark set in one session: 8 MiB packs peaked at 65–72 MiB
+            // resident in 6.2–6.7 s, 6 MiB packs at 61–65 MiB in 6.4–7.0 s, 4 MiB packs at
+            // 58–59 MiB but in 7.5–7.7 s (each pack is an object the S3 server writes).
+            data_pack_bytes: 6 << 20,
             tree_pack_bytes: 4 << 20,
             sealers: 2,
             // One chunk of the largest size (8 MiB), or eight of restic's average: on the

@@ -3,7 +3,12 @@ use custody_agent::cli::MoverOptions;
 use custody_agent::mover;
 use custody_proto::reasons::MoverFailure;
 
+/// See [`custody_agent::allocator`].
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
+    custody_agent::allocator::give_back_at_once();
     no_backtraces_in_errors();
     let options = MoverOptions::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
