@@ -4,7 +4,7 @@
 //! musl's allocator, which the static mover used before, maps and unmaps memory for most
 //! blocks it hands out and takes back. On the benchmark set (same session, alternating runs):
 //! the first backup took 7.4–8.6 s, 4.2–5.8 s of it system time, under musl and 6.4–7.0 s
-//! (3.5–3.8 s) under mimalloc; a backup of the unchanged set 0.52–0.58 s against 0.43–0.48 s.
+//! (3.5–3.9 s) under mimalloc; a backup of the unchanged set 0.52–0.58 s against 0.43–0.48 s.
 //!
 //! Memory: with mimalloc's defaults (freed memory kept for a second, arenas committed at
 //! once) a restore peaked at about 200 MiB resident; with the two options below at 73 MiB, and at
