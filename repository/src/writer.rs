@@ -151,7 +151,12 @@ struct Job {
     kind: BlobType,
     id: BlockId,
     plain: Bytes,
+    hold: Option<Hold>,
 }
+
+/// What a caller hands over with a block's bytes, to be dropped when the writer lets them go
+/// ([`Writer::store_holding`]).
+pub type Hold = Box<dyn Send>;
 
 /// A sealed block, ready for its pack: `seal.nonce`, `body` (encrypted), `seal.tag`.
 struct Sealed {
@@ -161,6 +166,9 @@ struct Sealed {
     body: Vec<u8>,
     plain_length: u32,
     compressed: bool,
+    /// Kept while `body` is the block's own buffer (not compressed): dropped with the block,
+    /// once it is in a pack.
+    _hold: Option<Hold>,
 }
 
 impl Sealed {
@@ -320,6 +328,21 @@ impl Writer {
         plain: Bytes,
         known: bool,
     ) -> Result<(), WriteError> {
+        self.store_holding(kind, id, plain, known, None)
+    }
+
+    /// As [`Writer::store`], keeping `hold` as long as the writer holds the block's bytes, and
+    /// dropping it then: once the block is compressed, or once its sealed bytes (its own
+    /// buffer, when they do not compress) are copied into a pack; at once when the block is
+    /// not stored. A caller bounds the memory of what it reads this way.
+    pub fn store_holding(
+        &mut self,
+        kind: BlobType,
+        id: BlockId,
+        plain: Bytes,
+        known: bool,
+        hold: Option<Hold>,
+    ) -> Result<(), WriteError> {
         if let Some(failure) = self.shared.failure() {
             return Err(WriteError(failure));
         }
@@ -341,6 +364,7 @@ impl Writer {
             kind,
             id,
             plain,
+            hold,
         };
         self.sequence += 1;
         self.jobs
@@ -475,6 +499,7 @@ fn seal(
             kind,
             id,
             plain,
+            mut hold,
         } = job;
         let plain_length = plain.len() as u32;
         let compressed = compressors.compress(kind, &plain);
@@ -485,6 +510,7 @@ fn seal(
             Some(compressed) => {
                 // Not held while the sealed block waits for its turn or for room in a pack.
                 drop(plain);
+                drop(hold.take());
                 compressed
             }
             None => Vec::from(bytes::BytesMut::from(plain)),
@@ -506,6 +532,7 @@ fn seal(
                 body,
                 plain_length,
                 compressed: is_compressed,
+                _hold: hold,
             },
         );
         // In order: a volume's blocks lie in its packs as its files do.

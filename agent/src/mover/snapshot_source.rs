@@ -29,7 +29,10 @@ use rustix::fs::{FileType, OFlags, Stat};
 use crate::manifest_builder::BuildError;
 use crate::tree::{self, Found, Metadata, OnDisk, Walk, WalkError};
 
+mod budget;
 mod tar;
+
+use budget::{Budget, Claim};
 
 /// One volume to read into the snapshot.
 pub struct VolumeToRead {
@@ -92,7 +95,7 @@ enum Event {
     FileEnd,
     /// A file read by a chunking thread: its chunks come on their own queue, which ends with
     /// the file (or its failure, which the walk reports).
-    ChunkedFile(Node, crossbeam_channel::Receiver<Bytes>),
+    ChunkedFile(Node, crossbeam_channel::Receiver<(Bytes, Claim)>),
 }
 
 /// Files at least this large are read and chunked on a chunking thread (the rolling
@@ -104,9 +107,12 @@ const CHUNK_THREAD_FILES: u64 = 4 << 20;
 fn read_by_the_walk(size: u64) -> bool {
     size < CHUNK_THREAD_FILES
 }
-/// Chunking threads. Each holds a chunk of up to 8 MiB until the tree stage takes it; a second
-/// thread measured no faster on the benchmark set (two cores) and 4–8 MiB more at the peak.
+/// Chunking threads. A second thread measured no faster on the benchmark set (two cores) and
+/// 4–8 MiB more at the peak.
 const CHUNKERS: usize = 1;
+/// Bytes of the chunking threads' chunks, from their reading until the writer lets them go
+/// ([`budget`]): two chunks of the largest size (8 MiB), one read while one is sealed.
+const CHUNKED_BYTES: usize = 16 << 20;
 /// Files whose manifest entry waits for their hash, at most.
 const PENDING_HASHES: usize = 16;
 
@@ -115,7 +121,7 @@ struct ChunkJob {
     file: File,
     size: u64,
     path: String,
-    chunks: crossbeam_channel::Sender<Bytes>,
+    chunks: crossbeam_channel::Sender<(Bytes, Claim)>,
     hash: crossbeam_channel::Sender<Result<blake3::Hash, BuildError>>,
 }
 
@@ -443,12 +449,26 @@ impl<'a> Archiver<'a> {
             .seek(std::io::SeekFrom::Start(first_line.len() as u64))
             .map_err(BuildError::Write)?;
         if !first_line.is_empty() {
-            content.push(store_data(repository, writer, Bytes::from(first_line))?);
+            content.push(store_data(
+                repository,
+                writer,
+                Bytes::from(first_line),
+                None,
+            )?);
         }
-        read_chunks(chunker, self.stop, name, &mut reader, rest, &mut |chunk| {
-            content.push(store_data(repository, writer, chunk)?);
-            Ok(())
-        })?;
+        // Stored as it is read: one chunk at a time.
+        read_chunks(
+            chunker,
+            self.stop,
+            name,
+            &mut reader,
+            rest,
+            None,
+            &mut |chunk, _| {
+                content.push(store_data(repository, writer, chunk, None)?);
+                Ok(())
+            },
+        )?;
         let mut node = Node::new_node(
             std::ffi::OsStr::new(name),
             NodeType::File,
@@ -518,9 +538,10 @@ impl<'a> Archiver<'a> {
             } else {
                 drop(parent_trees);
             }
+            let budget = Budget::new(CHUNKED_BYTES);
             for _ in 0..CHUNKERS {
                 let to_chunk = to_chunk.clone();
-                let (chunker, stop) = (self.chunker.clone(), self.stop);
+                let (chunker, stop, budget) = (self.chunker.clone(), self.stop, budget.clone());
                 std::thread::Builder::new()
                     .name("chunk".into())
                     .spawn_scoped(scope, move || {
@@ -531,10 +552,13 @@ impl<'a> Archiver<'a> {
                                 &job.path,
                                 &mut { job.file },
                                 job.size,
-                                &mut |chunk| {
-                                    job.chunks.send(chunk).map_err(|_| BuildError::Archive {
-                                        path: job.path.clone(),
-                                        source: io::Error::other("the tree stage stopped"),
+                                Some(&budget),
+                                &mut |chunk, claim| {
+                                    job.chunks.send((chunk, claim)).map_err(|_| {
+                                        BuildError::Archive {
+                                            path: job.path.clone(),
+                                            source: io::Error::other("the tree stage stopped"),
+                                        }
                                     })
                                 },
                             );
@@ -753,7 +777,9 @@ impl<'a> Archiver<'a> {
                                     &found.path,
                                     &mut File::from(fd),
                                     metadata.size,
-                                    &mut |chunk| events.send(Event::Chunk(chunk)),
+                                    // Its chunks are bounded by the events in flight.
+                                    None,
+                                    &mut |chunk, _| events.send(Event::Chunk(chunk)),
                                 )?;
                                 events.send(Event::FileEnd)?;
                                 (metadata, hash.to_hex().to_string(), None)
@@ -862,11 +888,13 @@ fn store_data(
     repository: &Repository<IndexedFullStatus>,
     writer: &mut Writer,
     chunk: Bytes,
+    claim: Option<Claim>,
 ) -> Result<DataId, BuildError> {
     let id = writer::block_id(&chunk);
     let known = known(repository, BlobType::Data, &id);
+    let hold = claim.map(|claim| Box::new(claim) as writer::Hold);
     writer
-        .store(BlobType::Data, id, chunk, known)
+        .store_holding(BlobType::Data, id, chunk, known, hold)
         .map_err(write_error)?;
     Ok(DataId::from(writer::rustic_id(&id)))
 }
@@ -914,7 +942,7 @@ fn build_trees(
             Event::File(node) => file = Some((node, Vec::new())),
             Event::Chunk(chunk) => {
                 let length = chunk.len() as u64;
-                let id = store_data(repository, writer, chunk)?;
+                let id = store_data(repository, writer, chunk, None)?;
                 super::progress::bytes(length);
                 file.as_mut().expect("a file is being read").1.push(id);
             }
@@ -927,9 +955,9 @@ fn build_trees(
             Event::ChunkedFile(mut node, chunks) => {
                 let mut content = Vec::new();
                 // A chunking thread that failed ends the queue early; the walk reports why.
-                for chunk in chunks {
+                for (chunk, claim) in chunks {
                     let length = chunk.len() as u64;
-                    content.push(store_data(repository, writer, chunk)?);
+                    content.push(store_data(repository, writer, chunk, Some(claim))?);
                     super::progress::bytes(length);
                 }
                 node.content = Some(content);
@@ -994,13 +1022,16 @@ fn read_chunks(
     path: &str,
     reader: &mut dyn Read,
     size: u64,
-    chunk: &mut dyn FnMut(Bytes) -> Result<(), BuildError>,
+    budget: Option<&std::sync::Arc<Budget>>,
+    chunk: &mut dyn FnMut(Bytes, Claim) -> Result<(), BuildError>,
 ) -> Result<blake3::Hash, BuildError> {
     let mut hasher = blake3::Hasher::new();
     let mut limited = reader.take(size);
     let (min, max) = (chunker.min(), chunker.max());
     let mut read_total = 0u64;
     let mut past_end: Vec<u8> = Vec::new();
+    // The claim of what is in `past_end`; a chunk's claim goes with it.
+    let mut past_claim = Claim::new(budget);
     let mut file_ended = size == 0;
     while !file_ended || !past_end.is_empty() {
         if stop.load(Ordering::Relaxed) {
@@ -1011,6 +1042,7 @@ fn read_chunks(
         // only its own bytes.
         let mut buffer = Vec::with_capacity((past_end.len() + left).min(max));
         buffer.append(&mut past_end);
+        let mut claim = std::mem::replace(&mut past_claim, Claim::new(budget));
         let mut scan = Scan::new(chunker);
         let end = loop {
             if let Some(end) = scan.end(&buffer, file_ended) {
@@ -1022,16 +1054,21 @@ fn read_chunks(
                 READ_PAST_MINIMUM
             }
             .min(buffer.capacity() - buffer.len());
+            if !claim.grow(want, stop) {
+                return Err(stopped());
+            }
             let read = (&mut limited)
                 .take(want as u64)
                 .read_to_end(&mut buffer)
                 .map_err(|source| read_error(path, source))?;
+            claim.release(want - read);
             read_total += read as u64;
             // A read short of what was asked is the end (of the file, or of what it has left
             // of `size`: then the sizes differ, below).
             file_ended = read < want || read_total == size;
         };
         past_end.extend_from_slice(&buffer[end..]);
+        past_claim = claim.split_off(past_end.len());
         buffer.truncate(end);
         // What the chunk did not use goes back now, not when the chunk is sealed.
         buffer.shrink_to_fit();
@@ -1039,7 +1076,7 @@ fn read_chunks(
             break;
         }
         hasher.update(&buffer);
-        chunk(Bytes::from(buffer))?;
+        chunk(Bytes::from(buffer), claim)?;
     }
     if read_total != size {
         return Err(BuildError::Changed {
@@ -1158,6 +1195,63 @@ impl ParentManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chunking thread's reads wait while its chunks not yet let go hold the budget: a
+    /// consumer that keeps every chunk sees the reading stop at the bound, and go on to the end
+    /// once it lets them go.
+    #[test]
+    fn a_chunking_thread_reads_no_further_than_its_budget_while_its_chunks_are_held() {
+        const MIB: usize = 1 << 20;
+        // Repetitive text finds no boundary: every chunk is the largest, 8 MiB.
+        let line = b"insert into orders values (1, 'committed', NULL);\n";
+        let content: Vec<u8> = line.iter().copied().cycle().take(40 * MIB).collect();
+        let chunker = Chunker::new(0x3DA3358B4DC173, 512 << 10, 1 << 20, 8 << 20);
+        let budget = Budget::new(CHUNKED_BYTES);
+        let stop = AtomicBool::new(false);
+        let (sender, received) = crossbeam_channel::unbounded::<(Bytes, Claim)>();
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                read_chunks(
+                    &chunker,
+                    &stop,
+                    "orders",
+                    &mut content.as_slice(),
+                    content.len() as u64,
+                    Some(&budget),
+                    &mut |chunk, claim| {
+                        sender
+                            .send((chunk, claim))
+                            .expect("the test holds the queue");
+                        Ok(())
+                    },
+                )
+                .expect("read")
+            });
+            let mut held = Vec::new();
+            while let Ok(chunk) = received.recv_timeout(std::time::Duration::from_millis(500)) {
+                held.push(chunk);
+            }
+            let bytes: usize = held.iter().map(|(chunk, _)| chunk.len()).sum();
+            assert_eq!(
+                bytes, CHUNKED_BYTES,
+                "chunks handed over while all are held"
+            );
+            assert!(!reader.is_finished(), "the reading waits for the budget");
+            drop(held);
+            let mut rest = 0;
+            while let Ok((chunk, _)) = received.recv_timeout(std::time::Duration::from_secs(10)) {
+                rest += chunk.len();
+                if bytes + rest == content.len() {
+                    break;
+                }
+            }
+            assert_eq!(bytes + rest, content.len());
+            assert_eq!(
+                reader.join().expect("the reader ends"),
+                blake3::hash(&content)
+            );
+        });
+    }
 
     /// A directory node named `name` whose tree is `tree`.
     fn directory(name: &str, tree: u8) -> Node {

@@ -82,6 +82,119 @@ fn a_block_that_would_start_another_pack_waits_while_enough_packs_are_not_yet_st
     }
 }
 
+/// Sets its flag when dropped.
+struct Dropped(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn hold() -> (Arc<std::sync::atomic::AtomicBool>, Option<Hold>) {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (flag.clone(), Some(Box::new(Dropped(flag))))
+}
+
+/// Whether `flag` is set within `within`.
+fn set_within(flag: &std::sync::atomic::AtomicBool, within: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if flag.load(std::sync::atomic::Ordering::SeqCst) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    flag.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[test]
+fn a_blocks_hold_is_dropped_when_the_writer_lets_its_bytes_go() {
+    use std::time::Duration;
+    const BLOCK: usize = 256 << 10;
+    // One pack at a time, each taking 800 ms to store: a block that starts the next pack
+    // waits that long, sealed, in its own buffer when it does not compress.
+    let mut writer = Writer::new(
+        Arc::new(MemoryBackend::with_pack_delay(Duration::from_millis(800))),
+        Cipher::new(&MasterKey::new()).expect("a cipher"),
+        WriterOptions {
+            data_pack_bytes: BLOCK + BLOCK / 2,
+            packs_unstored: 1,
+            uploads: 1,
+            ..WriterOptions::default()
+        },
+    );
+    let first = test_bytes(2 * BLOCK, 1);
+    let (first_dropped, first_hold) = hold();
+    writer
+        .store_holding(
+            BlobType::Data,
+            block_id(&first),
+            Bytes::from(first),
+            false,
+            first_hold,
+        )
+        .expect("stored");
+    // Its pack is full: the next pack waits for it to be stored.
+    assert!(
+        set_within(&first_dropped, Duration::from_secs(5)),
+        "in a pack, let go"
+    );
+    let waiting = test_bytes(BLOCK, 2);
+    let (waiting_dropped, waiting_hold) = hold();
+    let id = block_id(&waiting);
+    writer
+        .store_holding(
+            BlobType::Data,
+            id,
+            Bytes::from(waiting.clone()),
+            false,
+            waiting_hold,
+        )
+        .expect("stored");
+    // A block that compresses lets go once compressed, though it waits behind that one.
+    let text = b"committed ".repeat(BLOCK / 10);
+    let (text_dropped, text_hold) = hold();
+    writer
+        .store_holding(
+            BlobType::Data,
+            block_id(&text),
+            Bytes::from(text),
+            false,
+            text_hold,
+        )
+        .expect("stored");
+    assert!(
+        set_within(&text_dropped, Duration::from_millis(300)),
+        "compressed, let go"
+    );
+    assert!(
+        !waiting_dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "an incompressible block waiting for its pack keeps its hold"
+    );
+    assert!(
+        set_within(&waiting_dropped, Duration::from_secs(5)),
+        "then lets it go"
+    );
+
+    // A block not stored (stored already in this run, or known) lets go at once.
+    for known in [false, true] {
+        let (dropped, duplicate_hold) = hold();
+        writer
+            .store_holding(
+                BlobType::Data,
+                id,
+                Bytes::from(waiting.clone()),
+                known,
+                duplicate_hold,
+            )
+            .expect("stored");
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+    }
+    let stats = writer.finish().expect("finished");
+    assert_eq!(stats.data_blocks_new, 3, "{stats:?}");
+}
+
 /// Every block `backend` holds, opened through the index files: (ID, plaintext).
 fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Vec<u8>)> {
     use rustic_core::ReadBackend;

@@ -19,9 +19,10 @@ use custody_proto::volume::IGNORED_AT_ROOT;
 use rustic_core::DataId;
 use rustic_core::repofile::{Metadata as NodeMetadata, Node, NodeType};
 
+use super::budget::{Budget, Claim};
 use super::{
-    Archiver, BuildError, Manifest, Pending, ReadVolume, go_mode, read_chunks, stopped, store_data,
-    store_tree, timestamp,
+    Archiver, BuildError, CHUNKED_BYTES, Manifest, Pending, ReadVolume, go_mode, read_chunks,
+    stopped, store_data, store_tree, timestamp,
 };
 use crate::manifest_builder::BuildError as Error;
 
@@ -290,19 +291,22 @@ impl Archiver<'_> {
             .take()
             .expect("the writer is here between volumes");
         let repository = self.blocks.repository;
-        let (chunks, to_store) = crossbeam_channel::bounded::<(usize, Bytes)>(4);
+        // Chunks read and not yet let go by the writer are bounded in bytes by `budget`.
+        let (chunks, to_store) = crossbeam_channel::bounded::<(usize, Bytes, Claim)>(4);
+        let budget = Budget::new(CHUNKED_BYTES);
         let (parsed, stored) = std::thread::scope(|scope| {
             let store = std::thread::Builder::new()
                 .name("trees".into())
                 .spawn_scoped(scope, move || {
                     let mut contents: Vec<Vec<DataId>> = Vec::new();
                     let stored = (|| {
-                        for (file, chunk) in to_store {
+                        for (file, chunk, claim) in to_store {
                             if contents.len() <= file {
                                 contents.resize_with(file + 1, Vec::new);
                             }
                             let length = chunk.len() as u64;
-                            contents[file].push(store_data(repository, &mut writer, chunk)?);
+                            let id = store_data(repository, &mut writer, chunk, Some(claim))?;
+                            contents[file].push(id);
                             super::super::progress::bytes(length);
                         }
                         Ok::<_, BuildError>(())
@@ -310,7 +314,7 @@ impl Archiver<'_> {
                     (stored.map(|()| contents), writer)
                 })
                 .expect("a thread starts");
-            let parsed = self.parse(stream, data_path, header, &chunks);
+            let parsed = self.parse(stream, data_path, header, (&chunks, &budget));
             drop(chunks);
             let (stored, writer) = store.join().expect("the store stage does not panic");
             self.writer = Some(writer);
@@ -409,7 +413,10 @@ impl Archiver<'_> {
         stream: &mut dyn Read,
         data_path: &str,
         header: &Header,
-        chunks: &crossbeam_channel::Sender<(usize, Bytes)>,
+        (chunks, budget): (
+            &crossbeam_channel::Sender<(usize, Bytes, Claim)>,
+            &std::sync::Arc<Budget>,
+        ),
     ) -> Result<(BTreeMap<String, Record>, Option<Record>), BuildError> {
         let mut records = BTreeMap::new();
         let mut root = None;
@@ -519,11 +526,14 @@ impl Archiver<'_> {
                         &path,
                         &mut entry,
                         size,
-                        &mut |chunk| {
-                            chunks.send((file, chunk)).map_err(|_| Error::Archive {
-                                path: path.clone(),
-                                source: io::Error::other("the store stage stopped"),
-                            })
+                        Some(budget),
+                        &mut |chunk, claim| {
+                            chunks
+                                .send((file, chunk, claim))
+                                .map_err(|_| Error::Archive {
+                                    path: path.clone(),
+                                    source: io::Error::other("the store stage stopped"),
+                                })
                         },
                     )?;
                     Record {
