@@ -35,7 +35,7 @@ use rustic_core::{
 };
 
 use super::extract::Extraction;
-use super::snapshot_source::{Archiver, VolumeToRead};
+use super::snapshot_source::{Archiver, InodesAhead, VolumeToRead};
 use super::{MoverError, local};
 
 /// The environment variables holding the repository's master key or a password.
@@ -191,6 +191,18 @@ fn backup_into(
     stop: Arc<AtomicBool>,
     on_read: Option<Box<dyn FnOnce() + Send>>,
 ) -> Result<BackupResult, MoverError> {
+    // With a parent, the walk mostly compares each file's metadata with the parent's: its
+    // inodes are read meanwhile (without one, each file's reading dominates).
+    let _inodes_ahead = request.parent.is_some().then(|| {
+        InodesAhead::start(
+            request
+                .volumes
+                .iter()
+                .filter(|volume| volume.tar.is_none())
+                .map(|volume| volume.root.clone())
+                .collect(),
+        )
+    });
     let (repository, repository_id) = repo.open()?;
     // From here to the snapshot's saving, a prune's grace bounds the time (`prune::secure`).
     let index_loaded = Instant::now();
