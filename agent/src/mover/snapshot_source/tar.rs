@@ -291,8 +291,10 @@ impl Archiver<'_> {
             .take()
             .expect("the writer is here between volumes");
         let repository = self.blocks.repository;
-        // Chunks read and not yet let go by the writer are bounded in bytes by `budget`.
-        let (chunks, to_store) = crossbeam_channel::bounded::<(usize, Bytes, Claim)>(4);
+        // Chunks read and not yet let go by the writer are bounded in bytes by `budget`. Handed
+        // over, never queued: a store stage that stopped (its error ends the parse) must leave no
+        // chunk's claim behind for the parse to wait on.
+        let (chunks, to_store) = crossbeam_channel::bounded::<(usize, Bytes, Claim)>(0);
         let budget = Budget::new(CHUNKED_BYTES);
         let (parsed, stored) = std::thread::scope(|scope| {
             let store = std::thread::Builder::new()
