@@ -14,11 +14,12 @@ pub mod scenario;
 pub mod volumes;
 pub mod workloads;
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -481,12 +482,22 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback, never one this process was handed before: a port a stopped
+/// process listened on is free again, and a test that restarts a process with its old ports
+/// and one new port must not get an old one as the new (a restarted controller once got its
+/// own webhook's port for its metrics, and never became ready).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("binding a free port")
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().expect("not poisoned");
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("binding a free port")
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The peak resident memory of process `pid` (`VmHWM`), in KiB.
