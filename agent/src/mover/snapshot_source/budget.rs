@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// Bytes claimed at most, shared by the claims made from it.
+/// At most `most` bytes claimed, shared by the claims made from it.
 pub struct Budget {
     held: Mutex<usize>,
     freed: Condvar,
@@ -33,6 +33,7 @@ pub fn waits(held: usize, own: usize, more: usize, most: usize) -> bool {
 const STOP_CHECK: Duration = Duration::from_millis(100);
 
 impl Budget {
+    /// A budget of `most` bytes, none claimed.
     pub fn new(most: usize) -> Arc<Budget> {
         Arc::new(Budget {
             held: Mutex::new(0),

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -417,7 +418,7 @@ impl Archiver<'_> {
         header: &Header,
         (chunks, budget): (
             &crossbeam_channel::Sender<(usize, Bytes, Claim)>,
-            &std::sync::Arc<Budget>,
+            &Arc<Budget>,
         ),
     ) -> Result<(BTreeMap<String, Record>, Option<Record>), BuildError> {
         let mut records = BTreeMap::new();
