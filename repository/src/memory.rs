@@ -28,6 +28,8 @@ pub struct MemoryBackend {
     files: Arc<Mutex<Files>>,
     /// How long storing a pack takes (a slow bucket, for tests of what waits for uploads).
     pack_delay: std::time::Duration,
+    /// Storing a pack fails (after `pack_delay`).
+    packs_fail: bool,
 }
 
 impl MemoryBackend {
@@ -43,11 +45,21 @@ impl MemoryBackend {
         }
     }
 
+    /// A backend that refuses every pack, after taking `delay`.
+    pub fn refusing_packs_after(delay: std::time::Duration) -> MemoryBackend {
+        MemoryBackend {
+            pack_delay: delay,
+            packs_fail: true,
+            ..MemoryBackend::default()
+        }
+    }
+
     /// An independent copy of every file.
     pub fn copy(&self) -> MemoryBackend {
         MemoryBackend {
             files: Arc::new(Mutex::new(self.files().clone())),
             pack_delay: self.pack_delay,
+            packs_fail: self.packs_fail,
         }
     }
 
@@ -132,6 +144,12 @@ impl WriteBackend for MemoryBackend {
     ) -> RusticResult<()> {
         if file_type == FileType::Pack {
             std::thread::sleep(self.pack_delay);
+            if self.packs_fail {
+                return Err(RusticError::new(
+                    ErrorKind::Backend,
+                    "memory: packs are refused",
+                ));
+            }
         }
         let mut joined = Vec::new();
         for part in content.into_vec() {

@@ -210,6 +210,16 @@ struct State {
     unstored: usize,
 }
 
+impl State {
+    /// Records the writer's first failure. Blocks waiting for their turn are never stored
+    /// now: their bytes, and the holds that bound a caller's reading, go at once (a caller
+    /// waiting for its hold's room would otherwise wait for ever).
+    fn fail(&mut self, message: String) {
+        self.failure.get_or_insert(message);
+        self.ready.clear();
+    }
+}
+
 struct Shared {
     backend: Arc<dyn WriteBackend>,
     cipher: Cipher,
@@ -222,10 +232,7 @@ struct Shared {
 
 impl Shared {
     fn fail(&self, message: String) {
-        let mut state = self.state.lock().expect("writer state");
-        if state.failure.is_none() {
-            state.failure = Some(message);
-        }
+        self.state.lock().expect("writer state").fail(message);
         self.sealed.notify_all();
     }
 
@@ -539,6 +546,8 @@ fn seal(
         loop {
             let state = &mut *guard;
             if state.failure.is_some() {
+                // Sealed after the failure: never stored either.
+                state.ready.clear();
                 break;
             }
             let next = state.next;
@@ -622,8 +631,8 @@ fn starts_pack(builder: &PackBuilder, limit: usize, length: usize) -> bool {
 fn ship(state: &mut State, packs: &crossbeam_channel::Sender<FullPack>, pack: FullPack) {
     state.unstored += 1;
     state.stats.peak_packs_unstored = state.stats.peak_packs_unstored.max(state.unstored as u64);
-    if packs.send(pack).is_err() && state.failure.is_none() {
-        state.failure = Some("the uploads stopped".into());
+    if packs.send(pack).is_err() {
+        state.fail("the uploads stopped".into());
     }
 }
 
@@ -646,7 +655,7 @@ fn upload(shared: &Shared, to_upload: &crossbeam_channel::Receiver<FullPack>) {
         let mut state = shared.state.lock().expect("writer state");
         state.unstored -= 1;
         if let Err(message) = stored {
-            state.failure.get_or_insert(message);
+            state.fail(message);
         }
         shared.sealed.notify_all();
     }

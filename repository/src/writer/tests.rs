@@ -195,6 +195,51 @@ fn a_blocks_hold_is_dropped_when_the_writer_lets_its_bytes_go() {
     assert_eq!(stats.data_blocks_new, 3, "{stats:?}");
 }
 
+#[test]
+fn a_failed_writer_drops_the_holds_of_blocks_waiting_for_their_turn() {
+    use std::time::Duration;
+    const BLOCK: usize = 256 << 10;
+    // The first block fills a pack, whose upload fails after 500 ms; the second waits, sealed,
+    // for room for another pack meanwhile. It is never stored: its hold goes with the failure,
+    // not when the writer is dropped (a reader waiting for its room would wait for ever).
+    let mut writer = Writer::new(
+        Arc::new(MemoryBackend::refusing_packs_after(Duration::from_millis(
+            500,
+        ))),
+        Cipher::new(&MasterKey::new()).expect("a cipher"),
+        WriterOptions {
+            data_pack_bytes: BLOCK + BLOCK / 2,
+            packs_unstored: 1,
+            uploads: 1,
+            ..WriterOptions::default()
+        },
+    );
+    let first = test_bytes(2 * BLOCK, 1);
+    writer
+        .store(BlobType::Data, block_id(&first), Bytes::from(first), false)
+        .expect("handed over");
+    let waiting = test_bytes(BLOCK, 2);
+    let (dropped, waiting_hold) = hold();
+    writer
+        .store_holding(
+            BlobType::Data,
+            block_id(&waiting),
+            Bytes::from(waiting),
+            false,
+            waiting_hold,
+        )
+        .expect("handed over");
+    assert!(
+        !set_within(&dropped, Duration::from_millis(200)),
+        "held while it waits for its pack"
+    );
+    assert!(
+        set_within(&dropped, Duration::from_secs(5)),
+        "let go once the writer failed"
+    );
+    assert!(writer.finish().is_err());
+}
+
 /// Every block `backend` holds, opened through the index files: (ID, plaintext).
 fn blocks_read_back(backend: &MemoryBackend, cipher: &Cipher) -> Vec<(String, Vec<u8>)> {
     use rustic_core::ReadBackend;
