@@ -96,6 +96,25 @@ fn hold() -> (Arc<std::sync::atomic::AtomicBool>, Option<Hold>) {
     (flag.clone(), Some(Box::new(Dropped(flag))))
 }
 
+/// Hands `block` over with a hold; the flag is set once the writer drops it.
+fn store_held(
+    writer: &mut Writer,
+    block: &[u8],
+    known: bool,
+) -> Arc<std::sync::atomic::AtomicBool> {
+    let (dropped, held) = hold();
+    writer
+        .store_holding(
+            BlobType::Data,
+            block_id(block),
+            Bytes::copy_from_slice(block),
+            known,
+            held,
+        )
+        .expect("handed over");
+    dropped
+}
+
 /// Whether `flag` is set within `within`.
 fn set_within(flag: &std::sync::atomic::AtomicBool, within: std::time::Duration) -> bool {
     let start = std::time::Instant::now();
@@ -125,45 +144,17 @@ fn a_blocks_hold_is_dropped_when_the_writer_lets_its_bytes_go() {
         },
     );
     let first = test_bytes(2 * BLOCK, 1);
-    let (first_dropped, first_hold) = hold();
-    writer
-        .store_holding(
-            BlobType::Data,
-            block_id(&first),
-            Bytes::from(first),
-            false,
-            first_hold,
-        )
-        .expect("stored");
+    let first_dropped = store_held(&mut writer, &first, false);
     // Its pack is full: the next pack waits for it to be stored.
     assert!(
         set_within(&first_dropped, Duration::from_secs(5)),
         "in a pack, let go"
     );
     let waiting = test_bytes(BLOCK, 2);
-    let (waiting_dropped, waiting_hold) = hold();
-    let id = block_id(&waiting);
-    writer
-        .store_holding(
-            BlobType::Data,
-            id,
-            Bytes::from(waiting.clone()),
-            false,
-            waiting_hold,
-        )
-        .expect("stored");
+    let waiting_dropped = store_held(&mut writer, &waiting, false);
     // A block that compresses lets go once compressed, though it waits behind that one.
     let text = b"committed ".repeat(BLOCK / 10);
-    let (text_dropped, text_hold) = hold();
-    writer
-        .store_holding(
-            BlobType::Data,
-            block_id(&text),
-            Bytes::from(text),
-            false,
-            text_hold,
-        )
-        .expect("stored");
+    let text_dropped = store_held(&mut writer, &text, false);
     assert!(
         set_within(&text_dropped, Duration::from_millis(300)),
         "compressed, let go"
@@ -179,16 +170,7 @@ fn a_blocks_hold_is_dropped_when_the_writer_lets_its_bytes_go() {
 
     // A block not stored (stored already in this run, or known) lets go at once.
     for known in [false, true] {
-        let (dropped, duplicate_hold) = hold();
-        writer
-            .store_holding(
-                BlobType::Data,
-                id,
-                Bytes::from(waiting.clone()),
-                known,
-                duplicate_hold,
-            )
-            .expect("stored");
+        let dropped = store_held(&mut writer, &waiting, known);
         assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
     }
     let stats = writer.finish().expect("finished");
@@ -219,16 +201,7 @@ fn a_failed_writer_drops_the_holds_of_blocks_waiting_for_their_turn() {
         .store(BlobType::Data, block_id(&first), Bytes::from(first), false)
         .expect("handed over");
     let waiting = test_bytes(BLOCK, 2);
-    let (dropped, waiting_hold) = hold();
-    writer
-        .store_holding(
-            BlobType::Data,
-            block_id(&waiting),
-            Bytes::from(waiting),
-            false,
-            waiting_hold,
-        )
-        .expect("handed over");
+    let dropped = store_held(&mut writer, &waiting, false);
     assert!(
         !set_within(&dropped, Duration::from_millis(200)),
         "held while it waits for its pack"
