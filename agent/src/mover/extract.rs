@@ -472,6 +472,21 @@ impl Syncer {
     }
 }
 
+/// Most bytes one `write` call hands the kernel. A longer write makes the page cache take
+/// its memory as folios of up to 2 MiB, and on a VM whose host takes back free memory (this
+/// project's test machine: free page reporting at 2 MiB) every such folio is a fresh page
+/// fault in the host: writing 1,936 MiB from one 8 MiB buffer took 1.80 and 6.29 s, from one
+/// 1 MiB buffer 0.42 and 0.48 s (`hack/bench-write-size.sh`). A block of content is up to
+/// 8 MiB.
+const WRITE_BYTES: usize = 1 << 20;
+
+/// Writes `bytes` to `file` in calls of at most [`WRITE_BYTES`].
+fn write_in_parts(file: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
+    bytes
+        .chunks(WRITE_BYTES)
+        .try_for_each(|part| file.write_all(part))
+}
+
 /// What extracting an entry asks of the [`Writer`], in archive order. (Writing on a thread
 /// of its own was measured: on two cores shared with the S3 server it only added work.)
 enum Op {
@@ -518,11 +533,10 @@ impl Writer {
             Op::Create(expected) => self.create(expected),
             Op::Write(piece) => {
                 if let Some((entry, file)) = &mut self.open {
-                    file.write_all(&piece)
-                        .map_err(|source| ExtractError::Write {
-                            path: entry.path.clone(),
-                            source,
-                        })?;
+                    write_in_parts(file, &piece).map_err(|source| ExtractError::Write {
+                        path: entry.path.clone(),
+                        source,
+                    })?;
                 }
                 Ok(())
             }

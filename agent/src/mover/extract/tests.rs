@@ -386,3 +386,63 @@ fn a_files_pieces_are_written_as_given_and_one_past_its_size_is_refused() {
         }
     }
 }
+
+/// Records the length of every `write` call, taking at most `most` bytes of each.
+struct Calls {
+    lengths: Vec<usize>,
+    written: Vec<u8>,
+    most: usize,
+}
+
+impl Write for Calls {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.lengths.push(bytes.len());
+        let taken = bytes.len().min(self.most);
+        self.written.extend_from_slice(&bytes[..taken]);
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_block_is_written_in_calls_of_at_most_a_mebibyte() {
+    let block: Vec<u8> = (0..(8 << 20) + 3)
+        .map(|index| (index % 251) as u8)
+        .collect();
+    // (name, bytes taken per call, calls wanted)
+    let cases: &[(&str, usize, Vec<usize>)] = &[
+        (
+            "an 8 MiB block: eight calls of 1 MiB and its tail",
+            usize::MAX,
+            [vec![WRITE_BYTES; 8], vec![3]].concat(),
+        ),
+        (
+            "short writes: the rest of a part in the next call, never more than a part",
+            700 << 10,
+            (0..8)
+                .flat_map(|_| [WRITE_BYTES, WRITE_BYTES - (700 << 10)])
+                .chain([3])
+                .collect(),
+        ),
+    ];
+    for (name, most, wanted) in cases {
+        let mut calls = Calls {
+            lengths: Vec::new(),
+            written: Vec::new(),
+            most: *most,
+        };
+        write_in_parts(&mut calls, &block).unwrap();
+        assert_eq!(&calls.lengths, wanted, "{name}");
+        assert!(calls.written == block, "{name}: the bytes written differ");
+    }
+    let mut calls = Calls {
+        lengths: Vec::new(),
+        written: Vec::new(),
+        most: usize::MAX,
+    };
+    write_in_parts(&mut calls, &block[..100]).unwrap();
+    assert_eq!(calls.lengths, [100], "a small block: one call");
+}
