@@ -127,21 +127,30 @@ fn set_within(flag: &std::sync::atomic::AtomicBool, within: std::time::Duration)
     flag.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// A writer on `backend` with one pack of one and a half `block`s unstored at a time and one
+/// upload: a block that starts the next pack waits, sealed, for the previous one's upload.
+fn one_pack_at_a_time(backend: MemoryBackend, block: usize) -> Writer {
+    Writer::new(
+        Arc::new(backend),
+        Cipher::new(&MasterKey::new()).expect("a cipher"),
+        WriterOptions {
+            data_pack_bytes: block + block / 2,
+            packs_unstored: 1,
+            uploads: 1,
+            ..WriterOptions::default()
+        },
+    )
+}
+
 #[test]
 fn a_blocks_hold_is_dropped_when_the_writer_lets_its_bytes_go() {
     use std::time::Duration;
     const BLOCK: usize = 256 << 10;
     // One pack at a time, each taking 800 ms to store: a block that starts the next pack
     // waits that long, sealed, in its own buffer when it does not compress.
-    let mut writer = Writer::new(
-        Arc::new(MemoryBackend::with_pack_delay(Duration::from_millis(800))),
-        Cipher::new(&MasterKey::new()).expect("a cipher"),
-        WriterOptions {
-            data_pack_bytes: BLOCK + BLOCK / 2,
-            packs_unstored: 1,
-            uploads: 1,
-            ..WriterOptions::default()
-        },
+    let mut writer = one_pack_at_a_time(
+        MemoryBackend::with_pack_delay(Duration::from_millis(800)),
+        BLOCK,
     );
     let first = test_bytes(2 * BLOCK, 1);
     let first_dropped = store_held(&mut writer, &first, false);
@@ -184,17 +193,9 @@ fn a_failed_writer_drops_the_holds_of_blocks_waiting_for_their_turn() {
     // The first block fills a pack, whose upload fails after 500 ms; the second waits, sealed,
     // for room for another pack meanwhile. It is never stored: its hold goes with the failure,
     // not when the writer is dropped (a reader waiting for its room would wait for ever).
-    let mut writer = Writer::new(
-        Arc::new(MemoryBackend::refusing_packs_after(Duration::from_millis(
-            500,
-        ))),
-        Cipher::new(&MasterKey::new()).expect("a cipher"),
-        WriterOptions {
-            data_pack_bytes: BLOCK + BLOCK / 2,
-            packs_unstored: 1,
-            uploads: 1,
-            ..WriterOptions::default()
-        },
+    let mut writer = one_pack_at_a_time(
+        MemoryBackend::refusing_packs_after(Duration::from_millis(500)),
+        BLOCK,
     );
     let first = test_bytes(2 * BLOCK, 1);
     writer
