@@ -3,6 +3,9 @@ use custody_agent::cli::MoverOptions;
 use custody_agent::mover;
 use custody_proto::reasons::MoverFailure;
 
+// Linked for its `memcpy`, `memcmp` and kin, which replace musl's (see the crate).
+use custody_mem as _;
+
 /// See [`custody_agent::allocator`].
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
