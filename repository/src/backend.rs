@@ -82,6 +82,8 @@ pub struct S3Backend {
     /// Snapshot files written through this backend (and its clones), in order: rustic_core
     /// does not say under which ID it saved one.
     snapshots_written: Arc<Mutex<Vec<Id>>>,
+    /// The index files the last listing of them found (through this backend or its clones).
+    index_listed: Arc<Mutex<Option<Vec<Id>>>>,
     /// S3 calls that failed (the server, the network), so that a caller can tell a damaged
     /// repository from an unreachable one whatever rustic_core makes of the error.
     failures: Arc<std::sync::atomic::AtomicU64>,
@@ -99,6 +101,7 @@ impl S3Backend {
             upload: custody_proto::s3_limits::Throttle::default(),
             download: custody_proto::s3_limits::Throttle::default(),
             snapshots_written: Arc::default(),
+            index_listed: Arc::default(),
             failures: Arc::default(),
             written: Arc::default(),
         }
@@ -158,6 +161,14 @@ impl S3Backend {
             .expect("snapshot record")
             .last()
             .copied()
+    }
+
+    /// The index files the last listing of them found, taken (none since the last take).
+    /// rustic_core's `to_indexed` lists the index files once and reads every one it found
+    /// (failing if one cannot be read): taken just before and just after it, this is exactly
+    /// the files its index holds.
+    pub fn take_index_listing(&self) -> Option<Vec<Id>> {
+        self.index_listed.lock().expect("index listing").take()
     }
 
     pub fn location_of(&self) -> &Location {
@@ -386,6 +397,10 @@ impl ReadBackend for S3Backend {
                     })?;
                     found.push((id, size));
                 }
+            }
+            if file_type == FileType::Index {
+                *self.index_listed.lock().expect("index listing") =
+                    Some(found.iter().map(|(id, _)| *id).collect());
             }
             Ok(found)
         })

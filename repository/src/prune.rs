@@ -177,29 +177,26 @@ pub fn secure<S: Open>(
     referenced: &Referenced,
     elapsed: &dyn Fn() -> Duration,
 ) -> Result<Secured, Refused> {
-    secure_with(
-        repository,
-        backend,
-        cipher,
-        referenced,
-        elapsed,
-        IndexFilesRead::default(),
-    )
+    may_commit(elapsed())?;
+    let indexes: Vec<IndexFile> = index_files(repository)
+        .map_err(Refused::Unreadable)?
+        .into_iter()
+        .map(|(_, index)| index)
+        .collect();
+    relist_or_refuse(backend, cipher, referenced, &indexes, elapsed)
 }
 
-/// [`secure`], with index files already read: only those listed now are taken, and only the
-/// listed ones not read yet are read.
-pub fn secure_with<S: Open>(
-    repository: &Repository<S>,
+/// The end of [`secure`] and [`secure_after_load`]: the marked packs among `indexes` holding
+/// a `referenced` block no listed pack holds are listed again, or the snapshot is refused if
+/// a referenced block is in no pack at all (or the deadline passed meanwhile).
+fn relist_or_refuse(
     backend: &dyn WriteBackend,
     cipher: &Cipher,
     referenced: &Referenced,
+    indexes: &[IndexFile],
     elapsed: &dyn Fn() -> Duration,
-    read: IndexFilesRead,
 ) -> Result<Secured, Refused> {
-    may_commit(elapsed())?;
-    let indexes = read.listed_now(repository).map_err(Refused::Unreadable)?;
-    let Recovery { relist, missing } = recovery(referenced, &indexes);
+    let Recovery { relist, missing } = recovery(referenced, indexes);
     if let Some(first) = missing.first() {
         return Err(Refused::Missing {
             count: missing.len(),
@@ -212,44 +209,56 @@ pub fn secure_with<S: Open>(
     Ok(Secured { relisted })
 }
 
-/// Index files read ahead of [`secure_with`], by ID. An index file never changes (its name is
-/// the hash of what it holds), so one read earlier need not be read again when the index is
-/// listed just before a snapshot is saved: what a prune changed meanwhile is in the listing
-/// (index files it removed are not listed, those it wrote are read then).
-#[derive(Default)]
-pub struct IndexFilesRead(HashMap<Id, IndexFile>);
-
-impl IndexFilesRead {
-    /// Reads the index files listed now.
-    pub fn read<S: Open>(repository: &Repository<S>) -> Result<IndexFilesRead, String> {
-        Ok(IndexFilesRead(
-            index_files(repository)?.into_iter().collect(),
-        ))
+/// [`secure`] for a backup that knows which index files the index it loaded at its start
+/// came from (`loaded`, as rustic_core's `to_indexed` listed them), and which referenced
+/// blocks it `found` there and which it `stored` itself ([`crate::writer::Writer::take_referenced_apart`]).
+///
+/// Index files never change (each is named by the hash of what it holds), and the index a
+/// reader loads is the packs the listed files list as not marked. So while every loaded file
+/// is still listed ([`loaded_still_listed`]), every found block is still in a listed pack,
+/// and only the stored blocks are looked for, in the index files written since: this run's,
+/// and any a prune wrote marking them. Only those are read, not the whole index again. Once
+/// a loaded file is gone (a prune rewrote it meanwhile), every listed file is read, as
+/// [`secure`] does.
+pub fn secure_after_load<S: Open>(
+    repository: &Repository<S>,
+    backend: &dyn WriteBackend,
+    cipher: &Cipher,
+    loaded: &[Id],
+    (found, stored): (&Referenced, &Referenced),
+    elapsed: &dyn Fn() -> Duration,
+) -> Result<Secured, Refused> {
+    may_commit(elapsed())?;
+    let listed: Vec<IndexId> = repository
+        .list::<IndexId>()
+        .map_err(|error| Refused::Unreadable(error.display_log()))?
+        .collect();
+    let now: HashSet<Id> = listed.iter().map(|id| **id).collect();
+    if !loaded_still_listed(loaded, &now) {
+        let mut referenced = found.clone();
+        referenced.extend(stored.clone());
+        return secure(repository, backend, cipher, &referenced, elapsed);
     }
-
-    /// The index files listed now: those read already, and the others read now.
-    fn listed_now<S: Open>(mut self, repository: &Repository<S>) -> Result<Vec<IndexFile>, String> {
-        let listed: Vec<IndexId> = repository
-            .list::<IndexId>()
-            .map_err(|error| error.display_log())?
-            .collect();
-        let unread: Vec<IndexId> = listed
-            .iter()
-            .filter(|id| !self.0.contains_key(&***id))
-            .copied()
-            .collect();
-        for file in repository
-            .stream_files_list::<IndexFile>(unread)
-            .map_err(|error| error.display_log())?
-        {
-            let (id, index) = file.map_err(|error| error.display_log())?;
-            self.0.insert(*id, index);
-        }
-        Ok(listed
-            .iter()
-            .filter_map(|id| self.0.remove(&**id))
-            .collect())
+    let loaded: HashSet<&Id> = loaded.iter().collect();
+    let written: Vec<IndexId> = listed
+        .into_iter()
+        .filter(|id| !loaded.contains(&**id))
+        .collect();
+    let mut indexes = Vec::with_capacity(written.len());
+    for file in repository
+        .stream_files_list::<IndexFile>(written)
+        .map_err(|error| Refused::Unreadable(error.display_log()))?
+    {
+        let (_, index) = file.map_err(|error| Refused::Unreadable(error.display_log()))?;
+        indexes.push(index);
     }
+    relist_or_refuse(backend, cipher, stored, &indexes, elapsed)
+}
+
+/// Whether every index file a backup loaded at its start is still listed `now`: then every
+/// pack its index held is still listed, by the same files.
+pub fn loaded_still_listed(loaded: &[Id], now: &HashSet<Id>) -> bool {
+    loaded.iter().all(|id| now.contains(id))
 }
 
 /// Whether a prune whose planning took `planning` may act on its plan.

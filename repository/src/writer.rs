@@ -387,7 +387,8 @@ impl Writer {
             })
     }
 
-    /// Records blocks referenced as they are (a parent's content for an unchanged file).
+    /// Records blocks referenced as they are (a parent's content for an unchanged file): the
+    /// caller found each in the index loaded at the start.
     pub fn reuse(&mut self, kind: BlobType, ids: impl IntoIterator<Item = Id>) {
         for id in ids {
             self.reused.insert(kind, id);
@@ -397,11 +398,22 @@ impl Writer {
     /// Every block this run referenced so far, stored by it or found in the repository: each
     /// must be in a listed pack when the snapshot is saved ([`crate::prune::secure`]).
     pub fn take_referenced(&mut self) -> Referenced {
-        let mut referenced = std::mem::take(&mut self.reused);
-        for (kind, id) in self.added.drain() {
-            referenced.insert(kind, rustic_id(&id));
-        }
+        let (mut referenced, stored) = self.take_referenced_apart();
+        referenced.extend(stored);
         referenced
+    }
+
+    /// [`Writer::take_referenced`] in two: the blocks found in the index loaded at the start
+    /// (`known` when stored, and those [`Writer::reuse`] recorded: its callers found them there
+    /// too), and those this run stored itself ([`crate::prune::secure_after_load`]).
+    pub fn take_referenced_apart(&mut self) -> (Referenced, Referenced) {
+        let found = std::mem::take(&mut self.reused);
+        let stored = self
+            .added
+            .drain()
+            .map(|(kind, id)| (kind, rustic_id(&id)))
+            .collect();
+        (found, stored)
     }
 
     /// Stores the last blocks, uploads the last packs and writes the last index file.

@@ -90,13 +90,22 @@ struct Backup {
     /// What the index it loaded listed.
     listed: BTreeSet<(BlobType, Id)>,
     stored: Option<Stored>,
-    /// The index files it read when it started, taken by `secure_with` (as a mover reads them
-    /// during its walk): none, half the time.
-    read_ahead: Option<prune::IndexFilesRead>,
+    /// How it secures its blocks before saving its snapshot, chosen at its start.
+    check: Check,
+}
+
+/// The two ways a backup makes sure of its blocks before saving its snapshot.
+enum Check {
+    /// `secure`: every index file read then.
+    Whole,
+    /// `secure_after_load` with the index files its index was loaded from (as a mover does).
+    Loaded(Vec<Id>),
 }
 
 struct Stored {
-    reused: Referenced,
+    /// Blocks found in the index loaded at the start, and blocks this backup stored.
+    found: Referenced,
+    stored: Referenced,
     tree: TreeId,
 }
 
@@ -174,6 +183,8 @@ impl History {
         if self.backups.len() >= 3 {
             return;
         }
+        // The files the index is loaded from (nothing else runs meanwhile).
+        let loaded = self.backend.ids(FileType::Index);
         let repository = self.repository().to_indexed().expect("the index loads");
         let mut listed = BTreeSet::new();
         for block in self.pool.iter() {
@@ -198,14 +209,16 @@ impl History {
             self.backups.len(),
             listed.len()
         ));
-        let read_ahead = (self.rng.below(2) == 0)
-            .then(|| prune::IndexFilesRead::read(&repository).expect("the index files read"));
+        let check = match self.rng.below(2) {
+            0 => Check::Whole,
+            _ => Check::Loaded(loaded),
+        };
         self.backups.push(Backup {
             started: self.now,
             blocks,
             listed,
             stored: None,
-            read_ahead,
+            check,
         });
     }
 
@@ -250,15 +263,17 @@ impl History {
         writer
             .store(BlobType::Tree, tree_id, tree, known)
             .expect("a tree is stored");
-        let reused = writer.take_referenced();
+        let (found, stored) = writer.take_referenced_apart();
         writer.finish().expect("the packs and index are stored");
         self.log.push(format!(
-            "t={}h backup {at} stored ({} reused)",
+            "t={}h backup {at} stored ({} reused, {} stored)",
             self.now.as_secs() / 3600,
-            reused.len()
+            found.len(),
+            stored.len()
         ));
         self.backups[at].stored = Some(Stored {
-            reused,
+            found,
+            stored,
             tree: TreeId::from(writer::rustic_id(&tree_id)),
         });
     }
@@ -276,14 +291,24 @@ impl History {
         let elapsed = self.now - backup.started;
         let repository = self.repository();
         let cipher = self.cipher();
-        match prune::secure_with(
-            &repository,
-            &self.backend,
-            &cipher,
-            &stored.reused,
-            &|| elapsed,
-            backup.read_ahead.unwrap_or_default(),
-        ) {
+        let mut referenced = stored.found.clone();
+        referenced.extend(stored.stored.clone());
+        let secured = match backup.check {
+            Check::Whole => {
+                prune::secure(&repository, &self.backend, &cipher, &referenced, &|| {
+                    elapsed
+                })
+            }
+            Check::Loaded(loaded) => prune::secure_after_load(
+                &repository,
+                &self.backend,
+                &cipher,
+                &loaded,
+                (&stored.found, &stored.stored),
+                &|| elapsed,
+            ),
+        };
+        match secured {
             Ok(secured) => {
                 self.relisted += secured.relisted as u64;
                 let mut snapshot: SnapshotFile = SnapshotOptions::default()
@@ -613,7 +638,7 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
         blocks: vec![0, 1, 2, 3],
         listed: BTreeSet::new(),
         stored: None,
-        read_ahead: None,
+        check: Check::Whole,
     });
     history.store();
     history.commit(0);
@@ -632,7 +657,7 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
         blocks: vec![0, 1, 2, 3],
         listed,
         stored: None,
-        read_ahead: None,
+        check: Check::Whole,
     });
     history.store();
     // A is forgotten; a prune marks its packs; more than the grace passes; a prune plans to
@@ -643,12 +668,14 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
     history.plan(0);
     // B, past its deadline, is refused (the rule under test)...
     let stored = history.backups[0].stored.as_ref().expect("stored");
+    let mut referenced = stored.found.clone();
+    referenced.extend(stored.stored.clone());
     let late = history.now - history.backups[0].started;
     let refused = prune::secure(
         &history.repository(),
         &history.backend,
         &history.cipher(),
-        &stored.reused,
+        &referenced,
         &|| late,
     );
     assert!(
@@ -660,7 +687,7 @@ fn a_backup_that_outlives_the_grace_would_lose_a_block_without_the_deadline() {
         &history.repository(),
         &history.backend,
         &history.cipher(),
-        &stored.reused,
+        &referenced,
         &|| Duration::ZERO,
     )
     .expect("secured without the deadline");

@@ -104,3 +104,45 @@ pub fn restic_at(url: &str, bucket: &str, prefix: &str, password: &str, args: &[
     );
     output
 }
+
+/// Takes the pack `pack` (its ID in hex) out of the repository's index, as if the index had
+/// lost it: the index file naming it is written again without it (as a prune writes one) and
+/// the old one removed. Its blocks are then in no pack the index lists.
+pub async fn lose_pack_from_index(url: &str, bucket: &str, key: &str, pack: &str) {
+    let (url, bucket, key, pack) = (
+        url.to_string(),
+        bucket.to_string(),
+        key.to_string(),
+        pack.to_string(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let backends = backends(&url, &bucket);
+        let (repository, _) =
+            open::open_with_master_key(&backends, &key).expect("the repository opens");
+        let cipher = custody_repository::crypto::Cipher::new(&repository.key()).expect("a cipher");
+        let backend = backends.repository();
+        let mut lost = 0;
+        for file in repository
+            .stream_files::<rustic_core::repofile::IndexFile>()
+            .expect("the index files list")
+        {
+            let (id, mut index) = file.expect("an index file reads");
+            let before = index.packs.len();
+            index
+                .packs
+                .retain(|listed| listed.id.to_hex().as_str() != pack);
+            if index.packs.len() == before {
+                continue;
+            }
+            lost += before - index.packs.len();
+            custody_repository::index_file::save_index(backend.as_ref(), &cipher, &index, 3)
+                .expect("the index file is written again");
+            backend
+                .remove(rustic_core::FileType::Index, &id, true)
+                .expect("the old index file is removed");
+        }
+        assert_eq!(lost, 1, "pack {pack} in the index");
+    })
+    .await
+    .expect("the index thread")
+}

@@ -467,6 +467,113 @@ async fn a_pack_or_a_snapshot_with_one_byte_changed_is_refused_naming_it() {
 
 /// The blocks each index file of the repository in `bucket` lists (in packs in use and in
 /// marked ones), as restic reads them.
+/// A parent snapshot whose blocks are not all in the index any more (a pack of its data lost
+/// from the index): the next backup still uses it, reads again the files whose blocks the
+/// pack held, and its snapshot restores whole and verified (reusing a lost block would leave
+/// it naming a block no pack holds).
+#[tokio::test]
+async fn a_parent_whose_blocks_the_index_lost_has_those_files_read_again() {
+    let url = s3::shared();
+    let bucket = s3::bucket(url, "lost-parent-blocks").await;
+    let (_, key) = repository::create(url, &bucket).await;
+    let source = LoopVolume::new(256);
+    fill(source.path());
+    // Last in the walk: 32 MiB that do not compress, packed between the small files' blocks
+    // and the manifest's, so that those never share a pack.
+    std::fs::write(
+        source.path().join("pg_wal/segment-9"),
+        incompressible(32 << 20, 9),
+    )
+    .unwrap();
+    let first = backup(url, &bucket, &key, source.path(), BACKUP_UID, None);
+
+    // The pack holding the first file's block (a pack of the small files: the parent's
+    // manifest and trees are in others), lost from the index.
+    let first_file = std::fs::read(source.path().join("base/000/00000")).unwrap();
+    let block =
+        custody_repository::writer::rustic_id(&custody_repository::writer::block_id(&first_file))
+            .to_hex()
+            .to_string();
+    let pack = data_packs(url, &bucket)
+        .into_iter()
+        .find(|(_, blocks)| blocks.contains(&block))
+        .map(|(pack, _)| pack)
+        .expect("a pack of data blocks holds the first file's");
+    repository::lose_pack_from_index(url, &bucket, &key, &pack).await;
+    assert!(
+        data_packs(url, &bucket)
+            .iter()
+            .all(|(listed, _)| *listed != pack),
+        "the index still lists {pack}"
+    );
+
+    // The parent is used (its trees and manifest are whole), and its files' blocks the index
+    // lacks are read and stored again: the first file's block is listed again.
+    let second_uid = "5a9a0b2e-2222-4000-8000-0000000000b2";
+    let parent = snapshot_id(&first);
+    let output = run(mover(
+        url,
+        &bucket,
+        &key,
+        &backup_args(source.path(), second_uid, Some(&parent)),
+    ));
+    assert!(output.status.success(), "backup failed");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!said.contains("not using parent snapshot"), "{said}");
+    let second: BackupResult = serde_json::from_slice(&output.stdout).expect("backup result");
+    eprintln!("after the pack was lost: {second:?}");
+    assert!(second.snapshot.as_ref().unwrap().files_read > 0);
+    assert!(
+        data_packs(url, &bucket)
+            .iter()
+            .any(|(_, blocks)| blocks.contains(&block)),
+        "the first file's block is not stored again"
+    );
+
+    let target = LoopVolume::new(256);
+    let output = restore(url, &bucket, &key, target.path(), &second, second_uid);
+    assert!(output.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &second.manifest_hash,
+            second_uid,
+            RESTORE_UID
+        ),
+        10_004
+    );
+    let mut restored = tree(target.path());
+    restored.retain(|path, _| !path.starts_with(".custody"));
+    assert_eq!(restored, tree(source.path()));
+}
+
+/// The packs the index lists that hold data blocks only, with their blocks, as restic reads
+/// the index.
+fn data_packs(url: &str, bucket: &str) -> Vec<(String, Vec<String>)> {
+    let listed = repository::restic(url, bucket, &["list", "index"]);
+    assert!(listed.status.success(), "restic list index failed");
+    let mut packs = Vec::new();
+    for id in String::from_utf8_lossy(&listed.stdout).lines() {
+        let output = repository::restic(url, bucket, &["cat", "index", id.trim()]);
+        assert!(output.status.success(), "restic cat index {id} failed");
+        let index: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("an index file");
+        for pack in index["packs"].as_array().into_iter().flatten() {
+            let blobs = pack["blobs"].as_array().cloned().unwrap_or_default();
+            if !blobs.is_empty() && blobs.iter().all(|blob| blob["type"] == "data") {
+                packs.push((
+                    pack["id"].as_str().expect("a pack id").to_string(),
+                    blobs
+                        .iter()
+                        .map(|blob| blob["id"].as_str().expect("a blob id").to_string())
+                        .collect(),
+                ));
+            }
+        }
+    }
+    packs
+}
+
 fn index_blocks(url: &str, bucket: &str) -> Vec<usize> {
     let listed = repository::restic(url, bucket, &["list", "index"]);
     assert!(listed.status.success(), "restic list index failed");

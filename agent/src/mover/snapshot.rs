@@ -206,11 +206,13 @@ fn backup_into(
     let (repository, repository_id) = repo.open()?;
     // From here to the snapshot's saving, a prune's grace bounds the time (`prune::secure`).
     let index_loaded = Instant::now();
-    let repository = std::sync::Arc::new(
-        repository
-            .to_indexed()
-            .map_err(|error| unreadable(&repo.backend, &error))?,
-    );
+    let _ = repo.backend.take_index_listing();
+    let repository = repository
+        .to_indexed()
+        .map_err(|error| unreadable(&repo.backend, &error))?;
+    // The index files the index was loaded from: before the snapshot is saved, only those
+    // written since are read (`prune::secure_after_load`).
+    let loaded = repo.backend.take_index_listing();
     let cipher = Cipher::new(&repository.key())
         .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
 
@@ -245,15 +247,6 @@ fn backup_into(
     let mut read = Vec::new();
     let mut claims = Vec::new();
     let headers = volume_headers(&request.header, &request.volumes);
-    // The index files are read again before the snapshot is saved; those listed now are read
-    // while the volumes are, and only new ones then.
-    let read_ahead = std::thread::Builder::new()
-        .name("index-ahead".into())
-        .spawn({
-            let repository = repository.clone();
-            move || prune::IndexFilesRead::read(repository.as_ref())
-        })
-        .map_err(local("a thread"))?;
     super::progress::reading_starts();
     for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
         super::progress::volume(&volume.name);
@@ -295,7 +288,7 @@ fn backup_into(
         Archiver::directory("manifests", manifests),
     ])?;
     let counts = archiver.counts;
-    let (stats, referenced) = archiver.finish()?;
+    let (stats, (found, stored)) = archiver.finish()?;
     if stop.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(MoverError::Upload(
             super::upload::UploadError::Interrupted {
@@ -327,20 +320,30 @@ fn backup_into(
     file.description = Some(meta.to_description());
     // Every block the snapshot names is in a listed pack (a prune may have marked some while
     // this ran) and the run is within its deadline: then it is saved at once.
-    // Read ahead or not, the index is listed again below.
-    let read_ahead = read_ahead
-        .join()
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    let secured = prune::secure_with(
-        repository.as_ref(),
-        repo.backend.clone().shared().as_ref(),
-        &cipher,
-        &referenced,
-        &|| index_loaded.elapsed(),
-        read_ahead,
-    )?;
+    let backend = repo.backend.clone().shared();
+    let elapsed = || index_loaded.elapsed();
+    let secured = match &loaded {
+        Some(loaded) => prune::secure_after_load(
+            &repository,
+            backend.as_ref(),
+            &cipher,
+            loaded,
+            (&found, &stored),
+            &elapsed,
+        ),
+        // The listing was not seen (it always is with this backend): every index file is read.
+        None => {
+            let mut referenced = found;
+            referenced.extend(stored);
+            prune::secure(
+                &repository,
+                backend.as_ref(),
+                &cipher,
+                &referenced,
+                &elapsed,
+            )
+        }
+    }?;
     if secured.relisted > 0 {
         eprintln!(
             "custody-mover: {} pack(s) a prune marked while this backup ran are listed again",

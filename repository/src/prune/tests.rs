@@ -183,3 +183,28 @@ fn reused_blocks_in_marked_packs_are_listed_again_and_vanished_ones_named() {
         }
     }
 }
+
+#[test]
+fn the_loaded_index_stands_only_while_every_file_it_came_from_is_listed() {
+    let now = |ids: &[u8]| ids.iter().map(|&n| id(n)).collect::<HashSet<Id>>();
+    let loaded = |ids: &[u8]| ids.iter().map(|&n| id(n)).collect::<Vec<Id>>();
+    // (loaded, listed now, stands)
+    let cases: [(&[u8], &[u8], bool); 7] = [
+        (&[], &[], true),
+        // Files written since (this backup's, another's, a prune's) change nothing loaded.
+        (&[1, 2], &[1, 2], true),
+        (&[1, 2], &[1, 2, 3], true),
+        (&[], &[3], true),
+        // A loaded file removed (a prune rewrote it): its packs may be marked now.
+        (&[1, 2], &[1], false),
+        (&[1, 2], &[2, 3], false),
+        (&[1], &[], false),
+    ];
+    for (was, is, stands) in cases {
+        assert_eq!(
+            loaded_still_listed(&loaded(was), &now(is)),
+            stands,
+            "loaded {was:?}, listed {is:?}"
+        );
+    }
+}
