@@ -110,7 +110,19 @@ impl From<Secret> for Credentials {
 }
 
 fn tls_context(endpoint: &Endpoint) -> Result<TlsContext, ClientError> {
-    let mut trust = TrustStore::default();
+    tls_context_trusting(endpoint, TrustStore::default())
+}
+
+/// Whether `url` is plain HTTP: no TLS is ever negotiated with it.
+fn plain_http(url: &str) -> bool {
+    url.get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+}
+
+fn tls_context_trusting(
+    endpoint: &Endpoint,
+    mut trust: TrustStore,
+) -> Result<TlsContext, ClientError> {
     if let Some(pem) = &endpoint.ca_bundle {
         trust = trust.with_pem_certificate(pem.clone());
     }
@@ -135,9 +147,16 @@ pub fn client(
     endpoint: &Endpoint,
     credentials: &Credentials,
 ) -> Result<aws_sdk_s3::Client, ClientError> {
+    // The system's roots are read and parsed when the client is built (about 150 files here,
+    // from the disk when the cache is cold): not for an endpoint that never uses TLS.
+    let trust = if plain_http(&endpoint.url) {
+        TrustStore::empty()
+    } else {
+        TrustStore::default()
+    };
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-        .tls_context(tls_context(endpoint)?)
+        .tls_context(tls_context_trusting(endpoint, trust)?)
         .build_https();
     let provider = match credentials {
         Credentials::Keys(secret) => {
@@ -497,6 +516,21 @@ mod tests {
             value_of(&bounded, env::DOWNLOAD_KIB_PER_SECOND).as_deref(),
             Some("2048")
         );
+    }
+
+    #[test]
+    fn only_a_plain_http_endpoint_goes_without_the_system_roots() {
+        for (url, plain) in [
+            ("http://127.0.0.1:9000", true),
+            ("HTTP://minio.example:9000/", true),
+            ("https://s3.example.com", false),
+            ("HTTPS://s3.example.com", false),
+            ("http", false),
+            ("", false),
+            ("s3.example.com", false),
+        ] {
+            assert_eq!(plain_http(url), plain, "{url}");
+        }
     }
 
     /// What `kubectl explain backuprepository.spec.credentialsSecretRef` says are the Secret's
