@@ -123,6 +123,36 @@ fn restore(
     )
 }
 
+/// Restores the `data` volume of `result` (backed up as `backup_uid`) into a fresh volume,
+/// which must succeed and verify `files` files; the restored volume, for more checks.
+fn restore_verified(
+    (url, bucket, key): (&str, &str, &str),
+    result: &BackupResult,
+    backup_uid: &str,
+    files: u64,
+) -> LoopVolume {
+    let target = LoopVolume::new(256);
+    let output = restore(url, bucket, key, target.path(), result, backup_uid);
+    assert!(output.status.success(), "restore failed");
+    assert_eq!(
+        volumes::verified(
+            target.path(),
+            &result.manifest_hash,
+            backup_uid,
+            RESTORE_UID
+        ),
+        files
+    );
+    target
+}
+
+/// The files under `root` but custody's own (`.custody`).
+fn tree_without_custody(root: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = tree(root);
+    files.retain(|path, _| !path.starts_with(".custody"));
+    files
+}
+
 /// Restores volume `volume` of snapshot `snapshot`, checked against `manifest_hash`.
 fn restore_volume(
     repository: (&str, &str, &str),
@@ -191,25 +221,12 @@ async fn a_snapshot_restores_verified_and_restic_reads_what_custody_wrote() {
         );
     }
 
-    let target = LoopVolume::new(256);
-    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
-    assert!(output.status.success(), "restore failed");
-    assert_eq!(
-        volumes::verified(
-            target.path(),
-            &result.manifest_hash,
-            BACKUP_UID,
-            RESTORE_UID
-        ),
-        10_003
-    );
+    let target = restore_verified((url, &bucket, &key), &result, BACKUP_UID, 10_003);
     let owner = std::os::unix::fs::MetadataExt::uid(
         &std::fs::metadata(target.path().join("base/000/00001")).unwrap(),
     );
     assert_eq!(owner, 999);
-    let mut restored = tree(target.path());
-    restored.retain(|path, _| !path.starts_with(".custody"));
-    assert_eq!(restored, tree(source.path()));
+    assert_eq!(tree_without_custody(target.path()), tree(source.path()));
 
     // restic opens custody's repository with the password, finds every pack intact, and
     // restores the same volume from it.
@@ -333,16 +350,8 @@ async fn a_second_backup_reads_and_uploads_only_what_changed() {
     );
 
     // What was not read is restored as it was, what was is restored as it is now.
-    let target = LoopVolume::new(256);
-    let output = restore(url, &bucket, &key, target.path(), &third, third_uid);
-    assert!(output.status.success(), "restore failed");
-    assert_eq!(
-        volumes::verified(target.path(), &third.manifest_hash, third_uid, RESTORE_UID),
-        10_003
-    );
-    let mut restored = tree(target.path());
-    restored.retain(|path, _| !path.starts_with(".custody"));
-    assert_eq!(restored, tree(source.path()));
+    let target = restore_verified((url, &bucket, &key), &third, third_uid, 10_003);
+    assert_eq!(tree_without_custody(target.path()), tree(source.path()));
 }
 
 #[tokio::test]
@@ -530,21 +539,8 @@ async fn a_parent_whose_blocks_the_index_lost_has_those_files_read_again() {
         "the first file's block is not stored again"
     );
 
-    let target = LoopVolume::new(256);
-    let output = restore(url, &bucket, &key, target.path(), &second, second_uid);
-    assert!(output.status.success(), "restore failed");
-    assert_eq!(
-        volumes::verified(
-            target.path(),
-            &second.manifest_hash,
-            second_uid,
-            RESTORE_UID
-        ),
-        10_004
-    );
-    let mut restored = tree(target.path());
-    restored.retain(|path, _| !path.starts_with(".custody"));
-    assert_eq!(restored, tree(source.path()));
+    let target = restore_verified((url, &bucket, &key), &second, second_uid, 10_004);
+    assert_eq!(tree_without_custody(target.path()), tree(source.path()));
 }
 
 /// The packs the index lists that hold data blocks only, with their blocks, as restic reads
@@ -684,21 +680,8 @@ async fn a_backup_reusing_data_while_a_prune_runs_keeps_every_block_and_forgotte
     repository::backdate(url, &bucket, &key, 24).await;
     let later = prune(url, &bucket, &key);
     assert_eq!(later.packs_deleted, 0, "{later:?}");
-    let target = LoopVolume::new(256);
-    let restored = restore(url, &bucket, &key, target.path(), &second, second_uid);
-    assert!(restored.status.success(), "restore failed");
-    assert_eq!(
-        volumes::verified(
-            target.path(),
-            &second.manifest_hash,
-            second_uid,
-            RESTORE_UID
-        ),
-        10_003
-    );
-    let mut files = tree(target.path());
-    files.retain(|path, _| !path.starts_with(".custody"));
-    assert_eq!(files, tree(source.path()));
+    let target = restore_verified((url, &bucket, &key), &second, second_uid, 10_003);
+    assert_eq!(tree_without_custody(target.path()), tree(source.path()));
     let check = repository::restic(url, &bucket, &["check", "--read-data"]);
     assert!(check.status.success(), "restic check --read-data failed");
 
@@ -936,9 +919,11 @@ async fn two_volumes_of_one_pod_are_one_snapshot_and_a_link_between_them_restore
             ),
             written.files
         );
-        let mut restored = tree(target.path());
-        restored.retain(|path, _| !path.starts_with(".custody"));
-        assert_eq!(restored, tree(source), "{volume}");
+        assert_eq!(
+            tree_without_custody(target.path()),
+            tree(source),
+            "{volume}"
+        );
         if volume == "data" {
             assert_eq!(
                 std::fs::read_link(target.path().join("pg_wal")).unwrap(),
@@ -1147,18 +1132,7 @@ async fn a_tools_tar_stream_is_backed_up_as_it_is_written_and_restores_the_tree_
     let result: BackupResult = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(result.files, 10_003);
 
-    let target = LoopVolume::new(256);
-    let output = restore(url, &bucket, &key, target.path(), &result, BACKUP_UID);
-    assert!(output.status.success(), "restore failed");
-    assert_eq!(
-        volumes::verified(
-            target.path(),
-            &result.manifest_hash,
-            BACKUP_UID,
-            RESTORE_UID
-        ),
-        10_003
-    );
+    let target = restore_verified((url, &bucket, &key), &result, BACKUP_UID, 10_003);
     assert_eq!(tree(&target.path().join("pgdata")), tree(source.path()));
     let restored = |path: &str| std::fs::symlink_metadata(target.path().join(path)).unwrap();
     assert_eq!(restored("pgdata").permissions().mode() & 0o7777, 0o750);
