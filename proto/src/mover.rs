@@ -133,6 +133,9 @@ pub mod stream {
     pub const STATUS: &str = "status";
     /// The copy of `custody-mover` the tool's container runs its command under.
     pub const PROGRAM: &str = "custody-mover";
+    /// Written by the mover once it is done with the stream (read or failed): a tool that has
+    /// not opened the FIFO by then never will, and ends instead of waiting for a reader.
+    pub const MOVER_ENDED: &str = "mover-ended";
 }
 
 /// The first volume of a snapshot backup is read from a tar stream a tool writes, not from a

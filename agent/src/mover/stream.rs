@@ -65,12 +65,8 @@ pub async fn run_tool(dir: &Path, command: &[String]) -> io::Result<i32> {
             1
         }
         Some((program, args)) => {
-            // The mover opens its end first thing: this returns at once.
-            let fifo = dir.join(stream::FIFO);
             let opened = tokio::select! {
-                opened = tokio::task::spawn_blocking(move || {
-                    std::fs::OpenOptions::new().write(true).open(&fifo)
-                }) => Some(opened.map_err(io::Error::other).and_then(|opened| opened)),
+                opened = open_for_the_mover(dir) => Some(opened),
                 _ = &mut signal => None,
             };
             match opened {
@@ -118,6 +114,64 @@ pub async fn run_tool(dir: &Path, command: &[String]) -> io::Result<i32> {
 
 /// The exit code of a tool stopped by SIGTERM.
 const SIGTERM_EXIT: i32 = 128 + 15;
+
+/// The FIFO's write end, once the mover has its read end open (it opens it first thing, but
+/// its container may start after the tool's). A mover that ended before (a repository it
+/// could not open) never reads: then this fails, naming that, instead of waiting for ever.
+async fn open_for_the_mover(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fifo = dir.join(stream::FIFO);
+    let started = Instant::now();
+    let mut said = started;
+    loop {
+        // Without a reader, a non-blocking open fails at once (ENXIO) where a blocking one
+        // would wait.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&fifo)
+        {
+            Ok(file) => {
+                // The tool's writes wait for the mover's reads.
+                let flags = rustix::fs::fcntl_getfl(&file)?;
+                rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
+                return Ok(file);
+            }
+            Err(error) if error.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {}
+            Err(error) => return Err(error),
+        }
+        if dir.join(stream::MOVER_ENDED).exists() {
+            return Err(io::Error::other(
+                "the mover ended before it read the stream: its log says why",
+            ));
+        }
+        if said.elapsed() >= SAY_EVERY {
+            eprintln!(
+                "custody-mover: stream-tool: waiting {} s for the mover to open {}",
+                started.elapsed().as_secs(),
+                fifo.display()
+            );
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Marks the mover's end in the stream's directory when the last copy of its
+/// [`TarInput`] goes, whatever the backup's outcome ([`stream::MOVER_ENDED`]).
+#[derive(Debug)]
+struct MoverEnded(PathBuf);
+
+impl Drop for MoverEnded {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::write(self.0.join(stream::MOVER_ENDED), b"") {
+            eprintln!(
+                "custody-mover: marking the mover's end in {}: {error}",
+                self.0.display()
+            );
+        }
+    }
+}
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -193,6 +247,8 @@ pub struct TarInput {
     /// with the repository unreachable) the tool's writes fail instead of waiting for a
     /// reader that never comes.
     pub fifo: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Set by [`TarInput::connect`]: the mover's end is marked once every copy is gone.
+    _ended: Option<std::sync::Arc<MoverEnded>>,
 }
 
 /// Opens the FIFO's read end without waiting for a writer.
@@ -210,6 +266,7 @@ impl TarInput {
     pub fn connect(dir: PathBuf, data_path: String) -> Result<TarInput, BuildError> {
         let fifo = open_fifo(&dir.join(stream::FIFO))?;
         Ok(TarInput {
+            _ended: Some(std::sync::Arc::new(MoverEnded(dir.clone()))),
             dir,
             data_path,
             fifo: Some(std::sync::Arc::new(fifo)),

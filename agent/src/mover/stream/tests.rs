@@ -1,6 +1,10 @@
+use std::io::Read;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use super::{TarInput, ToolExit, setup, tool_exit, write_status};
+use custody_proto::mover::stream;
+
+use super::{TarInput, ToolExit, read_status, run_tool, setup, tool_exit, write_status};
 use crate::manifest_builder::BuildError;
 
 #[test]
@@ -21,7 +25,60 @@ fn input(dir: &std::path::Path) -> TarInput {
         dir: dir.to_path_buf(),
         data_path: String::new(),
         fifo: None,
+        _ended: None,
     }
+}
+
+/// The tool's wrapper waits for the mover's read end however late the mover comes, and ends
+/// (exit code 1, written for the mover) when the mover ended before it opened the stream,
+/// instead of waiting for a reader for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_waits_for_the_movers_read_end_and_not_after_the_mover_ended() {
+    let command = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        "echo streamed".to_string(),
+    ];
+
+    // The mover connects after the tool started waiting: the tool's output reaches it.
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path()).unwrap();
+    let tool = tokio::spawn({
+        let (dir, command) = (dir.path().to_path_buf(), command.clone());
+        async move { run_tool(&dir, &command).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!tool.is_finished(), "the tool did not wait for the mover");
+    let input = TarInput::connect(dir.path().to_path_buf(), String::new()).unwrap();
+    let read = tokio::task::spawn_blocking({
+        let input = input.clone();
+        move || {
+            let mut read = String::new();
+            let stop = AtomicBool::new(false);
+            input
+                .open(&stop)
+                .unwrap()
+                .read_to_string(&mut read)
+                .unwrap();
+            read
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(read, "streamed\n");
+    assert_eq!(tool.await.unwrap().unwrap(), 0);
+    drop(input);
+    assert!(dir.path().join(stream::MOVER_ENDED).exists());
+
+    // The mover connected and ended (it failed) before the tool started: the tool ends.
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path()).unwrap();
+    drop(TarInput::connect(dir.path().to_path_buf(), String::new()).unwrap());
+    let ran = tokio::time::timeout(Duration::from_secs(10), run_tool(dir.path(), &command))
+        .await
+        .expect("the tool waited for a mover that had ended");
+    assert_eq!(ran.unwrap(), 1);
+    assert_eq!(read_status(dir.path()).unwrap(), Some(1));
 }
 
 /// Whatever was read, the tool's exit code decides; a failed read is said as the tool's
