@@ -163,6 +163,17 @@ fn reused_blocks_in_marked_packs_are_listed_again_and_vanished_ones_named() {
             vec![(T, 1)],
         ),
         (
+            "several missing and several to list again: each in order, whatever the set's",
+            vec![index(
+                vec![],
+                vec![pack(9, &[(D, 9)]), pack(2, &[(D, 2)]), pack(5, &[(T, 5)])],
+            )],
+            reused(&[(D, 9), (D, 8), (T, 5), (D, 2), (D, 4), (T, 1)]),
+            // Trees before data, each by ID.
+            vec![5, 2, 9],
+            vec![(T, 1), (D, 4), (D, 8)],
+        ),
+        (
             "nothing reused: nothing to do",
             vec![index(vec![], vec![pack(1, &[(D, 1)])])],
             Referenced::default(),
