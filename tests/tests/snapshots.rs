@@ -294,6 +294,15 @@ async fn a_second_backup_reads_and_uploads_only_what_changed() {
     );
     eprintln!("unchanged: {second:?}");
     assert_eq!(second.snapshot.as_ref().unwrap().files_read, 0);
+    // Its manifest is the first's but for the header (which names the Backup): stored as a
+    // block of its own header and the first's blocks after it, not chunked again.
+    let (first_blocks, second_blocks) = (
+        manifest_blocks(url, &bucket, &snapshot_id(&first)),
+        manifest_blocks(url, &bucket, &snapshot_id(&second)),
+    );
+    assert!(first_blocks.len() >= 2, "{first_blocks:?}");
+    assert_ne!(first_blocks[0], second_blocks[0]);
+    assert_eq!(first_blocks[1..], second_blocks[1..]);
     // (Not even its trees: below 0.1%, where the 1% target leaves room for a regression
     // that uploads every tree again, as recording access times did.)
     assert!(
@@ -324,6 +333,11 @@ async fn a_second_backup_reads_and_uploads_only_what_changed() {
     );
     eprintln!("1% changed: {third:?}");
     assert_eq!(third.snapshot.as_ref().unwrap().files_read, 101);
+    assert_ne!(
+        manifest_blocks(url, &bucket, &snapshot_id(&third))[1..],
+        second_blocks[1..],
+        "the manifest of changed files is stored anew"
+    );
     assert!(
         third.size_bytes * 100 < volume_bytes * 3,
         "uploaded {} of {volume_bytes}",
@@ -568,6 +582,38 @@ fn data_packs(url: &str, bucket: &str) -> Vec<(String, Vec<String>)> {
         }
     }
     packs
+}
+
+/// The blocks of the volume `data`'s manifest in a snapshot, as restic reads its trees.
+fn manifest_blocks(url: &str, bucket: &str, snapshot: &str) -> Vec<String> {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let output = repository::restic(url, bucket, args);
+        assert!(output.status.success(), "restic {args:?} failed");
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    };
+    let child = |tree: &str, name: &str| -> serde_json::Value {
+        json(&["cat", "blob", tree])["nodes"]
+            .as_array()
+            .expect("a tree's nodes")
+            .iter()
+            .find(|node| node["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in tree {tree}"))
+            .clone()
+    };
+    let root = json(&["cat", "snapshot", snapshot])["tree"]
+        .as_str()
+        .expect("a snapshot's tree")
+        .to_string();
+    let manifests = child(&root, "manifests")["subtree"]
+        .as_str()
+        .expect("a directory's tree")
+        .to_string();
+    child(&manifests, "data.jsonl")["content"]
+        .as_array()
+        .expect("a file's blocks")
+        .iter()
+        .map(|id| id.as_str().expect("a block ID").to_string())
+        .collect()
 }
 
 fn index_blocks(url: &str, bucket: &str) -> Vec<usize> {

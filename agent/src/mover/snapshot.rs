@@ -13,14 +13,14 @@
 //! entry ([`Extraction`]), exactly as a format 1 restore does.
 
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use custody_kube::s3::{self, Credentials, Endpoint};
-use custody_proto::manifest::{self, Header};
+use custody_proto::manifest::Header;
 use custody_proto::mover::{BackupResult, RestoreResult, SnapshotWritten};
 use custody_repository::backend::{Location, S3Backend};
 use custody_repository::blocks::{BlockReader, ReadAhead};
@@ -31,11 +31,11 @@ use custody_repository::snapshot::{self, ManifestMeta, MetaError, SnapshotMeta};
 use custody_repository::writer::{Writer, WriterOptions};
 use rustic_core::repofile::SnapshotFile;
 use rustic_core::{
-    IndexedFullStatus, OpenStatus, Repository, RepositoryBackends, SnapshotOptions, TreeId,
+    DataId, IndexedFullStatus, OpenStatus, Repository, RepositoryBackends, SnapshotOptions, TreeId,
 };
 
 use super::extract::Extraction;
-use super::snapshot_source::{Archiver, InodesAhead, VolumeToRead};
+use super::snapshot_source::{Archiver, InodesAhead, VolumeToRead, same_after_first_line};
 use super::{MoverError, local};
 
 /// The environment variables holding the repository's master key or a password.
@@ -217,7 +217,7 @@ fn backup_into(
         .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
 
     // The parent's trees and manifests: a file unchanged since it is not read again.
-    let mut parents: Vec<Option<(TreeId, File)>> = request.volumes.iter().map(|_| None).collect();
+    let mut parents: Vec<Option<ParentVolume>> = request.volumes.iter().map(|_| None).collect();
     if let Some(id) = &request.parent {
         match parents_of(&repository, (&repo.backend, &cipher), id, &request.volumes) {
             Ok((found, estimate)) => {
@@ -246,11 +246,17 @@ fn backup_into(
     );
     let mut read = Vec::new();
     let mut claims = Vec::new();
+    let mut parent_bodies = Vec::new();
     let headers = volume_headers(&request.header, &request.volumes);
     super::progress::reading_starts();
     for ((volume, parent), header) in request.volumes.into_iter().zip(parents).zip(&headers) {
         super::progress::volume(&volume.name);
         claims.push(volume.claim);
+        let (parent, body) = match parent {
+            Some(parent) => (Some((parent.tree, parent.manifest)), parent.manifest_body),
+            None => (None, None),
+        };
+        parent_bodies.push(body);
         read.push(archiver.volume(
             VolumeToRead {
                 name: volume.name,
@@ -268,15 +274,25 @@ fn backup_into(
     let mut meta = request.meta;
     let mut manifest_nodes = Vec::new();
     let mut volume_nodes = Vec::new();
-    for (volume_meta, volume) in meta.volumes.iter_mut().zip(&read) {
+    for ((volume_meta, volume), parent_body) in
+        meta.volumes.iter_mut().zip(&read).zip(parent_bodies)
+    {
         volume_meta.manifest = Some(ManifestMeta {
             blake3: volume.summary.hash.to_hex().to_string(),
             entries: volume.summary.totals.entries,
             files: volume.summary.totals.files,
             total_bytes: volume.summary.totals.total_bytes,
         });
-        manifest_nodes
-            .push(archiver.file(&format!("{}.jsonl", volume_meta.name), &volume.manifest)?);
+        // A manifest the same as the parent's but for its header (an unchanged volume) is
+        // stored as the parent's blocks after a block of its own header: it is not chunked
+        // and hashed again. The comparison failing, it is stored as any (and fails there).
+        let body = parent_body
+            .filter(|(parent, _)| same_after_first_line(&volume.manifest, parent).unwrap_or(false));
+        manifest_nodes.push(archiver.file(
+            &format!("{}.jsonl", volume_meta.name),
+            &volume.manifest,
+            body.as_ref().map(|(_, blocks)| blocks.as_slice()),
+        )?);
         volume_nodes.push(volume.node.clone());
     }
     volume_nodes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -424,22 +440,49 @@ fn parents_of(
             let Ok(recorded) = meta.manifest(&volume.name) else {
                 return Ok(None);
             };
-            let manifest =
+            let (manifest, body) =
                 read_manifest(repository, reader, &parent, &volume.name, &recorded.blake3)
-                    .and_then(|manifest| manifest.reopen().map_err(local("the manifest")))
                     .map_err(|error| error.to_string())?;
+            let reopen = || {
+                manifest
+                    .reopen()
+                    .map_err(local("the manifest"))
+                    .map_err(|error| error.to_string())
+            };
+            let manifest_body = match body {
+                Some(blocks) => Some((reopen()?, blocks)),
+                None => None,
+            };
             let node = repository
                 .node_from_snapshot_and_path(&parent, &snapshot::data_path(&volume.name))
                 .map_err(|error| error.display_log())?;
-            Ok(node.subtree.map(|tree| (tree, manifest)))
+            Ok(match node.subtree {
+                Some(tree) => Some(ParentVolume {
+                    tree,
+                    manifest: reopen()?,
+                    manifest_body,
+                }),
+                None => None,
+            })
         })
         .collect::<Result<_, String>>()?;
     Ok((trees, estimate))
 }
 
-/// Each volume's tree and manifest in the parent snapshot (when it has the volume), and the
-/// files and bytes the parent recorded for all of them (when it recorded each).
-type ParentsFound = (Vec<Option<(TreeId, File)>>, Option<(u64, u64)>);
+/// Each volume in the parent snapshot (when it has the volume), and the files and bytes the
+/// parent recorded for all of them (when it recorded each).
+type ParentsFound = (Vec<Option<ParentVolume>>, Option<(u64, u64)>);
+
+/// A volume in the parent snapshot.
+struct ParentVolume {
+    tree: TreeId,
+    /// Its manifest, for the walk.
+    manifest: File,
+    /// Its manifest again (read from its start on its own) and the blocks holding what
+    /// follows the first line, when the first block is that line alone, as custody stores a
+    /// manifest ([`Archiver::file`]).
+    manifest_body: Option<(File, Vec<DataId>)>,
+}
 
 fn snapshot_file(
     repository: &Repository<IndexedFullStatus>,
@@ -456,14 +499,15 @@ fn snapshot_file(
         .ok_or_else(|| MoverError::Snapshot(format!("there is no snapshot {id}")))
 }
 
-/// A volume's manifest out of a snapshot, into a scratch file; it must hash to `blake3`.
+/// A volume's manifest out of a snapshot, into a scratch file; it must hash to `blake3`. With
+/// it, the blocks after the first when the first holds exactly the manifest's first line.
 fn read_manifest(
     repository: &Repository<IndexedFullStatus>,
     (backend, cipher): (&S3Backend, &Cipher),
     snapshot: &SnapshotFile,
     volume: &str,
     blake3: &str,
-) -> Result<tempfile::NamedTempFile, MoverError> {
+) -> Result<(tempfile::NamedTempFile, Option<Vec<DataId>>), MoverError> {
     let path = snapshot::manifest_path(volume);
     let node = repository
         .node_from_snapshot_and_path(snapshot, &path)
@@ -483,6 +527,9 @@ fn read_manifest(
     };
     let content = node.content.as_deref().unwrap_or_default();
     let mut ahead = ReadAhead::default();
+    // Hashed as it is written: the file is not read back for it.
+    let mut hasher = blake3::Hasher::new();
+    let mut first_line_alone = false;
     for (index, id) in content.iter().enumerate() {
         let block = blocks
             .block_reading_ahead(id, &content[index + 1..], &mut ahead)
@@ -490,24 +537,25 @@ fn read_manifest(
                 key: path.clone(),
                 message,
             })?;
+        if index == 0 {
+            first_line_alone =
+                block.iter().position(|&byte| byte == b'\n') == Some(block.len() - 1);
+        }
+        hasher.update(&block);
         file.write_all(&block)
             .map_err(local("a scratch file for the manifest"))?;
     }
     file.flush()
         .map_err(local("a scratch file for the manifest"))?;
-    let found = manifest::hash_reader(BufReader::new(
-        file.reopen().map_err(local("the manifest"))?,
-    ))
-    .map_err(local("hashing the manifest"))?
-    .to_hex()
-    .to_string();
+    let found = hasher.finalize().to_hex().to_string();
     if found != blake3 {
         return Err(MoverError::ManifestTampered {
             expected: blake3.to_string(),
             found,
         });
     }
-    Ok(file)
+    let body = first_line_alone.then(|| content[1..].to_vec());
+    Ok((file, body))
 }
 
 /// A restore of one volume out of a snapshot.
@@ -577,7 +625,7 @@ fn restore_from(repo: &Repo, request: SnapshotRestore<'_>) -> Result<RestoreResu
     }
     let cipher = Cipher::new(&repository.key())
         .map_err(|error| MoverError::Local(format!("the repository key: {error}")))?;
-    let manifest_file = read_manifest(
+    let (manifest_file, _) = read_manifest(
         &repository,
         (&repo.backend, &cipher),
         &snapshot,

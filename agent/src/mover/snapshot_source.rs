@@ -472,8 +472,15 @@ impl<'a> Archiver<'a> {
         node
     }
 
-    /// A file of custody's own (a manifest) stored as `name`.
-    pub fn file(&mut self, name: &str, file: &File) -> Result<Node, BuildError> {
+    /// A file of custody's own (a manifest) stored as `name`. With `body`, the blocks of what
+    /// follows the file's first line, held by the repository's loaded index (the parent's
+    /// manifest's, when [`same_after_first_line`]), only the first line is stored.
+    pub fn file(
+        &mut self,
+        name: &str,
+        file: &File,
+        body: Option<&[DataId]>,
+    ) -> Result<Node, BuildError> {
         let mut reader = file.try_clone().map_err(BuildError::Write)?;
         reader.rewind().map_err(BuildError::Write)?;
         let size = reader.metadata().map_err(BuildError::Write)?.len();
@@ -506,19 +513,27 @@ impl<'a> Archiver<'a> {
                 None,
             )?);
         }
-        // Stored as it is read: one chunk at a time.
-        read_chunks(
-            chunker,
-            self.stop,
-            name,
-            &mut reader,
-            rest,
-            None,
-            &mut |chunk, _| {
-                content.push(store_data(repository, writer, chunk, None)?);
-                Ok(())
-            },
-        )?;
+        match body {
+            Some(body) => {
+                writer.reuse(BlobType::Data, body.iter().map(|id| **id));
+                content.extend_from_slice(body);
+            }
+            // Stored as it is read: one chunk at a time.
+            None => {
+                _ = read_chunks(
+                    chunker,
+                    self.stop,
+                    name,
+                    &mut reader,
+                    rest,
+                    None,
+                    &mut |chunk, _| {
+                        content.push(store_data(repository, writer, chunk, None)?);
+                        Ok(())
+                    },
+                )?
+            }
+        }
         let mut node = Node::new_node(
             std::ffi::OsStr::new(name),
             NodeType::File,
@@ -921,6 +936,41 @@ impl<'a> Archiver<'a> {
     }
 }
 
+/// Whether two files hold the same bytes after their first line (two manifests of the same
+/// volume, whose first line, the header, names each one's Backup): then the new one's body is
+/// stored as the same blocks. Both are read from their start.
+pub fn same_after_first_line(a: &File, b: &File) -> io::Result<bool> {
+    const BUFFER: usize = 256 << 10;
+    let mut a = BufReader::with_capacity(BUFFER, a);
+    let mut b = BufReader::with_capacity(BUFFER, b);
+    a.rewind()?;
+    b.rewind()?;
+    let (mut header_a, mut header_b) = (Vec::new(), Vec::new());
+    io::BufRead::read_until(&mut a, b'\n', &mut header_a)?;
+    io::BufRead::read_until(&mut b, b'\n', &mut header_b)?;
+    let body = |file: &BufReader<&File>, header: &[u8]| -> io::Result<u64> {
+        Ok(file.get_ref().metadata()?.len() - header.len() as u64)
+    };
+    if body(&a, &header_a)? != body(&b, &header_b)? {
+        return Ok(false);
+    }
+    loop {
+        let (left, right) = (
+            io::BufRead::fill_buf(&mut a)?,
+            io::BufRead::fill_buf(&mut b)?,
+        );
+        let length = left.len().min(right.len());
+        if length == 0 {
+            return Ok(left.is_empty() && right.is_empty());
+        }
+        if left[..length] != right[..length] {
+            return Ok(false);
+        }
+        io::BufRead::consume(&mut a, length);
+        io::BufRead::consume(&mut b, length);
+    }
+}
+
 /// A parent tree's nodes as a backup may reuse them: a file naming a block the index loaded at
 /// the start lacks (a damaged or pruned repository) has no content to reuse, so it is read
 /// again (and its directory's tree never equals the parent's). Done on the parent-tree stage:
@@ -1263,6 +1313,83 @@ impl ParentManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two manifests whose bodies are the same store the new one's as the parent's blocks:
+    /// only the first line may differ, anything after it must be byte for byte the same.
+    #[test]
+    fn manifests_are_the_same_after_their_first_line_only_byte_for_byte() {
+        let file = |bytes: &[u8]| {
+            let mut file = tempfile::tempfile().expect("a scratch file");
+            io::Write::write_all(&mut file, bytes).expect("written");
+            file
+        };
+        let large = |last: u8| {
+            let mut bytes = b"header\n".to_vec();
+            bytes.extend(std::iter::repeat_n(b'x', 600 << 10));
+            bytes.push(last);
+            bytes
+        };
+        let cases: Vec<(&str, Vec<u8>, Vec<u8>, bool)> = vec![
+            (
+                "the same",
+                b"h\na\nb\n".to_vec(),
+                b"h\na\nb\n".to_vec(),
+                true,
+            ),
+            (
+                "another header",
+                b"h one\na\nb\n".to_vec(),
+                b"h two, longer\na\nb\n".to_vec(),
+                true,
+            ),
+            (
+                "headers only",
+                b"h one\n".to_vec(),
+                b"h two\n".to_vec(),
+                true,
+            ),
+            (
+                "one byte differs",
+                b"h\na\nb\n".to_vec(),
+                b"h\na\nc\n".to_vec(),
+                false,
+            ),
+            (
+                "one is longer",
+                b"h\na\n".to_vec(),
+                b"h\na\nb\n".to_vec(),
+                false,
+            ),
+            (
+                "a line moved into the header",
+                b"h\na\nb\n".to_vec(),
+                b"h a\nb\n".to_vec(),
+                false,
+            ),
+            ("the other one empty", b"h\na\n".to_vec(), Vec::new(), false),
+            (
+                "past the first buffer, the same",
+                large(b'y'),
+                large(b'y'),
+                true,
+            ),
+            (
+                "past the first buffer, one byte differs",
+                large(b'y'),
+                large(b'z'),
+                false,
+            ),
+        ];
+        for (name, a, b, same) in cases {
+            let (a, b) = (file(&a), file(&b));
+            assert_eq!(same_after_first_line(&a, &b).expect("read"), same, "{name}");
+            assert_eq!(
+                same_after_first_line(&b, &a).expect("read"),
+                same,
+                "{name}, turned"
+            );
+        }
+    }
 
     /// Reading the inodes ahead changes nothing, and ends (its directories closed) when
     /// dropped, read to the end or not.
