@@ -11,6 +11,9 @@ source "$here/lib.sh"
 
 BIN="$CUSTODY_CACHE/bin"
 mkdir -p "$BIN"
+# One build at a time: hack/test.sh starts one in the background, node-up.sh waits for it.
+exec 8>"$BIN/.node.lock"
+flock 8
 
 build_coredns() {
   local out="$BIN/coredns-$CUSTODY_COREDNS_VERSION"
