@@ -13,6 +13,10 @@ ETCD_VERSION="${CUSTODY_ETCD_VERSION:-v3.6.16}"
 CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
+# One build at a time: .ci/run starts one beside its lint checks, and cluster-up.sh waits here
+# for it instead of building the same binaries again.
+exec 7>"$BIN/.control-plane.lock"
+flock 7
 
 log() { echo "[build-control-plane] $*" >&2; }
 

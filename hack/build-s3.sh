@@ -5,11 +5,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 binary="$CUSTODY_CACHE/bin/minio-$CUSTODY_MINIO_VERSION"
+mkdir -p "$CUSTODY_CACHE/bin"
+# One build at a time (.ci/run starts one beside its lint checks; s3-up.sh waits for it).
+exec 7>"$CUSTODY_CACHE/bin/.minio.lock"
+flock 7
 if [[ -x "$binary" ]]; then
   echo "$binary"
   exit 0
 fi
-mkdir -p "$CUSTODY_CACHE/bin"
 log "building MinIO $CUSTODY_MINIO_VERSION from the Go module proxy (several minutes, once)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -494,13 +494,8 @@ impl<'a> Archiver<'a> {
         // The first line alone is the first blob, the rest chunked as usual: a manifest's
         // header names its Backup, so it differs every time, and would otherwise change (and
         // upload again) the whole first chunk, up to megabytes of unchanged entries.
-        let mut first_line = Vec::new();
-        std::io::BufRead::read_until(
-            &mut std::io::BufReader::new(&mut reader).take(size),
-            b'\n',
-            &mut first_line,
-        )
-        .map_err(BuildError::Write)?;
+        let first_line = first_line(&mut std::io::BufReader::new(&mut reader).take(size))
+            .map_err(BuildError::Write)?;
         let rest = size - first_line.len() as u64;
         reader
             .seek(std::io::SeekFrom::Start(first_line.len() as u64))
@@ -936,6 +931,14 @@ impl<'a> Archiver<'a> {
     }
 }
 
+/// A manifest's first line (its header, naming its Backup) with its newline, the reader left
+/// after it.
+fn first_line(reader: &mut impl io::BufRead) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    reader.read_until(b'\n', &mut line)?;
+    Ok(line)
+}
+
 /// Whether two files hold the same bytes after their first line (two manifests of the same
 /// volume, whose first line, the header, names each one's Backup): then the new one's body is
 /// stored as the same blocks. Both are read from their start.
@@ -945,9 +948,7 @@ pub fn same_after_first_line(a: &File, b: &File) -> io::Result<bool> {
     let mut b = BufReader::with_capacity(BUFFER, b);
     a.rewind()?;
     b.rewind()?;
-    let (mut header_a, mut header_b) = (Vec::new(), Vec::new());
-    io::BufRead::read_until(&mut a, b'\n', &mut header_a)?;
-    io::BufRead::read_until(&mut b, b'\n', &mut header_b)?;
+    let (header_a, header_b) = (first_line(&mut a)?, first_line(&mut b)?);
     let body = |file: &BufReader<&File>, header: &[u8]| -> io::Result<u64> {
         Ok(file.get_ref().metadata()?.len() - header.len() as u64)
     };

@@ -31,6 +31,35 @@ const SAY_EVERY: Duration = Duration::from_secs(30);
 /// closes its output, so this bounds a wrapper that died without writing it.
 const EXIT_AFTER_EOF: Duration = Duration::from_secs(120);
 
+/// A wait that says every [`SAY_EVERY`] how long it has lasted and what it waits for.
+struct Waiting {
+    started: Instant,
+    said: Instant,
+}
+
+impl Waiting {
+    fn start() -> Waiting {
+        let now = Instant::now();
+        Waiting {
+            started: now,
+            said: now,
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Says `what` (given the seconds waited so far) when [`SAY_EVERY`] passed since it last
+    /// said it.
+    fn say_when_due(&mut self, what: impl FnOnce(u64) -> String) {
+        if self.said.elapsed() >= SAY_EVERY {
+            eprintln!("custody-mover: {}", what(self.started.elapsed().as_secs()));
+            self.said = Instant::now();
+        }
+    }
+}
+
 /// The init container's step: the FIFO and the program, readable and writable by whatever
 /// user the tool's image runs as.
 pub fn setup(dir: &Path) -> io::Result<()> {
@@ -121,8 +150,7 @@ const SIGTERM_EXIT: i32 = 128 + 15;
 async fn open_for_the_mover(dir: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let fifo = dir.join(stream::FIFO);
-    let started = Instant::now();
-    let mut said = started;
+    let mut waiting = Waiting::start();
     loop {
         // Without a reader, a non-blocking open fails at once (ENXIO) where a blocking one
         // would wait.
@@ -145,14 +173,12 @@ async fn open_for_the_mover(dir: &Path) -> io::Result<File> {
                 "the mover ended before it read the stream: its log says why",
             ));
         }
-        if said.elapsed() >= SAY_EVERY {
-            eprintln!(
-                "custody-mover: stream-tool: waiting {} s for the mover to open {}",
-                started.elapsed().as_secs(),
+        waiting.say_when_due(|seconds| {
+            format!(
+                "stream-tool: waiting {seconds} s for the mover to open {}",
                 fifo.display()
-            );
-            said = Instant::now();
-        }
+            )
+        });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -288,8 +314,7 @@ impl TarInput {
         if let Err(errno) = rustix::pipe::fcntl_setpipe_size(&fifo, PIPE_SIZE) {
             eprintln!("custody-mover: the stream's pipe stays at its default size: {errno}");
         }
-        let started = Instant::now();
-        let mut said = started;
+        let mut waiting = Waiting::start();
         let mut first = vec![0u8; 64 << 10];
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -316,14 +341,12 @@ impl TarInput {
                             }
                         }));
                     }
-                    if said.elapsed() >= SAY_EVERY {
-                        eprintln!(
-                            "custody-mover: waiting {} s for the tool to write its stream into {}",
-                            started.elapsed().as_secs(),
+                    waiting.say_when_due(|seconds| {
+                        format!(
+                            "waiting {seconds} s for the tool to write its stream into {}",
                             fifo_path.display()
-                        );
-                        said = Instant::now();
-                    }
+                        )
+                    });
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 // A writer, nothing written yet.
@@ -352,13 +375,12 @@ impl TarInput {
         read: Result<T, BuildError>,
         stop: &AtomicBool,
     ) -> Result<T, BuildError> {
-        let started = Instant::now();
-        let mut said = started;
+        let mut waiting = Waiting::start();
         let code = loop {
             if let Some(code) = read_status(&self.dir)? {
                 break code;
             }
-            if stop.load(Ordering::Relaxed) || started.elapsed() >= EXIT_AFTER_EOF {
+            if stop.load(Ordering::Relaxed) || waiting.elapsed() >= EXIT_AFTER_EOF {
                 // The read's own failure explains more than a missing exit code.
                 read?;
                 return Err(BuildError::ToolFailed(format!(
@@ -366,13 +388,9 @@ impl TarInput {
                     EXIT_AFTER_EOF.as_secs()
                 )));
             }
-            if said.elapsed() >= SAY_EVERY {
-                eprintln!(
-                    "custody-mover: the stream ended {} s ago; waiting for the tool to exit",
-                    started.elapsed().as_secs()
-                );
-                said = Instant::now();
-            }
+            waiting.say_when_due(|seconds| {
+                format!("the stream ended {seconds} s ago; waiting for the tool to exit")
+            });
             std::thread::sleep(Duration::from_millis(100));
         };
         match (tool_exit(code), read) {
