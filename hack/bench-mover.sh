@@ -56,7 +56,7 @@ log "data set: $total_mib MiB"
 
 run=$(date +%s)
 # This run's buckets (about 3 GB each) go with it.
-trap 'umount "$work/restores" 2>/dev/null; rm -rf "$work"; "$here/s3.py" sweep "$endpoint" "bench-(custody|kopia|restic)-$run" >&2' EXIT
+trap 'umount "$work/restores" 2>/dev/null || true; rm -rf "$work"; "$here/s3.py" sweep "$endpoint" "bench-(custody|kopia|restic)-$run" >&2' EXIT
 "$here/s3.py" mb "$endpoint" "bench-custody-$run"
 "$here/s3.py" mb "$endpoint" "bench-restic-$run"
 "$here/s3.py" mb "$endpoint" "bench-kopia-$run"

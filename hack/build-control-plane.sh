@@ -16,7 +16,10 @@ mkdir -p "$BIN"
 # One build at a time: .ci/run starts one beside its lint checks, and cluster-up.sh waits here
 # for it instead of building the same binaries again.
 exec 7>"$BIN/.control-plane.lock"
-flock 7
+flock -n 7 || {
+  echo "[custody-hack] waiting for the control plane's build (another run holds its lock)" >&2
+  flock 7
+}
 
 log() { echo "[build-control-plane] $*" >&2; }
 

@@ -8,7 +8,7 @@ binary="$CUSTODY_CACHE/bin/helm-$CUSTODY_HELM_VERSION"
 mkdir -p "$CUSTODY_CACHE/bin"
 # One build at a time: hack/test.sh starts one in the background, the helm tests wait for it.
 exec 8>"$CUSTODY_CACHE/bin/.helm.lock"
-flock 8
+hold_lock 8 "helm's build"
 if [[ -x "$binary" ]]; then
   echo "$binary"
   exit 0

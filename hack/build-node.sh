@@ -13,7 +13,7 @@ BIN="$CUSTODY_CACHE/bin"
 mkdir -p "$BIN"
 # One build at a time: hack/test.sh starts one in the background, node-up.sh waits for it.
 exec 8>"$BIN/.node.lock"
-flock 8
+hold_lock 8 "the node's build (kubelet, kube-proxy, CoreDNS, containerd)"
 
 build_coredns() {
   local out="$BIN/coredns-$CUSTODY_COREDNS_VERSION"

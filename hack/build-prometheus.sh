@@ -10,7 +10,7 @@ mkdir -p "$CUSTODY_CACHE/bin"
 # One build at a time: hack/test.sh starts one beside tier 1, and a test that needs the
 # binaries waits here for it rather than building them again.
 exec 9>"$CUSTODY_CACHE/bin/.prometheus.lock"
-flock 9
+hold_lock 9 "Prometheus' build"
 prometheus="$CUSTODY_CACHE/bin/prometheus-$CUSTODY_PROMETHEUS_VERSION"
 promtool="$CUSTODY_CACHE/bin/promtool-$CUSTODY_PROMETHEUS_VERSION"
 if [[ -x "$prometheus" && -x "$promtool" ]]; then

@@ -8,7 +8,7 @@ binary="$CUSTODY_CACHE/bin/minio-$CUSTODY_MINIO_VERSION"
 mkdir -p "$CUSTODY_CACHE/bin"
 # One build at a time (.ci/run starts one beside its lint checks; s3-up.sh waits for it).
 exec 7>"$CUSTODY_CACHE/bin/.minio.lock"
-flock 7
+hold_lock 7 "MinIO's build"
 if [[ -x "$binary" ]]; then
   echo "$binary"
   exit 0

@@ -19,7 +19,7 @@ KCM="$BIN/kube-controller-manager-$CUSTODY_KUBE_VERSION"
 SCHEDULER="$BIN/kube-scheduler-$CUSTODY_KUBE_VERSION"
 mkdir -p "$CLUSTER_DIR"
 exec 9>"$CLUSTER_DIR/.lock"
-flock 9
+hold_lock 9 "the control plane's start"
 
 # The control plane is started over when this script (its flags) changed since it started.
 started_by="$CLUSTER_DIR/started-by"

@@ -42,6 +42,15 @@ CUSTODY_S3_SECRET_KEY="${CUSTODY_S3_SECRET_KEY:-custody-secret-key}"
 
 log() { echo "[custody-hack] $*" >&2; }
 
+# hold_lock FD WHAT: takes the lock open on FD, saying what it waits for when another run
+# holds it (a build started in the background, another checkout's cluster).
+hold_lock() {
+  flock -n "$1" && return
+  log "waiting for $2 (another run holds its lock; it is released when that run ends)"
+  flock "$1"
+  log "lock for $2 taken"
+}
+
 # install_missing TOOL:PACKAGE...: apt-get installs the package of each TOOL (a command, or an
 # executable path) that is not there.
 install_missing() {

@@ -22,7 +22,7 @@ COREDNS="$BIN/coredns-$CUSTODY_COREDNS_VERSION"
 mkdir -p "$NODE_DIR" "$NODE_RUN" "$NODE_DIR/cni" /var/lib/kubelet
 # fd 9: the daemons started below do not inherit it (lib.sh start closes it).
 exec 9>"$NODE_DIR/.lock"
-flock 9
+hold_lock 9 "the node's start"
 
 # containerd: its own root, state and socket; CRI with the local pause image, CNI, cgroupfs.
 # restrict_oom_score_adj: this machine's root lacks CAP_SYS_RESOURCE, and runc cannot set the

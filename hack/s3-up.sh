@@ -9,7 +9,7 @@ source "$here/lib.sh"
 endpoint="http://127.0.0.1:$S3_PORT"
 mkdir -p "$CLUSTER_DIR"
 exec 8>"$CLUSTER_DIR/s3.lock"
-flock 8
+hold_lock 8 "the S3 server's start"
 if running minio && curl -fs "$endpoint/minio/health/ready" >/dev/null; then
   if ! ip -4 addr show dev lo | grep -q "inet $HOST_IP/32" \
     || curl -fs "http://$HOST_IP:$S3_PORT/minio/health/ready" >/dev/null; then

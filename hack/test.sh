@@ -33,7 +33,7 @@ prometheus=$!
 # tier 1 they took about three minutes of a cold run, and helm most of one of tier 2's tests.
 setsid nice -n 19 bash -c 'hack/build-node.sh; hack/build-helm.sh' >/dev/null 2>&1 &
 node_tools=$!
-trap 'kill -- -"$images" -"$prometheus" -"$node_tools" 2>/dev/null; rm -f "$log" "$images_log"' EXIT
+trap 'kill -- -"$images" -"$prometheus" -"$node_tools" 2>/dev/null || true; rm -f "$log" "$images_log"' EXIT
 status=0
 # Tier 1: unit tests and everything on the control plane with fake kubelets (the real node's
 # tests are skipped here: its cluster-wide install would intercept these namespaces).
