@@ -54,7 +54,7 @@ impl Waiting {
     /// said it.
     fn say_when_due(&mut self, what: impl FnOnce(u64) -> String) {
         if self.said.elapsed() >= SAY_EVERY {
-            eprintln!("custody-mover: {}", what(self.started.elapsed().as_secs()));
+            eprintln!("custody-mover: {}", what(self.elapsed().as_secs()));
             self.said = Instant::now();
         }
     }
