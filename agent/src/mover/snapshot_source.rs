@@ -1439,6 +1439,10 @@ mod tests {
         let stop = AtomicBool::new(false);
         let (sender, received) = crossbeam_channel::unbounded::<(Bytes, Claim)>();
         std::thread::scope(|scope| {
+            // Moved in: should an assertion fail, the chunks still queued go with it, their
+            // claims given back, and the reader ends instead of waiting on the budget for ever
+            // (the scope joins it).
+            let received = received;
             let reader = scope.spawn(|| {
                 read_chunks(
                     &chunker,
@@ -1456,19 +1460,33 @@ mod tests {
                 )
                 .expect("read")
             });
+            // Chunks until the budget is held, however slowly a loaded machine chunks them.
             let mut held = Vec::new();
-            while let Ok(chunk) = received.recv_timeout(std::time::Duration::from_millis(500)) {
+            let mut bytes = 0;
+            while bytes < CHUNKED_BYTES {
+                let chunk = received
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("a chunk within a minute");
+                bytes += chunk.0.len();
                 held.push(chunk);
             }
-            let bytes: usize = held.iter().map(|(chunk, _)| chunk.len()).sum();
             assert_eq!(
                 bytes, CHUNKED_BYTES,
                 "chunks handed over while all are held"
             );
+            // A reader that ignored the budget claims its next bytes as soon as it handed a
+            // chunk over; half a second is ample for that, even on a loaded machine.
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            assert_eq!(
+                budget.held(),
+                CHUNKED_BYTES,
+                "the reader claimed nothing past the budget"
+            );
+            assert!(received.is_empty(), "no chunk past the budget");
             assert!(!reader.is_finished(), "the reading waits for the budget");
             drop(held);
             let mut rest = 0;
-            while let Ok((chunk, _)) = received.recv_timeout(std::time::Duration::from_secs(10)) {
+            while let Ok((chunk, _)) = received.recv_timeout(std::time::Duration::from_secs(60)) {
                 rest += chunk.len();
                 if bytes + rest == content.len() {
                     break;

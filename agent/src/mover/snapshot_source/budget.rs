@@ -43,7 +43,7 @@ impl Budget {
     }
 
     #[cfg(test)]
-    fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         *self.held.lock().expect("budget")
     }
 }
