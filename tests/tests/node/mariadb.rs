@@ -21,8 +21,9 @@ pub(crate) async fn mariadb(namespace: &str, pod: &str, query: &str) -> String {
 
 /// The bank: 1,000 InnoDB accounts of 1,000 each, a history of transfers and a counter of
 /// them, 30 MB of random rows, and a procedure that moves money between two accounts in one
-/// transaction (history row and counter with it) for as long as it is told. In any
-/// consistent state the balances sum to 1,000,000 and the counter equals the history's rows.
+/// transaction (history row and counter with it) for as long as it is told, or until a row
+/// in bank.stop says to stop ([`stop_transfers`]). In any consistent state the balances sum
+/// to 1,000,000 and the counter equals the history's rows.
 pub(crate) const BANK: &str = "
 create database bank;
 use bank;
@@ -33,12 +34,13 @@ create table bank.counter (id int primary key, n bigint not null) engine=InnoDB;
 insert into bank.counter values (1, 0);
 create table bank.filler (id int primary key, data varbinary(1024)) engine=InnoDB;
 insert into bank.filler select seq, random_bytes(1024) from seq_1_to_30000;
+create table bank.stop (id int primary key) engine=InnoDB;
 delimiter //
 create procedure bank.transfers(seconds int)
 begin
   declare deadline datetime default now() + interval seconds second;
   declare a, b, x int;
-  while now() < deadline do
+  while now() < deadline and not exists (select 1 from bank.stop) do
     set a = 1 + floor(rand() * 1000), x = 1 + floor(rand() * 100);
     set b = a % 1000 + 1;
     start transaction;
@@ -117,6 +119,16 @@ pub(crate) fn transfers(
             })
         })
         .collect()
+}
+
+/// Ends the transfers in orders-0 at their next transaction: a row in bank.stop.
+pub(crate) async fn stop_transfers(namespace: &str) {
+    mariadb(
+        namespace,
+        "orders-0",
+        "insert ignore into bank.stop values (1)",
+    )
+    .await;
 }
 
 /// The acceptance checks of a MariaDB restored into shop-0: it started, the bank's invariants
@@ -287,7 +299,7 @@ create procedure bank.mixed(seconds int)
 begin
   declare deadline datetime default now() + interval seconds second;
   declare a, x int;
-  while now() < deadline do
+  while now() < deadline and not exists (select 1 from bank.stop) do
     set a = 1 + floor(rand() * 1000), x = 1 + floor(rand() * 100);
     start transaction;
     update bank.accounts set balance = balance + if(id = a, -x, x) where id in (a, a % 1000 + 1);
