@@ -6,22 +6,17 @@
 #   hack/build-control-plane.sh          # prints the bin directory on its last line
 #   hack/build-control-plane.sh kubelet kube-proxy   # also these commands (hack/build-node.sh)
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 names=(kube-apiserver kube-controller-manager kube-scheduler kubectl "$@")
 
-KUBE_VERSION="${CUSTODY_KUBE_VERSION:-v1.36.3}"
-ETCD_VERSION="${CUSTODY_ETCD_VERSION:-v3.6.16}"
-CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
-BIN="$CACHE/bin"
+KUBE_VERSION="$CUSTODY_KUBE_VERSION"
+ETCD_VERSION="$CUSTODY_ETCD_VERSION"
+BIN="$CUSTODY_CACHE/bin"
 mkdir -p "$BIN"
 # One build at a time: .ci/run starts one beside its lint checks, and cluster-up.sh waits here
 # for it instead of building the same binaries again.
 exec 7>"$BIN/.control-plane.lock"
-flock -n 7 || {
-  echo "[custody-hack] waiting for the control plane's build (another run holds its lock)" >&2
-  flock 7
-}
-
-log() { echo "[build-control-plane] $*" >&2; }
+hold_lock 7 "the control plane's build"
 
 build_etcd() {
   local out="$BIN/etcd-$ETCD_VERSION"
