@@ -59,7 +59,11 @@ trap 'rm -f "$log" "$images_log"; hack/node-down.sh' EXIT
 kubectl_local delete nodes -l custody.io/test=true --ignore-not-found >/dev/null
 hack/node-up.sh >/dev/null
 hack/build-images.sh --import >/dev/null
-cargo test -p custody-tests --test node --locked --no-fail-fast 2>&1 | tee -a "$log" || status=$?
+# Three tests at a time (the harness's default is two here): they mostly wait on pods, MariaDB
+# and PostgreSQL starting, and the 3 MB/s relays; the tests that restart the agents take them
+# alone (AGENTS in tests/node/main.rs). The tier took 1222 s at two in a cold CI run.
+RUST_TEST_THREADS="${RUST_TEST_THREADS:-3}" \
+  cargo test -p custody-tests --test node --locked --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "custody: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 exit "$status"

@@ -209,12 +209,19 @@ pub(crate) async fn mariadb_under_load(
     .await;
     let _source = mariadb_source(&client, node, &namespace, consistency).await;
 
-    let load = transfers(&ns, 60);
+    // Until the backup is done (at most 15 minutes): a copy of an idle MariaDB would prove
+    // nothing about one that writes.
+    let load = transfers(&ns, 900);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let started = std::time::Instant::now();
     nightly_completed(&namespace).await;
     let backup_took = started.elapsed();
+    assert!(
+        load.iter().all(|client| !client.is_finished()),
+        "a transfer client ended before the backup did"
+    );
     let during = mariadb(&ns, "orders-0", "select n from bank.counter").await;
+    stop_transfers(&ns).await;
     for client in load {
         let done = tokio::task::spawn_blocking(move || client.join().unwrap())
             .await
