@@ -509,10 +509,10 @@ async fn on_a_real_node_restore_drills_pass_a_mariadb_backup_copy_and_catch_a_cr
     // end up older than the checkpoint the redo log, read after the random rows, names.
     exec(&ns, "orders-0", &["mariadb", "-uroot", "-e",
         "set global innodb_max_dirty_pages_pct_lwm = 0; set global innodb_max_dirty_pages_pct = 0"]).unwrap();
-    // The transfers run until both backups are done (stopped then, at most 15 minutes): a
-    // fixed minute ended before the torn copy when the Tool backup took long on a loaded CI
-    // machine, and a copy of an idle MariaDB recovers consistent, so its drill passed.
-    let load = crate::mariadb::transfers(&ns, 900);
+    // The transfers run until both backups are done: a fixed minute ended before the torn
+    // copy when the Tool backup took long on a loaded CI machine, and a copy of an idle
+    // MariaDB recovers consistent, so its drill passed.
+    let load = crate::mariadb::transfers_until_stopped(&ns);
     tokio::time::sleep(Duration::from_secs(5)).await;
     for plan in ["good", "torn"] {
         super::monitoring::kubectl_custody(&[
@@ -528,17 +528,7 @@ async fn on_a_real_node_restore_drills_pass_a_mariadb_backup_copy_and_catch_a_cr
             "900",
         ]);
     }
-    assert!(
-        load.iter().all(|client| !client.is_finished()),
-        "a transfer client ended before both backups did"
-    );
-    crate::mariadb::stop_transfers(&ns).await;
-    for client in load {
-        let done = tokio::task::spawn_blocking(move || client.join().unwrap())
-            .await
-            .unwrap();
-        done.expect("the transfers kept running through the backups");
-    }
+    crate::mariadb::stop_transfers(&ns, load, "both backups").await;
 
     let mut results = Vec::new();
     for plan in ["good", "torn"] {

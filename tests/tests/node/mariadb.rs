@@ -121,14 +121,37 @@ pub(crate) fn transfers(
         .collect()
 }
 
-/// Ends the transfers in orders-0 at their next transaction: a row in bank.stop.
-pub(crate) async fn stop_transfers(namespace: &str) {
+/// [`transfers`] that run until [`stop_transfers`] (at most 15 minutes): for a load that must
+/// last through backups whose time a loaded machine makes hard to foresee.
+pub(crate) fn transfers_until_stopped(
+    namespace: &str,
+) -> Vec<std::thread::JoinHandle<Result<String, String>>> {
+    transfers(namespace, 900)
+}
+
+/// Ends `load` in orders-0 at its next transaction (a row in bank.stop) once it has run
+/// through `what`: every client must still be running, and each then ends without an error.
+pub(crate) async fn stop_transfers(
+    namespace: &str,
+    load: Vec<std::thread::JoinHandle<Result<String, String>>>,
+    what: &str,
+) {
+    assert!(
+        load.iter().all(|client| !client.is_finished()),
+        "a transfer client ended before {what} did"
+    );
     mariadb(
         namespace,
         "orders-0",
         "insert ignore into bank.stop values (1)",
     )
     .await;
+    for client in load {
+        let done = tokio::task::spawn_blocking(move || client.join().unwrap())
+            .await
+            .unwrap();
+        done.unwrap_or_else(|error| panic!("the transfers kept running through {what}: {error}"));
+    }
 }
 
 /// The acceptance checks of a MariaDB restored into shop-0: it started, the bank's invariants
@@ -209,25 +232,15 @@ pub(crate) async fn mariadb_under_load(
     .await;
     let _source = mariadb_source(&client, node, &namespace, consistency).await;
 
-    // Until the backup is done (at most 15 minutes): a copy of an idle MariaDB would prove
-    // nothing about one that writes.
-    let load = transfers(&ns, 900);
+    // Until the backup is done: a copy of an idle MariaDB would prove nothing about one that
+    // writes.
+    let load = transfers_until_stopped(&ns);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let started = std::time::Instant::now();
     nightly_completed(&namespace).await;
     let backup_took = started.elapsed();
-    assert!(
-        load.iter().all(|client| !client.is_finished()),
-        "a transfer client ended before the backup did"
-    );
     let during = mariadb(&ns, "orders-0", "select n from bank.counter").await;
-    stop_transfers(&ns).await;
-    for client in load {
-        let done = tokio::task::spawn_blocking(move || client.join().unwrap())
-            .await
-            .unwrap();
-        done.expect("the transfers kept running through the backup");
-    }
+    stop_transfers(&ns, load, "the backup").await;
     let total = mariadb(&ns, "orders-0", "select n from bank.counter").await;
     let nightly = namespace.api::<Backup>().get("nightly").await.unwrap();
     let status = nightly.status.unwrap();
@@ -306,7 +319,7 @@ create procedure bank.mixed(seconds int)
 begin
   declare deadline datetime default now() + interval seconds second;
   declare a, x int;
-  while now() < deadline and not exists (select 1 from bank.stop) do
+  while now() < deadline do
     set a = 1 + floor(rand() * 1000), x = 1 + floor(rand() * 100);
     start transaction;
     update bank.accounts set balance = balance + if(id = a, -x, x) where id in (a, a % 1000 + 1);
