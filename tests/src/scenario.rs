@@ -113,14 +113,29 @@ impl Setup {
         );
     }
 
-    /// Deletes the namespace while the controller, the agent and the node still run (custody's
-    /// finalizers are theirs to remove, and the node confirms its pods' deletion), waits until
-    /// it is gone, then deletes what the scenario made outside it.
+    /// Deletes what is in the namespace, then the namespace ([`crate::TestNamespace::delete`]), while
+    /// the controller, the agent and the node still run (custody's finalizers are theirs to
+    /// remove, and the node confirms its pods' deletion), then deletes what the scenario made
+    /// outside it.
     pub async fn finish(self) {
+        self.finish_deleting(false).await;
+    }
+
+    /// [`Setup::finish`], deleting the namespace with custody's objects still in it
+    /// ([`crate::TestNamespace::delete_whole`]).
+    pub async fn finish_deleting_the_namespace_whole(self) {
+        self.finish_deleting(true).await;
+    }
+
+    async fn finish_deleting(self, whole: bool) {
         let agents_namespace = self.agents_namespace.clone();
         let in_own_namespace = agents_namespace == self.namespace.name;
         let client = self.namespace.client.clone();
-        self.namespace.delete().await;
+        if whole {
+            self.namespace.delete_whole().await;
+        } else {
+            self.namespace.delete().await;
+        }
         if !in_own_namespace {
             let pods: Api<k8s_openapi::api::core::v1::Pod> =
                 Api::namespaced(client.clone(), &agents_namespace);

@@ -1298,7 +1298,7 @@ async fn a_repository_with_a_web_identity_backs_up_and_restores_with_no_keys_any
         .delete("backups", &DeleteParams::default())
         .await
         .unwrap();
-    setup.finish().await;
+    setup.finish_deleting_the_namespace_whole().await;
     assert_eq!(
         snapshots(&url, &bucket).await.len(),
         1,

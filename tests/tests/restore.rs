@@ -80,15 +80,22 @@ async fn a_restored_cluster_runs_only_once_every_volume_is_verified() {
     restores_and_releases(setup("restore").await).await;
 }
 
+/// Held by the two tests below, one at a time: the first makes `deploy/`'s webhook configuration
+/// `custody-restore-gate` calling its controller by URL, and the second's dry run of `deploy/`
+/// (by Service) merged into it is refused ("exactly one of url or service is required").
+static DEPLOY_NAMES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The same with the controller and the agent running as `deploy/`'s ServiceAccounts, with
 /// only the RBAC the manifests grant: a missing rule fails this test.
 #[tokio::test]
 async fn the_deployed_rbac_is_enough_for_a_verified_restore() {
+    let _names = DEPLOY_NAMES.lock().await;
     restores_and_releases(setup_as_deployed("rbac").await).await;
 }
 
 #[tokio::test]
 async fn the_deploy_manifests_are_accepted_by_the_api_server() {
+    let _names = DEPLOY_NAMES.lock().await;
     custody_tests::control_plane();
     // The manifests' namespace, so that the dry run can place its objects (it may exist).
     let _ = custody_tests::kubectl(&["create", "namespace", "custody-system"]);
