@@ -228,9 +228,9 @@ impl TestNamespace {
     /// the namespace controller would, and waited for (confirming pods' deletion as their
     /// (fake) kubelets would). The namespace itself is then left to the namespace controller,
     /// not waited for: nothing in it holds a finalizer any more, and the namespace controller
-    /// starts only 5 s after the deletion. Deleted with the namespace, custody's objects were the namespace
-    /// controller's too, and finding any still held by a finalizer or a pod's grace period, it
-    /// looked again only 8 to 16 s later (its estimate, 15 s or the grace period, halved, plus
+    /// starts only 5 s after the deletion. Deleted with the namespace, custody's objects were
+    /// the namespace controller's too, and finding any still held by a finalizer or a pod's
+    /// grace period, it looked again only 8 to 16 s later (its estimate, 15 s or the grace period, halved, plus
     /// one): a teardown took about 10 s of a restore test's 19, now 0.4-0.6 s. The tests of a
     /// namespace's deletion itself use [`TestNamespace::delete_whole`].
     pub async fn delete(self) {
@@ -294,9 +294,7 @@ impl TestNamespace {
         )
         .await;
     }
-}
 
-impl TestNamespace {
     /// Deletes custody's objects, the workloads, pods and claims in the namespace, all at once as
     /// the namespace controller would, and waits until they are gone and no Secret keeps a
     /// custody finalizer, confirming pods' deletion as their (fake) kubelets would.
@@ -305,18 +303,26 @@ impl TestNamespace {
         use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
         use k8s_openapi::api::batch::v1::Job;
         use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-        let background = DeleteParams::background();
-        self.delete_all::<Restore>(&background).await;
-        self.delete_all::<Backup>(&background).await;
-        self.delete_all::<BackupPlan>(&background).await;
-        self.delete_all::<Cluster>(&background).await;
-        self.delete_all::<BackupRepository>(&background).await;
-        self.delete_all::<StatefulSet>(&background).await;
-        self.delete_all::<Deployment>(&background).await;
-        self.delete_all::<Job>(&background).await;
-        self.delete_all::<Pod>(&DeleteParams::default()).await;
-        self.delete_all::<PersistentVolumeClaim>(&DeleteParams::default())
-            .await;
+        use kube::core::ApiResource;
+        let deleted = [
+            ApiResource::erase::<Restore>(&()),
+            ApiResource::erase::<Backup>(&()),
+            ApiResource::erase::<BackupPlan>(&()),
+            ApiResource::erase::<Cluster>(&()),
+            ApiResource::erase::<BackupRepository>(&()),
+            ApiResource::erase::<StatefulSet>(&()),
+            ApiResource::erase::<Deployment>(&()),
+            ApiResource::erase::<Job>(&()),
+            ApiResource::erase::<Pod>(&()),
+            ApiResource::erase::<PersistentVolumeClaim>(&()),
+        ];
+        let secrets = ApiResource::erase::<Secret>(&());
+        for resource in &deleted {
+            let _ = self
+                .dynamic_api(resource)
+                .delete_collection(&DeleteParams::background(), &Default::default())
+                .await;
+        }
         let pods: Api<Pod> = self.api();
         eventually(
             &format!(
@@ -327,17 +333,10 @@ impl TestNamespace {
             || async {
                 finish_pod_deletions(&pods).await;
                 let mut remaining = Vec::new();
-                remaining.extend(self.remaining::<Restore>(None).await?);
-                remaining.extend(self.remaining::<Backup>(None).await?);
-                remaining.extend(self.remaining::<BackupPlan>(None).await?);
-                remaining.extend(self.remaining::<Cluster>(None).await?);
-                remaining.extend(self.remaining::<BackupRepository>(None).await?);
-                remaining.extend(self.remaining::<StatefulSet>(None).await?);
-                remaining.extend(self.remaining::<Deployment>(None).await?);
-                remaining.extend(self.remaining::<Job>(None).await?);
-                remaining.extend(self.remaining::<Pod>(None).await?);
-                remaining.extend(self.remaining::<PersistentVolumeClaim>(None).await?);
-                remaining.extend(self.remaining::<Secret>(Some("custody.io/")).await?);
+                for resource in &deleted {
+                    remaining.extend(self.remaining(resource, None).await?);
+                }
+                remaining.extend(self.remaining(&secrets, Some("custody.io/")).await?);
                 if remaining.is_empty() {
                     Ok(())
                 } else {
@@ -352,33 +351,23 @@ impl TestNamespace {
         .await;
     }
 
-    async fn delete_all<K>(&self, params: &DeleteParams)
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + Debug
-            + DeserializeOwned,
-    {
-        let _ = self
-            .api::<K>()
-            .delete_collection(params, &Default::default())
-            .await;
+    /// An API for the objects of `resource` in this namespace, whatever their kind.
+    fn dynamic_api(&self, resource: &kube::core::ApiResource) -> Api<kube::core::DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.name, resource)
     }
 
-    /// The objects of kind `K` still here, each as `Kind/name [finalizers]`; with `held_by`,
+    /// The objects of `resource` still here, each as `Kind/name [finalizers]`; with `held_by`,
     /// only those with a finalizer starting with it.
-    async fn remaining<K>(&self, held_by: Option<&str>) -> Result<Vec<String>, String>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + Debug
-            + DeserializeOwned,
-    {
+    async fn remaining(
+        &self,
+        resource: &kube::core::ApiResource,
+        held_by: Option<&str>,
+    ) -> Result<Vec<String>, String> {
         let listed = self
-            .api::<K>()
+            .dynamic_api(resource)
             .list(&Default::default())
             .await
-            .map_err(|error| format!("listing {}: {error}", K::kind(&())))?;
+            .map_err(|error| format!("listing {}: {error}", resource.kind))?;
         Ok(listed
             .items
             .iter()
@@ -393,7 +382,7 @@ impl TestNamespace {
             .map(|object| {
                 format!(
                     "{}/{} {:?}",
-                    K::kind(&()),
+                    resource.kind,
                     object.meta().name.as_deref().unwrap_or_default(),
                     object.meta().finalizers.as_deref().unwrap_or_default()
                 )
